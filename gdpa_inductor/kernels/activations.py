@@ -1,0 +1,109 @@
+"""The one table of GDPA activations.
+
+Each entry names the activation and gives, side by side, its exact PyTorch form (what eager models
+compute), its derivative in PyTorch (the reference backward), and the two Triton functions the kernels
+call: the forward value, and the value together with its derivative (they share the one special-function
+op). Kernels receive the Triton functions as constexpr arguments, so no activation is ever a magic number.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .triton import activation_math as tm
+
+TorchAct = Callable[[torch.Tensor, float], torch.Tensor]
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _relu_square(x, slope):
+    return torch.relu(x).square()
+
+
+def _relu_square_grad(x, slope):
+    return 2.0 * torch.relu(x)
+
+
+def _leaky_relu_grad(x, slope):
+    return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, slope))
+
+
+def _gelu_grad(x, slope):
+    cdf = 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+    pdf = torch.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+    return cdf + x * pdf
+
+
+def _gelu_tanh_grad(x, slope):
+    inner = _SQRT_2_OVER_PI * (x + 0.044715 * x.pow(3))
+    t = torch.tanh(inner)
+    dinner = _SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x)
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner
+
+
+def _silu_grad(x, slope):
+    s = torch.sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def _sigmoid_grad(x, slope):
+    s = torch.sigmoid(x)
+    return s * (1.0 - s)
+
+
+def _hardswish_grad(x, slope):
+    # Same branches as aten's hardswish_backward.
+    return torch.where(x < -3.0, torch.zeros_like(x), torch.where(x <= 3.0, x / 3.0 + 0.5, torch.ones_like(x)))
+
+
+@dataclass(frozen=True)
+class Activation:
+    name: str
+    torch_fn: TorchAct
+    torch_grad: TorchAct
+    triton_fn: object
+    triton_fn_and_grad: object
+    # act(c * x) == c * act(x) for c > 0: a scale may then move across the activation.
+    positively_homogeneous: bool
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    a.name: a
+    for a in (
+        Activation("identity", lambda x, s: x, lambda x, s: torch.ones_like(x),
+                   tm.identity, tm.identity_and_grad, True),
+        Activation("relu", lambda x, s: torch.relu(x), lambda x, s: (x > 0).to(x.dtype),
+                   tm.relu, tm.relu_and_grad, True),
+        Activation("relu_square", _relu_square, _relu_square_grad,
+                   tm.relu_square, tm.relu_square_and_grad, False),
+        Activation("leaky_relu", lambda x, s: F.leaky_relu(x, s), _leaky_relu_grad,
+                   tm.leaky_relu, tm.leaky_relu_and_grad, True),
+        Activation("gelu", lambda x, s: F.gelu(x), _gelu_grad,
+                   tm.gelu, tm.gelu_and_grad, False),
+        Activation("gelu_tanh", lambda x, s: F.gelu(x, approximate="tanh"), _gelu_tanh_grad,
+                   tm.gelu_tanh, tm.gelu_tanh_and_grad, False),
+        Activation("silu", lambda x, s: F.silu(x), _silu_grad,
+                   tm.silu, tm.silu_and_grad, False),
+        Activation("sigmoid", lambda x, s: torch.sigmoid(x), _sigmoid_grad,
+                   tm.sigmoid, tm.sigmoid_and_grad, False),
+        Activation("hardswish", lambda x, s: F.hardswish(x), _hardswish_grad,
+                   tm.hardswish, tm.hardswish_and_grad, False),
+    )
+}
+
+ACTIVATION_NAMES: tuple[str, ...] = tuple(ACTIVATIONS)
+
+
+def get_activation(name: str) -> Activation:
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"activation: expected one of {', '.join(ACTIVATION_NAMES)}; got {name!r}"
+        ) from None

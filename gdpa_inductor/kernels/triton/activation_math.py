@@ -1,0 +1,160 @@
+"""Triton forms of the GDPA activations, in fp32 registers.
+
+Every function takes ``(x, slope, TANH_APPROX, PRECISE)``:
+- ``TANH_APPROX``: use the hardware ``tanh.approx.f32`` (one special-function op). Off under the Triton
+  interpreter, which cannot run inline asm.
+- ``PRECISE``: fp32 inputs; use accurate formulas (libdevice erf, exp-based sigmoid), since tanh.approx's
+  ~2^-11 error is fine for bf16/fp16 outputs but not for fp32 ones.
+The ``*_and_grad`` twins return (act(x), act'(x)) sharing the special-function op. NaN propagates as in
+eager PyTorch (``where(x < 0, 0, x)`` rather than ``max``, which drops NaN on the GPU).
+"""
+
+import triton
+import triton.language as tl
+
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+GELU_TANH_COEF = tl.constexpr(0.044715)
+INV_SQRT_2 = tl.constexpr(0.7071067811865476)
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
+# Erf approximant for exact GELU in half precision (see kernels/activations.py, which documents the fit).
+GELU_ERF_C1 = tl.constexpr(0.7974228171161315)
+GELU_ERF_C3 = tl.constexpr(0.03700386699238616)
+GELU_ERF_C5 = tl.constexpr(-0.0003475472313648832)
+GELU_ERF_CLAMP = tl.constexpr(5.0)
+
+
+@triton.jit
+def tanh(x, TANH_APPROX: tl.constexpr):
+    if TANH_APPROX:
+        return tl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _sigmoid(x, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    if PRECISE:
+        return tl.sigmoid(x)
+    else:
+        return 0.5 + 0.5 * tanh(0.5 * x, TANH_APPROX)
+
+
+@triton.jit
+def identity(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    return x
+
+
+@triton.jit
+def identity_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    return x, tl.full(x.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def relu(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    return tl.where(x < 0.0, 0.0, x)
+
+
+@triton.jit
+def relu_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    return tl.where(x < 0.0, 0.0, x), tl.where(x > 0.0, 1.0, 0.0)
+
+
+@triton.jit
+def relu_square(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    r = tl.where(x < 0.0, 0.0, x)
+    return r * r
+
+
+@triton.jit
+def relu_square_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    r = tl.where(x < 0.0, 0.0, x)
+    return r * r, 2.0 * r
+
+
+@triton.jit
+def leaky_relu(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    return tl.where(x > 0.0, x, x * slope)
+
+
+@triton.jit
+def leaky_relu_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    return tl.where(x > 0.0, x, x * slope), tl.where(x > 0.0, 1.0, slope)
+
+
+@triton.jit
+def _gelu_erf_parts(x, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    """Returns (Phi(x), phi(x)): the normal CDF and PDF."""
+    if PRECISE:
+        cdf = 0.5 * (1.0 + tl.erf(x * INV_SQRT_2))
+        pdf = tl.exp(-0.5 * x * x) * INV_SQRT_2PI
+    else:
+        xc = tl.minimum(tl.maximum(x, -GELU_ERF_CLAMP), GELU_ERF_CLAMP)
+        x2 = xc * xc
+        t = tanh(xc * (GELU_ERF_C1 + x2 * (GELU_ERF_C3 + x2 * GELU_ERF_C5)), TANH_APPROX)
+        cdf = 0.5 + 0.5 * t
+        du = GELU_ERF_C1 + x2 * (3.0 * GELU_ERF_C3 + x2 * (5.0 * GELU_ERF_C5))
+        pdf = tl.where(xc == x, 0.5 * (1.0 - t * t) * du, 0.0)
+    return cdf, pdf
+
+
+@triton.jit
+def gelu(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    cdf, pdf = _gelu_erf_parts(x, TANH_APPROX, PRECISE)
+    return x * cdf
+
+
+@triton.jit
+def gelu_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    cdf, pdf = _gelu_erf_parts(x, TANH_APPROX, PRECISE)
+    return x * cdf, cdf + x * pdf
+
+
+@triton.jit
+def gelu_tanh(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    t = tanh(x * (SQRT_2_OVER_PI + (SQRT_2_OVER_PI * GELU_TANH_COEF) * x * x), TANH_APPROX)
+    return 0.5 * x * (1.0 + t)
+
+
+@triton.jit
+def gelu_tanh_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    x2 = x * x
+    t = tanh(x * (SQRT_2_OVER_PI + (SQRT_2_OVER_PI * GELU_TANH_COEF) * x2), TANH_APPROX)
+    half_x = 0.5 * x
+    dinner = SQRT_2_OVER_PI + (3.0 * SQRT_2_OVER_PI * GELU_TANH_COEF) * x2
+    return half_x * (1.0 + t), 0.5 * (1.0 + t) + half_x * (1.0 - t * t) * dinner
+
+
+@triton.jit
+def silu(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    return x * _sigmoid(x, TANH_APPROX, PRECISE)
+
+
+@triton.jit
+def silu_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    s = _sigmoid(x, TANH_APPROX, PRECISE)
+    return x * s, s * (1.0 + x * (1.0 - s))
+
+
+@triton.jit
+def sigmoid(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    return _sigmoid(x, TANH_APPROX, PRECISE)
+
+
+@triton.jit
+def sigmoid_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    s = _sigmoid(x, TANH_APPROX, PRECISE)
+    return s, s * (1.0 - s)
+
+
+@triton.jit
+def hardswish(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    return x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
+
+
+@triton.jit
+def hardswish_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    y = x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
+    dy = tl.where(x < -3.0, 0.0, tl.where(x <= 3.0, x * (1.0 / 3.0) + 0.5, 1.0))
+    return y, dy

@@ -1,0 +1,169 @@
+"""Triton GDPA forward: O = act(scale * Q Kᵀ + bias) * post_scale · V, one program per query tile.
+
+No softmax means no running max, no rescaling and no row sums: each key tile's P goes straight into the
+second matmul. ``post_scale`` is applied once to the accumulator (it commutes with the matmul). Key tiles
+that are entirely unmasked run without masks; the causal diagonal and the ragged last tile run masked.
+Keys past Nk are loaded as zero rows of V, so they add nothing even where act(0) != 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..activations import get_activation
+from .layout import as_4d, block_dim, kernel_flags, strides4
+
+# Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
+_RUNTIME_SIZES = ["H", "GROUP", "NQ", "NK"]
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_fwd_config(d: int, dv: int, dtype: torch.dtype, kv_len: int) -> FwdConfig:
+    """Tiles measured with benchmarks/tune_triton.py (H200, bf16, D=128, gelu_tanh): 128x64 with 8 warps
+    and 3 stages at kv=2048 (502 TF/s); with short kv (<= 512) the loop is too short to pipeline, and
+    4 warps with 2 stages win (329 vs 256 TF/s at kv=256)."""
+    width = max(block_dim(d), block_dim(dv))
+    if dtype == torch.float32:
+        return FwdConfig(64, 32 if width > 64 else 64, 4, 2)
+    if width <= 64:
+        return FwdConfig(128, 64, 4, 3)
+    if width <= 128:
+        return FwdConfig(128, 64, 4, 2) if kv_len <= 512 else FwdConfig(128, 64, 8, 3)
+    return FwdConfig(64, 64, 4, 2)
+
+
+@triton.jit
+def _fwd_tile(
+    acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
+    stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+    NQ, NK, scale, slope,
+    ACT_FN: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
+    if MASKED:
+        kt = tl.load(kt_ptrs, mask=(offs_n[None, :] < NK) & (offs_d[:, None] < D), other=0.0)
+        v = tl.load(v_ptrs, mask=(offs_n[:, None] < NK) & (offs_dv[None, :] < DV), other=0.0)
+    else:
+        kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * scale
+    if HAS_BIAS:
+        b_ptrs = b_base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn
+        s += tl.load(b_ptrs, mask=(offs_m[:, None] < NQ) & (offs_n[None, :] < NK), other=0.0).to(tl.float32)
+    p = ACT_FN(s, slope, TANH_APPROX, PRECISE)
+    if MASKED and CAUSAL:
+        p = tl.where(offs_n[None, :] <= offs_m[:, None] + (NK - NQ), p, 0.0)
+    return tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit(do_not_specialize=_RUNTIME_SIZES)
+def gdpa_fwd_kernel(
+    Q, K, V, Bias, Out,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_bz, stride_bh, stride_bm, stride_bn,
+    stride_oz, stride_oh, stride_om, stride_od,
+    H, GROUP, NQ, NK, scale, post_scale, slope,
+    ACT_FN: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # 1-D grid, query tiles fastest so neighbouring programs share K/V in L2; with causal masking the
+    # longest rows (last tiles) go first.
+    num_m = tl.cdiv(NQ, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_m
+    if CAUSAL:
+        pid_m = num_m - 1 - pid_m
+    zh = pid // num_m
+    z = (zh // H).to(tl.int64)
+    h = zh % H
+    hk = h // GROUP
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q_ptrs = Q + z * stride_qz + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < NQ) & (offs_d[None, :] < D), other=0.0)
+    k_base = K + z * stride_kz + hk * stride_kh
+    v_base = V + z * stride_vz + hk * stride_vh
+    b_base = Bias + z * stride_bz + h * stride_bh
+
+    if CAUSAL:
+        # key j is kept for query i iff j <= i + NK - NQ
+        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
+        full = tl.minimum(pid_m * BLOCK_M + NK - NQ + 1, NK)
+    else:
+        hi = NK
+        full = NK
+    full_end = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for start_n in range(0, full_end, BLOCK_N):
+        acc = _fwd_tile(
+            acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, NQ, NK, scale, slope,
+            ACT_FN, HAS_BIAS, CAUSAL, False, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+            TANH_APPROX, PRECISE, DOT_PRECISION,
+        )
+    for start_n in range(full_end, hi, BLOCK_N):
+        acc = _fwd_tile(
+            acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, NQ, NK, scale, slope,
+            ACT_FN, HAS_BIAS, CAUSAL, True, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+            TANH_APPROX, PRECISE, DOT_PRECISION,
+        )
+    acc = acc * post_scale
+
+    o_ptrs = Out + z * stride_oz + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < NQ) & (offs_dv[None, :] < DV))
+
+
+def gdpa_fwd_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str,
+    scale: float,
+    post_scale: float,
+    causal: bool,
+    negative_slope: float,
+    config: FwdConfig | None = None,
+) -> torch.Tensor:
+    """Launches the forward kernel. Inputs are checked, non-empty, and on one device."""
+    batch = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
+    h, nq, d = q.shape[-3:]
+    hkv, nk, dv = v.shape[-3:]
+    q4, k4, v4 = as_4d(q, batch), as_4d(k, batch), as_4d(v, batch)
+    b4 = as_4d(bias.expand(*batch, h, nq, nk), batch) if bias is not None else None
+    out = torch.empty((*batch, h, nq, dv), dtype=v.dtype, device=v.device)
+    o4 = out.view(q4.shape[0], h, nq, dv)
+    cfg = config or default_fwd_config(d, dv, v.dtype, nk)
+    grid = (triton.cdiv(nq, cfg.block_m) * q4.shape[0] * h,)
+    gdpa_fwd_kernel[grid](
+        q4, k4, v4, b4 if b4 is not None else q4, o4,
+        *q4.stride(), *k4.stride(), *v4.stride(), *strides4(b4), *o4.stride(),
+        h, h // hkv, nq, nk, float(scale), float(post_scale), float(negative_slope),
+        ACT_FN=get_activation(activation).triton_fn, HAS_BIAS=b4 is not None, CAUSAL=bool(causal),
+        D=d, DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **kernel_flags(v.dtype, v.device),
+    )
+    return out

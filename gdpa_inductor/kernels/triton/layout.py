@@ -1,0 +1,76 @@
+"""Host-side helpers shared by the Triton launchers: 4-D [Z, H, N, D] views without copies where
+possible, gradient buffers for broadcast inputs, and the flags that depend on how we run."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def kernel_flags(dtype: torch.dtype, device: torch.device) -> dict:
+    """TANH_APPROX: hardware tanh.approx (GPU only). PRECISE: fp32 needs accurate math and IEEE dots."""
+    precise = dtype == torch.float32
+    return dict(
+        TANH_APPROX=device.type == "cuda" and not interpreting(),
+        PRECISE=precise,
+        DOT_PRECISION="ieee" if precise else "tf32",
+    )
+
+
+def block_dim(d: int) -> int:
+    """tl.dot needs power-of-two tiles of at least 16 along the reduction."""
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def as_4d(x: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
+    """x [..., H, N, D] broadcast to [*batch, H, N, D] and flattened to [Z, H, N, D] (a view unless
+    the broadcast pattern cannot be flattened, which copies)."""
+    z = math.prod(batch)
+    return x.expand(*batch, *x.shape[-3:]).reshape(z, *x.shape[-3:])
+
+
+@dataclass
+class GradBuffer:
+    """Where a kernel writes the gradient of an input that may be broadcast over batch (or, for bias,
+    any) dims. ``atomic`` means several programs add into one element; ``finish`` gives the gradient
+    in the input's shape and dtype, contiguous."""
+
+    view4d: torch.Tensor
+    atomic: bool
+    finish: Callable[[], torch.Tensor]
+
+
+def grad_buffer(
+    like: torch.Tensor,
+    full4d: tuple[int, ...],
+    batch: tuple[int, ...],
+    sparse_writes: bool = False,
+) -> GradBuffer:
+    """``sparse_writes``: the kernel skips some elements (dBias under a causal mask), so start from 0."""
+    expanded_shape = (*batch, *full4d[1:])
+    broadcast = tuple(like.shape) != expanded_shape
+    if not broadcast:
+        alloc = torch.zeros if sparse_writes else torch.empty
+        out = alloc(like.shape, dtype=like.dtype, device=like.device)
+        return GradBuffer(out.view(full4d), False, lambda: out)
+    acc = torch.zeros(like.shape, dtype=torch.float32, device=like.device)
+    try:
+        view = acc.expand(expanded_shape).view(full4d)
+        return GradBuffer(view, True, lambda: acc.to(like.dtype))
+    except RuntimeError:
+        full = torch.zeros(full4d, dtype=torch.float32, device=like.device)
+        return GradBuffer(
+            full, False, lambda: full.view(expanded_shape).sum_to_size(like.shape).to(like.dtype).contiguous()
+        )
+
+
+def strides4(x: torch.Tensor | None) -> tuple[int, int, int, int]:
+    return tuple(x.stride()) if x is not None else (0, 0, 0, 0)

@@ -1,0 +1,52 @@
+"""Which implementation runs a GDPA call, and why: Triton where it supports the case, else the reference.
+
+Every decision returns (name, reason) and is logged at debug level on the ``gdpa_inductor`` logger, so
+"why did this not use the fused kernel?" always has an answer.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .. import config
+from ..kernels.triton.layout import interpreting
+
+log = logging.getLogger("gdpa_inductor")
+
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TRITON_MAX_HEAD_DIM = 256
+
+
+def triton_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> tuple[bool, str]:
+    if q.device.type != "cuda" and not interpreting():
+        return False, f"device {q.device.type} (Triton needs CUDA, or TRITON_INTERPRET=1)"
+    if q.dtype not in TRITON_DTYPES:
+        return False, f"dtype {q.dtype} (Triton supports float16, bfloat16, float32)"
+    if interpreting() and q.dtype == torch.bfloat16:
+        return False, "bfloat16 under TRITON_INTERPRET (the interpreter computes bf16 wrongly)"
+    d, dv = q.shape[-1], v.shape[-1]
+    if max(d, dv) > TRITON_MAX_HEAD_DIM:
+        return False, f"head dims ({d}, {dv}) above {TRITON_MAX_HEAD_DIM}"
+    if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
+        return False, "empty input"
+    return True, "supported"
+
+
+def select_impl(q, k, v, bias, what: str) -> str:
+    """Returns "triton" or "reference" for this call; raises ValueError when a forced path cannot run."""
+    choice = config.backend
+    if choice not in config.BACKENDS:
+        raise ValueError(f"gdpa_inductor.config.backend: expected one of {config.BACKENDS}; got {choice!r}")
+    if choice == "reference":
+        log.debug("gdpa %s: reference (forced by config)", what)
+        return "reference"
+    ok, reason = triton_support(q, k, v, bias)
+    if ok:
+        log.debug("gdpa %s: triton", what)
+        return "triton"
+    if choice == "triton" and reason != "empty input":
+        raise ValueError(f"gdpa_inductor.config.backend='triton' cannot run this call: {reason}")
+    log.debug("gdpa %s: reference (%s)", what, reason)
+    return "reference"

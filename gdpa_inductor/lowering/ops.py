@@ -1,0 +1,92 @@
+"""The GDPA custom ops (namespace ``gdpa``), their fake implementations and their autograd.
+
+- ``gdpa::attention_fwd_v1(q, k, v, bias?, activation, scale, post_scale, causal, negative_slope) -> out``
+- ``gdpa::attention_bwd_v1(dout, q, k, v, bias?, ..., bias_requires_grad) -> (dq, dk, dv, dbias)``
+
+The version is part of the name so that compiled artifacts cached against an older signature or
+semantics go stale instead of being replayed. The autograd saves only the inputs (S is recomputed).
+dbias is an empty tensor when no bias gradient is asked for (custom ops cannot return None).
+Every output is a fresh contiguous tensor; the fakes say exactly that.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.reference import gdpa_reference, gdpa_reference_backward
+from .dispatch import select_impl
+
+
+def _broadcast_batch(q, k, v) -> tuple:
+    return tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
+
+
+@torch.library.custom_op("gdpa::attention_fwd_v1", mutates_args=())
+def attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str,
+    scale: float,
+    post_scale: float,
+    causal: bool,
+    negative_slope: float,
+) -> torch.Tensor:
+    args = (q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
+    if select_impl(q, k, v, bias, "forward") == "triton":
+        from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
+
+        return gdpa_fwd_triton(*args)
+    return gdpa_reference(*args)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, bias, activation, scale, post_scale, causal, negative_slope):
+    return v.new_empty((*_broadcast_batch(q, k, v), q.shape[-3], q.shape[-2], v.shape[-1]))
+
+
+@torch.library.custom_op("gdpa::attention_bwd_v1", mutates_args=())
+def attention_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str,
+    scale: float,
+    post_scale: float,
+    causal: bool,
+    negative_slope: float,
+    bias_requires_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
+    if select_impl(q, k, v, bias, "backward") == "triton":
+        from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
+
+        dq, dk, dv, dbias = gdpa_bwd_triton(*args)
+    else:
+        dq, dk, dv, dbias = gdpa_reference_backward(*args)
+    return dq, dk, dv, dbias if dbias is not None else q.new_empty(0)
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad):
+    dbias = bias.new_empty(bias.shape) if bias is not None and bias_requires_grad else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, activation, scale, post_scale, causal, negative_slope = inputs
+    ctx.save_for_backward(q, k, v, bias)
+    ctx.params = (activation, scale, post_scale, causal, negative_slope)
+
+
+def _backward(ctx, dout):
+    q, k, v, bias = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dbias = attention_bwd(dout, q, k, v, bias, *ctx.params, bias_grad)
+    return dq, dk, dv, dbias if bias_grad else None, None, None, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
