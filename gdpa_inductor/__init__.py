@@ -1,8 +1,10 @@
 """gdpa_inductor: fused Generalized Dot-Product Attention for torch.compile.
 
-``gdpa_inductor.gdpa`` is the fused op; ``torch.compile(model, backend="gdpa")`` is the backend.
+``gdpa_inductor.gdpa`` is the fused op; ``torch.compile(model, backend="gdpa")`` is the backend, which
+finds GDPA in unmodified models; ``gdpa_inductor.explain(model, *inputs)`` says what it fuses and why not.
 """
 
+from .explain import ExplainReport, explain
 from .functional import gdpa
 from .kernels.activations import ACTIVATION_NAMES
 

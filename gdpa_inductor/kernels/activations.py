@@ -58,8 +58,8 @@ def _sigmoid_grad(x, slope):
 
 
 def _hardswish_grad(x, slope):
-    # Same branches as aten's hardswish_backward.
-    return torch.where(x < -3.0, torch.zeros_like(x), torch.where(x <= 3.0, x / 3.0 + 0.5, torch.ones_like(x)))
+    # Same branches as autograd of F.hardswish: 0 at x <= -3, x/3 + 1/2 inside, 1 at x >= 3.
+    return torch.where(x <= -3.0, torch.zeros_like(x), torch.where(x < 3.0, x / 3.0 + 0.5, torch.ones_like(x)))
 
 
 @dataclass(frozen=True)

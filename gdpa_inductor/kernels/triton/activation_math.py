@@ -93,7 +93,8 @@ def _gelu_erf_parts(x, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
         xc = tl.minimum(tl.maximum(x, -GELU_ERF_CLAMP), GELU_ERF_CLAMP)
         x2 = xc * xc
         t = tanh(xc * (GELU_ERF_C1 + x2 * (GELU_ERF_C3 + x2 * GELU_ERF_C5)), TANH_APPROX)
-        cdf = 0.5 + 0.5 * t
+        # Beyond the clamp Phi is 0 or 1 to fp32 precision; exact values keep -finfo.max masking exact.
+        cdf = tl.where(x < -GELU_ERF_CLAMP, 0.0, tl.where(x > GELU_ERF_CLAMP, 1.0, 0.5 + 0.5 * t))
         du = GELU_ERF_C1 + x2 * (3.0 * GELU_ERF_C3 + x2 * (5.0 * GELU_ERF_C5))
         pdf = tl.where(xc == x, 0.5 * (1.0 - t * t) * du, 0.0)
     return cdf, pdf
@@ -156,5 +157,5 @@ def hardswish(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
 @triton.jit
 def hardswish_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     y = x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
-    dy = tl.where(x < -3.0, 0.0, tl.where(x <= 3.0, x * (1.0 / 3.0) + 0.5, 1.0))
+    dy = tl.where(x <= -3.0, 0.0, tl.where(x < 3.0, x * (1.0 / 3.0) + 0.5, 1.0))
     return y, dy

@@ -44,11 +44,13 @@ def default_bwd_configs(d: int, dv: int, dtype: torch.dtype, kv_len: int) -> tup
     if dtype == torch.float32:
         return BwdConfig(32, 64, 4, 2), BwdConfig(64, 32, 4, 2)
     if width <= 64:
-        return BwdConfig(64, 128, 4, 3), BwdConfig(128, 64, 4, 3)
+        # the spill-free pair on sm_90a at this width
+        return BwdConfig(64, 64, 8, 2), BwdConfig(128, 64, 8, 2)
     if width <= 128:
         kv_cfg = BwdConfig(32, 64, 4, 3) if kv_len <= 256 else BwdConfig(64, 128, 8, 3)
         return kv_cfg, BwdConfig(128, 64, 8, 2)
-    return BwdConfig(32, 64, 4, 2), BwdConfig(64, 32, 4, 2)
+    # D > 128: two [BLOCK_N, D] fp32 accumulators; 8 warps spill least (ptxas report)
+    return BwdConfig(64, 64, 8, 2), BwdConfig(64, 32, 4, 2)
 
 
 @triton.jit
@@ -79,11 +81,13 @@ def _dkdv_tile(
         st += tl.load(b_base + offs_m[None, :] * stride_bm + offs_n[:, None] * stride_bn,
                       mask=m_ok[None, :] & (offs_n[:, None] < NK), other=0.0).to(tl.float32)
     pt, dact = ACT_FN_AND_GRAD(st, slope, TANH_APPROX, PRECISE)
-    if MASKED and CAUSAL:
-        keep = offs_n[:, None] <= offs_m[None, :] + (NK - NQ)
+    if MASKED:
+        # Padded queries load as zeros, but a non-finite key makes their score inf * 0 = NaN.
+        keep = m_ok[None, :]
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :] + (NK - NQ))
         pt = tl.where(keep, pt, 0.0)
         dact = tl.where(keep, dact, 0.0)
-    # Rows past NQ have dO = 0, so they add nothing to dV or dS.
     dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
     dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
     dst = dpt * dact
@@ -107,7 +111,7 @@ def gdpa_bwd_dkdv_kernel(
     stride_dbz, stride_dbh, stride_dbm, stride_dbn,
     HKV, GROUP, NQ, NK, scale, post_scale, slope,
     ACT_FN_AND_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    DB_ATOMIC: tl.constexpr, KV_ATOMIC: tl.constexpr, CAUSAL: tl.constexpr,
+    DB_ATOMIC: tl.constexpr, DK_ATOMIC: tl.constexpr, DV_ATOMIC: tl.constexpr, CAUSAL: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -138,6 +142,8 @@ def gdpa_bwd_dkdv_kernel(
     else:
         lo = 0
         full_start = 0
+    # a ragged last query tile runs masked
+    full_end = tl.maximum(NQ // BLOCK_M * BLOCK_M, full_start)
 
     for g in range(GROUP):
         h = hk * GROUP + g
@@ -152,20 +158,27 @@ def gdpa_bwd_dkdv_kernel(
                 NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
                 CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
             )
-        for start_m in range(full_start, NQ, BLOCK_M):
+        for start_m in range(full_start, full_end, BLOCK_M):
             dk, dv = _dkdv_tile(
                 dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
                 stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
                 NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
                 CAUSAL, False, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
             )
+        for start_m in range(full_end, NQ, BLOCK_M):
+            dk, dv = _dkdv_tile(
+                dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
+                stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
+                NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
+                CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
+            )
 
     dk = dk * (scale * post_scale)
     dv = dv * post_scale
     dk_ptrs = DK + z * stride_dkz + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     dv_ptrs = DV_ + z * stride_dvz + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd
-    _store_grad(dk_ptrs, dk, n_ok[:, None] & (offs_d[None, :] < D), KV_ATOMIC)
-    _store_grad(dv_ptrs, dv, n_ok[:, None] & (offs_dv[None, :] < DV), KV_ATOMIC)
+    _store_grad(dk_ptrs, dk, n_ok[:, None] & (offs_d[None, :] < D), DK_ATOMIC)
+    _store_grad(dv_ptrs, dv, n_ok[:, None] & (offs_dv[None, :] < DV), DV_ATOMIC)
 
 
 @triton.jit
@@ -190,9 +203,12 @@ def _dq_tile(
     p, dact = ACT_FN_AND_GRAD(s, slope, TANH_APPROX, PRECISE)
     dp = tl.dot(do, vt, input_precision=DOT_PRECISION)
     ds = dp * dact
-    if MASKED and CAUSAL:
-        ds = tl.where(offs_n[None, :] <= offs_m[:, None] + (NK - NQ), ds, 0.0)
-    # Keys past NK have V = 0, hence dP = 0 and dS = 0.
+    if MASKED:
+        # Padded keys load as zeros, but a non-finite query makes their score inf * 0 = NaN.
+        keep = n_ok[None, :]
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
+        ds = tl.where(keep, ds, 0.0)
     return tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PRECISION)
 
 
@@ -304,7 +320,7 @@ def gdpa_bwd_triton(
         *dk_buf.view4d.stride(), *dv_buf.view4d.stride(), *strides4(db4),
         hkv, h // hkv, *scalars,
         BIAS_GRAD=db4 is not None, DB_ATOMIC=db_buf is not None and db_buf.atomic,
-        KV_ATOMIC=dk_buf.atomic or dv_buf.atomic, BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
+        DK_ATOMIC=dk_buf.atomic, DV_ATOMIC=dv_buf.atomic, BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
         num_warps=kv_cfg.num_warps, num_stages=kv_cfg.num_stages, **common,
     )
     gdpa_bwd_dq_kernel[(triton.cdiv(nq, q_cfg.block_m) * zb * h,)](

@@ -3,7 +3,7 @@
 No softmax means no running max, no rescaling and no row sums: each key tile's P goes straight into the
 second matmul. ``post_scale`` is applied once to the accumulator (it commutes with the matmul). Key tiles
 that are entirely unmasked run without masks; the causal diagonal and the ragged last tile run masked.
-Keys past Nk are loaded as zero rows of V, so they add nothing even where act(0) != 0.
+Keys past Nk (only in the masked tiles) get P = 0, so they add nothing even where act(0) != 0.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ class FwdConfig:
 def default_fwd_config(d: int, dv: int, dtype: torch.dtype, kv_len: int) -> FwdConfig:
     """Tiles measured with benchmarks/tune_triton.py (H200, bf16, D=128, gelu_tanh): 128x64 with 8 warps
     and 3 stages at kv=2048 (502 TF/s); with short kv (<= 512) the loop is too short to pipeline, and
-    4 warps with 2 stages win (329 vs 256 TF/s at kv=256)."""
+    4 warps with 2 stages win (329 vs 256 TF/s at kv=256) although ptxas spills ~140 B/thread there
+    (the spill-free 8-warp tile is the slower one)."""
     width = max(block_dim(d), block_dim(dv))
     if dtype == torch.float32:
         return FwdConfig(64, 32 if width > 64 else 64, 4, 2)
     if width <= 64:
-        return FwdConfig(128, 64, 4, 3)
+        return FwdConfig(128, 64, 4, 2)  # spill-free on sm_90a (tests/kernels/test_triton_compile_sm90.py)
     if width <= 128:
         return FwdConfig(128, 64, 4, 2) if kv_len <= 512 else FwdConfig(128, 64, 8, 3)
     return FwdConfig(64, 64, 4, 2)
@@ -66,8 +67,12 @@ def _fwd_tile(
         b_ptrs = b_base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn
         s += tl.load(b_ptrs, mask=(offs_m[:, None] < NQ) & (offs_n[None, :] < NK), other=0.0).to(tl.float32)
     p = ACT_FN(s, slope, TANH_APPROX, PRECISE)
-    if MASKED and CAUSAL:
-        p = tl.where(offs_n[None, :] <= offs_m[:, None] + (NK - NQ), p, 0.0)
+    if MASKED:
+        # Padded keys load as zeros, but a non-finite query makes their score inf * 0 = NaN.
+        keep = offs_n[None, :] < NK
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
+        p = tl.where(keep, p, 0.0)
     return tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
 
 

@@ -1,0 +1,150 @@
+"""Proving that a mask in the graph is the causal mask, so that it becomes the op's ``causal`` flag.
+
+A mask is accepted only in forms whose value is known at compile time: ``torch.tril``/``torch.triu`` of
+``torch.ones``, a lower-triangular buffer sliced to ``[:N, :N]`` (its value is read from the example
+inputs), or a comparison of ``torch.arange`` rows and columns; through ``.bool()``, ``== 0`` / ``!= 0``,
+``~`` and dtype casts. The scores must be square (Nq == Nk, statically), where top-left and the op's
+bottom-right alignment agree. ``causal_mask_kind`` answers "keep" (True where j <= i), "drop" (True where
+j > i) or None (not provably causal).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from . import fx_nodes as fxn
+
+# Real values of graph inputs (lifted buffers), keyed by placeholder node; set by the pass for its graph.
+REAL_INPUTS: dict[fx.Node, torch.Tensor] = {}
+
+
+def causal_mask_kind(mask: fx.Node, scores: torch.Tensor) -> Optional[str]:
+    nq, nk = scores.shape[-2], scores.shape[-1]
+    if not statically_known_true(nq == nk):
+        return None
+    kind = _kind(mask, nq)
+    if kind is None:
+        return None
+    ev = fxn.example(mask)
+    if not isinstance(ev, torch.Tensor) or ev.dim() > scores.dim() or ev.dim() < 2:
+        return None
+    if not all(statically_known_true(s == 1) for s in ev.shape[:-2]):
+        return None
+    if not (statically_known_true(ev.shape[-2] == nq) and statically_known_true(ev.shape[-1] == nk)):
+        return None
+    return kind
+
+
+def _flip(kind: Optional[str]) -> Optional[str]:
+    return {"keep": "drop", "drop": "keep"}.get(kind)
+
+
+def _kind(node, n) -> Optional[str]:
+    if not isinstance(node, fx.Node):
+        return None
+    if fxn.is_passthrough(node) or fxn.fn_or_method(node, (), ("bool",)):
+        return _kind(node.args[0], n)
+    if fxn.fn_or_method(node, (operator.invert, torch.logical_not), ("logical_not", "__invert__")):
+        return _flip(_kind(node.args[0], n))
+    if fxn.fn_or_method(node, (operator.eq, torch.eq), ("eq",)) and node.args[1] == 0:
+        return _flip(_kind(node.args[0], n))
+    if fxn.fn_or_method(node, (operator.ne, torch.ne), ("ne",)) and node.args[1] == 0:
+        return _kind(node.args[0], n)
+    if fxn.fn_or_method(node, (operator.eq, torch.eq), ("eq",)) and node.args[1] == 1:
+        return _kind(node.args[0], n)
+    if fxn.fn_or_method(node, (torch.tril, torch.triu), ("tril", "triu")):
+        if not _is_ones(node.args[0]):
+            return None
+        diagonal = fxn.arg(node, 1, "diagonal", 0)
+        is_tril = node.target in (torch.tril, "tril")
+        if is_tril and diagonal == 0:
+            return "keep"
+        if not is_tril and diagonal == 1:
+            return "drop"
+        return None
+    if node.op == "call_function" and node.target is operator.getitem:
+        return _sliced_buffer_kind(node, n)
+    return _arange_compare_kind(node)
+
+
+def _is_ones(node) -> bool:
+    return isinstance(node, fx.Node) and fxn.fn_or_method(node, (torch.ones, torch.ones_like), ())
+
+
+def _sliced_buffer_kind(node: fx.Node, n) -> Optional[str]:
+    """buffer[..., :n, :n] of a lower-triangular buffer (GPT-2 style)."""
+    base, index = node.args
+    value = REAL_INPUTS.get(base)
+    if value is None and base.op == "get_attr":
+        value = _get_attr(base)
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return None
+    index = index if isinstance(index, tuple) else (index,)
+    for i in index[:-2]:
+        if not (isinstance(i, slice) and i == slice(None, None, None)) and i != 0:
+            return None
+    if len(index) < 2:
+        return None
+    for s in index[-2:]:
+        if not (isinstance(s, slice) and s.start in (None, 0) and s.step in (None, 1)):
+            return None
+    square = value.reshape(-1, *value.shape[-2:])[0]
+    if square.shape[-1] != square.shape[-2] or (value.reshape(-1, *value.shape[-2:]) != square).any():
+        return None
+    if not torch.equal(square != 0, torch.ones_like(square, dtype=torch.bool).tril()):
+        return None
+    return "keep"
+
+
+def _get_attr(node: fx.Node):
+    obj = node.graph.owning_module
+    for part in node.target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _arange_axis(node) -> Optional[str]:
+    """'row' for arange(n)[:, None] (or .unsqueeze(-1)/.view(-1, 1)), 'col' for arange(n)[None, :] or arange(n)."""
+    ev = fxn.example(node)
+    src = node
+    while isinstance(src, fx.Node) and not fxn.fn_or_method(src, (torch.arange,), ()):
+        if src.op == "call_function" and src.target is operator.getitem or fxn.fn_or_method(
+            src, (torch.unsqueeze,), ("unsqueeze", "view", "reshape")
+        ):
+            src = src.args[0]
+        else:
+            return None
+    if not isinstance(src, fx.Node):
+        return None
+    start = src.args[0] if len(src.args) > 1 else 0
+    if start != 0 or len(src.args) > 2 or not isinstance(ev, torch.Tensor):
+        return None
+    if ev.dim() == 1:
+        return "col"
+    if ev.dim() == 2 and statically_known_true(ev.shape[1] == 1):
+        return "row"
+    if ev.dim() == 2 and statically_known_true(ev.shape[0] == 1):
+        return "col"
+    return None
+
+
+_COMPARE = {operator.ge: "ge", operator.le: "le", operator.gt: "gt", operator.lt: "lt",
+            torch.ge: "ge", torch.le: "le", torch.gt: "gt", torch.lt: "lt"}
+
+
+def _arange_compare_kind(node: fx.Node) -> Optional[str]:
+    op = _COMPARE.get(node.target) if node.op == "call_function" else (
+        node.target if node.op == "call_method" and node.target in ("ge", "le", "gt", "lt") else None
+    )
+    if op is None:
+        return None
+    a, b = _arange_axis(node.args[0]), _arange_axis(node.args[1])
+    # keep j <= i: row >= col, col <= row; drop j > i: row < col, col > row
+    table = {("row", "col", "ge"): "keep", ("col", "row", "le"): "keep",
+             ("row", "col", "lt"): "drop", ("col", "row", "gt"): "drop"}
+    return table.get((a, b, op))

@@ -1,0 +1,245 @@
+"""The elementwise chain between the two matmuls of GDPA, read into a recipe for the fused op.
+
+Walking back from P (the left operand of the second matmul) to S (the output of the first), every node
+must have exactly one user (so neither S nor P is used elsewhere) and be one of: a scale (float, SymInt
+or one-element tensor), an additive bias before the activation, one activation of the table (relu
+followed by a square is relu_square), a causal mask (before the activation only when the fill value
+makes the activation exactly 0), a dtype cast or copy, or a no-op dropout. Anything else stops the match
+with the reason. Nothing here edits the graph.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+from ..kernels.activations import get_activation
+from . import fx_nodes as fxn
+from .causal_mask import causal_mask_kind
+
+
+@dataclass
+class ChainRecipe:
+    activation: str = "identity"
+    negative_slope: float = 0.01
+    scale: float = 1.0
+    post_scale: float = 1.0
+    # Scales that are not Python floats (SymInt divisors, learned one-element tensors): applied to q before
+    # the op (pre-activation) or to the output (post-activation); (value, divide) pairs.
+    pre_factors: list[tuple[Any, bool]] = field(default_factory=list)
+    post_factors: list[tuple[Any, bool]] = field(default_factory=list)
+    # Additive terms before the activation: nodes or floats, with their sign.
+    bias_terms: list[tuple[Any, float]] = field(default_factory=list)
+    causal: bool = False
+    mask_note: str = "none"
+    # Fill values of causal masks before the activation, checked once the activation is known.
+    pre_mask_fills: list[tuple[fx.Node, Any]] = field(default_factory=list)
+    nodes: list[fx.Node] = field(default_factory=list)  # the chain, from P back to S (exclusive)
+
+
+class ChainMismatch(Exception):
+    """The chain is not GDPA (or not one we can fuse exactly); the message says why."""
+
+
+def _other(node: fx.Node, cur: fx.Node) -> tuple[Any, int]:
+    a, b = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("other")
+    if a is cur and b is not cur:
+        return b, 1
+    if b is cur and a is not cur:
+        return a, 0
+    raise ChainMismatch(f"{node.name}: both operands come from the chain")
+
+
+def _scale_value(x: Any) -> Optional[Any]:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, numbers.Real):
+        return float(x)
+    if fxn.scalar_value(x) is not None or fxn.is_one_element_tensor(x):
+        return x
+    return None
+
+
+def _fill_zeroes_activation(fill: Any, activation: str, slope: float, dtype: torch.dtype) -> bool:
+    """act(fill) == 0 and act'(fill) == 0 exactly (no NaN) in the chain's dtype and in fp32 (what the
+    kernels compute in): then filling is the same as masking, forward and backward."""
+    if not isinstance(fill, numbers.Real):
+        return False
+    act = get_activation(activation)
+    for dt in {dtype if dtype.is_floating_point else torch.float32, torch.float32}:
+        x = torch.tensor([float(fill)], dtype=dt)
+        if not bool((act.torch_fn(x, slope) == 0).all() and (act.torch_grad(x, slope) == 0).all()):
+            return False
+    return True
+
+
+def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
+    """The recipe for the chain from S (exclusive) to P (inclusive). Raises ChainMismatch."""
+    steps: list[fx.Node] = []
+    cur = p
+    while cur is not s:
+        if not isinstance(cur, fx.Node) or cur.op not in ("call_function", "call_method"):
+            raise ChainMismatch(f"{getattr(cur, 'name', cur)}: not an operation between the matmuls")
+        if len(cur.users) != 1:
+            raise ChainMismatch(f"{cur.name}: the intermediate is also used elsewhere ({len(cur.users)} users)")
+        steps.append(cur)
+        cur = _chain_input(cur)
+    if len(s.users) != 1:
+        raise ChainMismatch(f"{s.name}: the scores are also used elsewhere ({len(s.users)} users)")
+
+    recipe = ChainRecipe(nodes=steps)
+    seen_activation = False
+    seen_bias = False
+    dtype = fxn.example(s).dtype
+    # steps run from P back to S; interpret them from S forwards
+    ordered = list(reversed(steps))
+    i = 0
+    while i < len(ordered):
+        node = ordered[i]
+        prev = ordered[i - 1] if i else s
+        act = fxn.activation_of(node)
+        if act is not None:
+            if seen_activation:
+                raise ChainMismatch(f"{node.name}: a second activation")
+            seen_activation = True
+            recipe.activation, recipe.negative_slope = act
+            if act[0] == "relu" and i + 1 < len(ordered) and fxn.is_square_of(ordered[i + 1], node):
+                recipe.activation = "relu_square"
+                i += 1
+        elif fxn.is_passthrough(node) or fxn.is_noop_dropout(node):
+            pass
+        elif fxn.is_mul(node) or fxn.is_div(node):
+            _read_product(node, prev, recipe, seen_activation, seen_bias)
+        elif fxn.is_add(node) or fxn.is_sub(node):
+            if seen_activation:
+                raise ChainMismatch(f"{node.name}: an addition after the activation")
+            other, pos = _other(node, prev)
+            sign = -1.0 if fxn.is_sub(node) else 1.0
+            if fxn.is_sub(node) and pos == 0:
+                raise ChainMismatch(f"{node.name}: the scores are subtracted from something")
+            alpha = fxn.arg(node, 2, "alpha", 1)
+            if alpha != 1:
+                raise ChainMismatch(f"{node.name}: add/sub with alpha")
+            if isinstance(other, numbers.Real) and not isinstance(other, bool):
+                recipe.bias_terms.append((float(other), sign))
+            elif fxn.is_tensor_node(other) and _same_shape(node, prev):
+                recipe.bias_terms.append((other, sign))
+            else:
+                raise ChainMismatch(f"{node.name}: added term is neither a number nor a bias of the scores' shape")
+            seen_bias = True
+        elif fxn.fn_or_method(node, (torch.masked_fill,), ("masked_fill",)) or fxn.fn_or_method(node, (torch.where,)):
+            _read_mask(node, prev, recipe, seen_activation, dtype, s)
+        else:
+            raise ChainMismatch(f"{node.name}: unsupported op {_describe(node)} between the matmuls")
+        i += 1
+    for node, fill in recipe.pre_mask_fills:
+        if not _fill_zeroes_activation(fill, recipe.activation, recipe.negative_slope, dtype):
+            raise ChainMismatch(
+                f"{node.name}: fill {fill!r} before {recipe.activation} does not give exactly 0 "
+                "(e.g. act(-inf) is NaN for gelu/silu/hardswish; -finfo.max is exact)"
+            )
+    return recipe
+
+
+def _chain_input(node: fx.Node) -> fx.Node:
+    """The argument of an elementwise step that carries the scores."""
+    if fxn.fn_or_method(node, (torch.where,)):
+        cands = [a for a in node.args[1:3] if fxn.is_tensor_node(a) and not _is_bool(a)]
+    else:
+        cands = [a for a in node.args if fxn.is_tensor_node(a) and not _is_bool(a)]
+    if not cands:
+        raise ChainMismatch(f"{node.name}: no tensor operand")
+    # the scores operand has the full scores shape; a bias may broadcast, a mask is boolean
+    full = [a for a in cands if _same_shape(node, a)]
+    pick = full or cands
+    if len(pick) > 1 and not (fxn.is_square_of(node, pick[0])):
+        # two full-shape operands: the chain is the one that is not a leaf input
+        ops = [a for a in pick if a.op in ("call_function", "call_method")]
+        pick = ops or pick
+    return pick[0]
+
+
+def _is_bool(node: Any) -> bool:
+    ev = fxn.example(node)
+    return isinstance(ev, torch.Tensor) and ev.dtype == torch.bool
+
+
+def _same_shape(a: fx.Node, b: fx.Node) -> bool:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    ea, eb = fxn.example(a), fxn.example(b)
+    if ea.dim() != eb.dim():
+        return False
+    return all(statically_known_true(x == y) for x, y in zip(ea.shape, eb.shape))
+
+
+def _read_product(node, prev, recipe: ChainRecipe, after_activation: bool, seen_bias: bool):
+    other, pos = _other(node, prev)
+    divide = fxn.is_div(node)
+    if divide and pos == 0:
+        raise ChainMismatch(f"{node.name}: the scores divide something")
+    if divide and fxn.arg(node, 2, "rounding_mode", None) is not None:
+        raise ChainMismatch(f"{node.name}: division with rounding")
+    if after_activation and fxn.is_tensor_node(other) and _is_bool_like_mask(other):
+        kind = causal_mask_kind(other, fxn.example(node))
+        if kind != "keep":
+            raise ChainMismatch(f"{node.name}: multiplied by a mask that is not provably causal")
+        recipe.causal, recipe.mask_note = True, "causal (multiply after the activation)"
+        return
+    value = _scale_value(other)
+    if value is None:
+        raise ChainMismatch(f"{node.name}: multiplied by a tensor that is neither a scalar nor a causal mask")
+    if not after_activation and seen_bias:
+        raise ChainMismatch(f"{node.name}: a scale applied after the bias")
+    if isinstance(value, float):
+        factor = 1.0 / value if divide else value
+        if after_activation:
+            recipe.post_scale *= factor
+        else:
+            recipe.scale *= factor
+    else:
+        (recipe.post_factors if after_activation else recipe.pre_factors).append((value, divide))
+
+
+def _is_bool_like_mask(node: fx.Node) -> bool:
+    """A bool tensor, or a bool tensor cast to a float dtype (mask.float(), mask.to(x.dtype))."""
+    if _is_bool(node):
+        return True
+    return fxn.is_passthrough(node) and _is_bool(node.args[0])
+
+
+def _read_mask(node, prev, recipe: ChainRecipe, after_activation: bool, dtype, s):
+    out_ev = fxn.example(node)
+    if node.target in ("masked_fill", torch.masked_fill):
+        mask, fill, keep_form = node.args[1], node.args[2], False
+    else:
+        cond, a, b = node.args[0], node.args[1], node.args[2]
+        if a is prev:
+            mask, fill, keep_form = cond, b, True
+        elif b is prev:
+            mask, fill, keep_form = cond, a, False
+        else:
+            raise ChainMismatch(f"{node.name}: torch.where without the scores")
+    if isinstance(fill, fx.Node):
+        raise ChainMismatch(f"{node.name}: mask fill value is a tensor")
+    kind = causal_mask_kind(mask, out_ev)
+    wanted = "keep" if keep_form else "drop"
+    if kind != wanted:
+        raise ChainMismatch(f"{node.name}: mask is not provably causal (dense masks are not fused yet)")
+    if after_activation:
+        if not (isinstance(fill, numbers.Real) and float(fill) == 0.0):
+            raise ChainMismatch(f"{node.name}: masked after the activation with {fill!r}, not 0")
+        recipe.mask_note = "causal (zero fill after the activation)"
+    else:
+        recipe.pre_mask_fills.append((node, fill))
+        recipe.mask_note = f"causal (fill {fill!r} before the activation)"
+    recipe.causal = True
+
+
+def _describe(node: fx.Node) -> str:
+    t = node.target
+    return t if isinstance(t, str) else getattr(t, "__name__", str(t))

@@ -1,0 +1,186 @@
+"""How Dynamo's torch-level FX graph spells the pieces of GDPA, normalised into a few kinds.
+
+Dynamo keeps the user's spelling: ``q @ k`` is ``operator.matmul``, ``torch.matmul`` a function, ``x.matmul``
+a method; ``nn.GELU("tanh")`` is inlined to ``torch._C._nn.gelu(x, approximate="tanh")``; and so on. Every
+helper here answers one question about one node, from its target, arguments and ``example_value``.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+aten = torch.ops.aten
+
+
+def fn_or_method(node: fx.Node, functions: tuple = (), methods: tuple = ()) -> bool:
+    if node.op == "call_function":
+        return node.target in functions
+    if node.op == "call_method":
+        return node.target in methods
+    return False
+
+
+def example(node: Any) -> Any:
+    """The fake tensor (or SymInt) a node produced during tracing, else the value itself."""
+    if isinstance(node, fx.Node):
+        return node.meta.get("example_value")
+    return node
+
+
+def is_tensor_node(node: Any) -> bool:
+    return isinstance(node, fx.Node) and isinstance(example(node), torch.Tensor)
+
+
+def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+# ---- matmuls -------------------------------------------------------------------------------------------
+
+_MATMUL_FUNCTIONS = (operator.matmul, torch.matmul, torch.bmm, torch.Tensor.matmul, torch.Tensor.bmm)
+
+
+def matmul_operands(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
+    """(a, b) for a node computing a @ b (operator, function, method or bmm); None otherwise."""
+    if fn_or_method(node, _MATMUL_FUNCTIONS, ("matmul", "bmm", "__matmul__")):
+        a, b = node.args[0], node.args[1]
+        if is_tensor_node(a) and is_tensor_node(b):
+            return a, b
+    return None
+
+
+def einsum_operands(node: fx.Node) -> Optional[tuple[str, fx.Node, fx.Node]]:
+    """(equation, a, b) for a two-operand einsum."""
+    if node.op == "call_function" and node.target in (torch.einsum, torch.functional.einsum):
+        args = node.args
+        if len(args) == 2 and isinstance(args[1], (list, tuple)):
+            args = (args[0], *args[1])
+        if len(args) == 3 and isinstance(args[0], str) and is_tensor_node(args[1]) and is_tensor_node(args[2]):
+            return args[0].replace(" ", ""), args[1], args[2]
+    return None
+
+
+def transposed_source(node: fx.Node) -> Optional[fx.Node]:
+    """x when node is x with its last two dims swapped (.transpose(-2, -1), .mT, .t(), permute)."""
+    if not isinstance(node, fx.Node) or not is_tensor_node(node):
+        return None
+    rank = example(node).dim()
+    if node.op == "call_function" and node.target is getattr:
+        if node.args[1] == "mT" or (node.args[1] == "T" and rank == 2):
+            return node.args[0]
+        return None
+    if fn_or_method(node, (torch.transpose,), ("transpose", "swapaxes", "swapdims")):
+        dims = sorted(d % rank for d in node.args[1:3])
+        if dims == [rank - 2, rank - 1]:
+            return node.args[0]
+    if fn_or_method(node, (torch.t,), ("t",)) and rank == 2:
+        return node.args[0]
+    if fn_or_method(node, (torch.permute,), ("permute",)):
+        perm = node.args[1] if isinstance(node.args[1], (list, tuple)) else node.args[1:]
+        perm = [p % rank for p in perm]
+        if perm == [*range(rank - 2), rank - 1, rank - 2]:
+            return node.args[0]
+    return None
+
+
+# ---- elementwise steps ------------------------------------------------------------------------------------
+
+
+def scalar_value(x: Any) -> Optional[Any]:
+    """A Python number, a SymInt/SymFloat, or a node producing one (shape arithmetic)."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (numbers.Real, torch.SymInt, torch.SymFloat)):
+        return x
+    if isinstance(x, fx.Node) and isinstance(example(x), (torch.SymInt, torch.SymFloat, int, float)):
+        return x
+    return None
+
+
+def is_one_element_tensor(x: Any) -> bool:
+    ev = example(x)
+    return isinstance(x, fx.Node) and isinstance(ev, torch.Tensor) and ev.dim() <= 1 and _numel_is_one(ev)
+
+
+def _numel_is_one(t: torch.Tensor) -> bool:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(t.numel() == 1)
+
+
+def is_mul(node):
+    return fn_or_method(node, (operator.mul, torch.mul, torch.Tensor.mul), ("mul", "__mul__", "mul_"))
+
+
+def is_div(node):
+    return fn_or_method(node, (operator.truediv, torch.div, torch.true_divide, torch.Tensor.div), ("div", "truediv"))
+
+
+def is_add(node):
+    return fn_or_method(node, (operator.add, torch.add, torch.Tensor.add), ("add", "__add__"))
+
+
+def is_sub(node):
+    return fn_or_method(node, (operator.sub, torch.sub, torch.Tensor.sub), ("sub", "__sub__"))
+
+
+# Value-preserving steps: dtype casts (the fused op computes in fp32 and rounds P to V's dtype once) and copies.
+PASSTHROUGH_METHODS = ("float", "half", "bfloat16", "to", "type_as", "contiguous", "clone")
+
+
+def is_passthrough(node: fx.Node) -> bool:
+    if not fn_or_method(node, (), PASSTHROUGH_METHODS):
+        return False
+    if node.target == "to":
+        # .to(dtype) / .to(device, dtype): a cast; anything carrying a non-dtype payload stays opaque
+        return all(isinstance(a, (torch.dtype, torch.device, str)) for a in node.args[1:]) and set(
+            node.kwargs
+        ) <= {"dtype", "copy", "non_blocking", "device"}
+    return True
+
+
+def is_noop_dropout(node: fx.Node) -> bool:
+    if not fn_or_method(node, (F.dropout, torch.dropout, torch.nn.functional.dropout), ("dropout",)):
+        return False
+    p = arg(node, 1, "p", 0.5)
+    training = arg(node, 2, "training", True) if node.target is not torch.dropout else arg(node, 2, "train", True)
+    return (isinstance(p, numbers.Real) and p == 0) or training is False
+
+
+def activation_of(node: fx.Node) -> Optional[tuple[str, float]]:
+    """(activation name, negative_slope) when node applies one of the table's activations to args[0]."""
+    slope = 0.01
+    if fn_or_method(node, (F.gelu, torch._C._nn.gelu), ("gelu",)):
+        approx = arg(node, 1, "approximate", "none")
+        return ("gelu_tanh" if approx == "tanh" else "gelu"), slope
+    if fn_or_method(node, (F.silu, torch.nn.functional.silu), ()):
+        return "silu", slope
+    if fn_or_method(node, (F.relu, torch.relu, torch.nn.functional.relu), ("relu",)):
+        return "relu", slope
+    if fn_or_method(node, (torch.sigmoid, F.sigmoid, torch.nn.functional.sigmoid), ("sigmoid",)):
+        return "sigmoid", slope
+    if fn_or_method(node, (F.hardswish, torch._C._nn.hardswish), ()):
+        return "hardswish", slope
+    if fn_or_method(node, (F.leaky_relu, torch._C._nn.leaky_relu), ("leaky_relu",)):
+        s = arg(node, 1, "negative_slope", 0.01)
+        return ("leaky_relu", float(s)) if isinstance(s, numbers.Real) else None
+    return None
+
+
+def is_square_of(node: fx.Node, inner: fx.Node) -> bool:
+    """node computes inner ** 2 (pow, square, or inner * inner)."""
+    if fn_or_method(node, (operator.pow, torch.pow), ("pow", "__pow__")):
+        return node.args[0] is inner and node.args[1] == 2
+    if fn_or_method(node, (torch.square,), ("square",)):
+        return node.args[0] is inner
+    if is_mul(node):
+        return node.args[0] is inner and node.args[1] is inner
+    return False

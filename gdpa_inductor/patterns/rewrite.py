@@ -1,0 +1,232 @@
+"""The GDPA pass over Dynamo's torch-level FX graph: find, check, rewrite, count, report.
+
+``rewrite_gdpa(gm, example_inputs)`` visits every matmul-like node as a candidate second matmul, asks each
+pattern for a match, and replaces the matched subgraph with ``torch.ops.gdpa.attention_fwd_v1`` (plus
+the views, casts and non-float scale factors the recipe needs). Subgraphs of higher-order ops (activation
+checkpointing) are visited too. Every candidate is reported (matched with its parameters, or rejected with
+the reason) to the ``gdpa_inductor`` logger and to the returned list; ``dry_run`` only reports. Each
+rewrite adds one to ``torch._dynamo.utils.counters["gdpa"]["rewrites"]``: the pass runs once per Dynamo
+graph, before AOT autograd, so a training graph counts once.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.fx as fx
+from torch._dynamo.utils import counters
+
+from ..lowering import ops  # noqa: F401  (registers torch.ops.gdpa.*)
+from . import causal_mask
+from . import fx_nodes as fxn
+from .softmax_free_attention import GdpaMatch, OperandPlan, SoftmaxFreeAttention
+
+log = logging.getLogger("gdpa_inductor")
+
+PATTERNS = (SoftmaxFreeAttention(),)
+
+
+@dataclass
+class CandidateReport:
+    graph: str
+    node: str
+    matched: bool
+    reason: str
+    details: Optional[dict] = None
+
+    def __str__(self) -> str:
+        where = f"{self.graph}:{self.node}"
+        if not self.matched:
+            return f"  rejected  {where}: {self.reason}"
+        d = self.details or {}
+        return (f"  FUSED     {where}: {d.get('kind')}, activation={d.get('activation')}, q{d.get('q')} "
+                f"k{d.get('k')} v{d.get('v')} {d.get('dtype')}, scale={d.get('scale'):.4g}"
+                f"{' (+tensor/SymInt factors)' if d.get('scale_factors') else ''}, "
+                f"post_scale={d.get('post_scale'):.4g}{' (+tensor/SymInt factors)' if d.get('post_factors') else ''}"
+                f", bias={'yes' if d.get('bias') else 'no'}, mask={d.get('mask')}")
+
+
+def _is_candidate(node: fx.Node) -> bool:
+    return fxn.matmul_operands(node) is not None or fxn.einsum_operands(node) is not None
+
+
+def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run: bool = False,
+                 graph_name: str = "graph") -> list[CandidateReport]:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    causal_mask.REAL_INPUTS.clear()
+    causal_mask.REAL_INPUTS.update(
+        {p: x for p, x in zip(placeholders, example_inputs) if isinstance(x, torch.Tensor)}
+    )
+    try:
+        reports = _rewrite_graph(gm, dry_run, graph_name)
+    finally:
+        causal_mask.REAL_INPUTS.clear()
+    for name, sub in list(gm.named_children()):
+        if isinstance(sub, fx.GraphModule):
+            reports += _rewrite_graph(sub, dry_run, f"{graph_name}.{name}")
+    return reports
+
+
+def _rewrite_graph(gm: fx.GraphModule, dry_run: bool, graph_name: str) -> list[CandidateReport]:
+    reports = []
+    changed = False
+    consumed: set[fx.Node] = set()
+    # Inner matmuls of a chain are candidates too (as outer ones they fail); visit outer-most first.
+    for node in reversed(list(gm.graph.nodes)):
+        if node in consumed or not _is_candidate(node):
+            continue
+        match, reason = None, "no pattern"
+        for pattern in PATTERNS:
+            match, reason = pattern.match(node)
+            if match is not None:
+                break
+        if match is None:
+            reports.append(CandidateReport(graph_name, node.name, False, reason))
+            log.debug("gdpa: %s:%s not fused: %s", graph_name, node.name, reason)
+            continue
+        details = match.describe()
+        if not dry_run:
+            try:
+                _replace(gm.graph, match)
+            except Exception as e:  # the graph is unchanged; never break the user's compile
+                reason = f"rewrite failed ({type(e).__name__}: {e}); left unfused"
+                reports.append(CandidateReport(graph_name, node.name, False, reason))
+                log.debug("gdpa: %s:%s %s", graph_name, node.name, reason, exc_info=True)
+                continue
+            counters["gdpa"]["rewrites"] += 1
+            changed = True
+        reports.append(CandidateReport(graph_name, node.name, True, "matched", details))
+        log.debug("gdpa: %s:%s fused: %s", graph_name, node.name, details)
+        consumed.update(match.recipe.nodes)
+        consumed.add(match.scores)
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return reports
+
+
+# ---- building the replacement ------------------------------------------------------------------------
+
+
+class _Builder:
+    """Inserts nodes before the anchor, giving each an example_value (run on the inputs' fake values in
+    the fake mode that produced them); ``rollback`` removes everything it inserted."""
+
+    def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode):
+        self.graph, self.anchor, self.mode = graph, anchor, fake_mode
+        self.created: list[fx.Node] = []
+
+    def emit(self, kind: str, target, args, kwargs=None) -> fx.Node:
+        with self.graph.inserting_before(self.anchor):
+            if kind == "method":
+                node = self.graph.call_method(target, args, kwargs or {})
+            else:
+                node = self.graph.call_function(target, args, kwargs or {})
+        self.created.append(node)
+
+        def ev(a):
+            return fxn.example(a) if isinstance(a, fx.Node) else a
+
+        fargs = torch.fx.node.map_aggregate(node.args, ev)
+        fkwargs = torch.fx.node.map_aggregate(node.kwargs, ev)
+        with self.mode:
+            if kind == "method":
+                node.meta["example_value"] = getattr(fargs[0], target)(*fargs[1:], **fkwargs)
+            else:
+                node.meta["example_value"] = target(*fargs, **fkwargs)
+        return node
+
+    def rollback(self) -> None:
+        for node in reversed(self.created):
+            self.graph.erase_node(node)
+        self.created.clear()
+
+
+def _operand(b: _Builder, plan: OperandPlan, dtype: torch.dtype, factors=()) -> fx.Node:
+    n = plan.node
+    if plan.permute is not None:
+        n = b.emit("method", "permute", (n, *plan.permute))
+    if plan.transpose_last:
+        n = b.emit("method", "transpose", (n, -2, -1))
+    for value, divide in factors:
+        n = b.emit("function", operator.truediv if divide else operator.mul, (n, value))
+    if fxn.example(n).dtype != dtype:
+        n = b.emit("method", "to", (n, dtype))
+    return n
+
+
+def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> Optional[fx.Node]:
+    total: Optional[fx.Node] = None
+    constant = 0.0
+    for term, sign in m.recipe.bias_terms:
+        if isinstance(term, fx.Node):
+            if total is None:
+                total = term if sign > 0 else b.emit("function", operator.neg, (term,))
+            else:
+                total = b.emit("function", operator.add if sign > 0 else operator.sub, (total, term))
+        else:
+            constant += sign * term
+    if constant != 0.0:
+        if total is None:
+            device = fxn.example(m.scores).device
+            total = b.emit("function", torch.full, ((), constant), {"dtype": dtype, "device": device})
+        else:
+            total = b.emit("function", operator.add, (total, constant))
+    if total is not None and fxn.example(total).dtype != dtype:
+        total = b.emit("method", "to", (total, dtype))
+    return total
+
+
+def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
+    r = m.recipe
+    dtype = m.compute_dtype
+    q = _operand(b, m.q, dtype, r.pre_factors)
+    k = _operand(b, m.k, dtype)
+    v = _operand(b, m.v, dtype)
+    bias = _bias(b, m, dtype)
+    out = b.emit("function", torch.ops.gdpa.attention_fwd_v1.default,
+                 (q, k, v, bias, r.activation, float(r.scale), float(r.post_scale), bool(r.causal),
+                  float(r.negative_slope)))
+    for value, divide in r.post_factors:
+        out = b.emit("function", operator.truediv if divide else operator.mul, (out, value))
+    if m.out_permute is not None:
+        out = b.emit("method", "permute", (out, *m.out_permute))
+    want = fxn.example(m.outer)
+    if fxn.example(out).dtype != want.dtype:
+        out = b.emit("method", "to", (out, want.dtype))
+    if fxn.example(out).shape != want.shape:
+        raise ValueError(f"replacement shape {tuple(fxn.example(out).shape)} != {tuple(want.shape)}")
+    return out
+
+
+def _replace(graph: fx.Graph, m: GdpaMatch) -> None:
+    """Builds the fused subgraph; only once it is complete (and has the original's shape and dtype)
+    are the original nodes replaced. On any error the graph is left exactly as it was."""
+    b = _Builder(graph, m.outer, fxn.example(m.scores).fake_mode)
+    try:
+        out = _build(b, m)
+    except Exception:
+        b.rollback()
+        raise
+    m.outer.replace_all_uses_with(out)
+    dead = [m.outer, *m.recipe.nodes, m.scores]  # each node's only user precedes it here
+    inputs = {i for n in dead for i in n.all_input_nodes} - set(dead)
+    for node in dead:
+        graph.erase_node(node)
+    for node in inputs:
+        _erase_if_dead(graph, node)
+
+
+def _erase_if_dead(graph: fx.Graph, node: fx.Node) -> None:
+    if node.graph is not graph or node.users or node.op not in ("call_function", "call_method"):
+        return
+    if node.is_impure():
+        return
+    inputs = list(node.all_input_nodes)
+    graph.erase_node(node)
+    for inp in inputs:
+        _erase_if_dead(graph, inp)

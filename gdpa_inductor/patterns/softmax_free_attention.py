@@ -1,0 +1,294 @@
+"""``SoftmaxFreeAttention``: O = act(scale · Q Kᵀ + bias) · post_scale · V, however the model writes it.
+
+Anchored on the second matmul (``P @ V``), it walks back through the elementwise chain (``chain.py``) to
+the first (``S = Q @ Kᵀ``). Both matmuls may be ``@``/``torch.matmul``/``Tensor.matmul``/``torch.bmm``
+(heads folded into the batch) or a two-operand ``torch.einsum`` with heads inside the equation. The
+operands are described as plans (a node, optionally permuted or with its last two dims swapped), so the
+rewrite inserts only views. Self and cross attention, HSTU-style silu attention, sigmoid attention, PMA
+(a batch-1 seed query broadcast by the matmul) and PFFN (per-sample weights through bmm/einsum) are all
+this one pattern; the kind is only reported. FFNs whose weights are shared by the batch are not GDPA and
+are left to Inductor's GEMMs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from . import fx_nodes as fxn
+from .causal_mask import REAL_INPUTS
+from .chain import ChainMismatch, ChainRecipe, _chain_input, read_chain
+
+FUSABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The reason given for a matmul with no matmul feeding it through an elementwise chain (most matmuls).
+NO_PAIR = "no matmul feeds it through an elementwise chain"
+MAX_CHAIN = 24
+
+
+@dataclass
+class OperandPlan:
+    node: fx.Node
+    permute: Optional[list[int]] = None
+    transpose_last: bool = False
+
+    def example(self) -> torch.Tensor:
+        t = fxn.example(self.node)
+        if self.permute is not None:
+            t = t.permute(self.permute)
+        return t.transpose(-2, -1) if self.transpose_last else t
+
+
+@dataclass
+class GdpaMatch:
+    pattern: str
+    outer: fx.Node
+    scores: fx.Node
+    recipe: ChainRecipe
+    q: OperandPlan
+    k: OperandPlan
+    v: OperandPlan
+    out_permute: Optional[list[int]] = None
+    kind: str = "attention"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return fxn.example(self.scores).dtype
+
+    def describe(self) -> dict:
+        q, k, v = self.q.example(), self.k.example(), self.v.example()
+        r = self.recipe
+        return dict(
+            kind=self.kind, activation=r.activation, q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
+            dtype=str(self.compute_dtype).replace("torch.", ""), scale=r.scale, post_scale=r.post_scale,
+            scale_factors=len(r.pre_factors), post_factors=len(r.post_factors),
+            bias=len([t for t in r.bias_terms if isinstance(t[0], fx.Node)]) > 0 or any(
+                not isinstance(t[0], fx.Node) for t in r.bias_terms), mask=r.mask_note,
+        )
+
+
+class SoftmaxFreeAttention:
+    """act(scale · Q Kᵀ + bias) · post_scale · V through matmul/bmm/einsum; ``match`` returns
+    (match or None, reason)."""
+
+    name = "softmax_free_attention"
+
+    def match(self, outer: fx.Node) -> tuple[Optional[GdpaMatch], str]:
+        out_side = _output_side(outer)
+        if out_side is None:
+            return None, "not a matmul or two-operand einsum"
+        p, v_plan, out_perm, p_letters = out_side
+        scores = _find_scores(p)
+        if scores is None:
+            return None, NO_PAIR
+        in_side = _scores_side(scores, p_letters)
+        if isinstance(in_side, str):
+            return None, in_side
+        q_plan, k_plan = in_side
+        q_plan = _peel_batch_broadcast(q_plan)
+        try:
+            recipe = read_chain(p, scores) if p is not scores else _identity_recipe(scores)
+        except ChainMismatch as e:
+            return None, str(e)
+        m = GdpaMatch(self.name, outer, scores, recipe, q_plan, k_plan, v_plan, out_perm)
+        ok, reason = self.check(m)
+        if not ok:
+            return None, reason
+        m.kind = _kind(m)
+        return m, "matched"
+
+    def check(self, m: GdpaMatch) -> tuple[bool, str]:
+        """Whether the fused op computes exactly this subgraph (shapes, dtypes, devices)."""
+        q, k, v = m.q.example(), m.k.example(), m.v.example()
+        if _is_shared_weight(m.k.node) and not _static_eq(math.prod(q.shape[:-2]), 1):
+            return False, "key/value are weights shared by the batch (an FFN): left to Inductor's GEMMs"
+        if min(q.dim(), k.dim(), v.dim()) < 3:
+            return False, "operands need a batch or head dim ([..., N, D])"
+        dtype = m.compute_dtype
+        if dtype not in FUSABLE_DTYPES:
+            return False, f"dtype {dtype} is not fused (float16, bfloat16, float32)"
+        if len({q.device, k.device, v.device}) != 1:
+            return False, "operands on different devices"
+        if not _static_eq(k.shape[-3], v.shape[-3]):
+            return False, "key and value head counts differ"
+        h, hkv = q.shape[-3], k.shape[-3]
+        if not (statically_known_true(hkv > 0) and statically_known_true(h % hkv == 0)):
+            return False, f"query heads ({h}) not a multiple of key heads ({hkv}) (or not provably)"
+        for a, b in _aligned(q.shape[:-3], k.shape[:-3], v.shape[:-3]):
+            if not (_static_eq(a, b) or _static_eq(a, 1) or _static_eq(b, 1)):
+                return False, "batch dims of q/k/v do not broadcast (provably)"
+        return True, "ok"
+
+
+def _static_eq(a, b) -> bool:
+    return statically_known_true(a == b)
+
+
+def _aligned(*shapes):
+    """Pairs of sizes aligned from the right, as broadcasting aligns them."""
+    n = max(len(s) for s in shapes)
+    padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
+    for dims in zip(*padded):
+        for i in range(len(dims)):
+            for j in range(i + 1, len(dims)):
+                yield dims[i], dims[j]
+
+
+def _identity_recipe(scores: fx.Node) -> ChainRecipe:
+    if len(scores.users) != 1:
+        raise ChainMismatch(f"{scores.name}: the scores are also used elsewhere")
+    return ChainRecipe()
+
+
+def _find_scores(p: fx.Node) -> Optional[fx.Node]:
+    cur = p
+    for _ in range(MAX_CHAIN):
+        if not isinstance(cur, fx.Node):
+            return None
+        if fxn.matmul_operands(cur) is not None or fxn.einsum_operands(cur) is not None:
+            return cur
+        if cur.op not in ("call_function", "call_method"):
+            return None
+        try:
+            cur = _chain_input(cur)
+        except ChainMismatch:
+            return None
+    return None
+
+
+def _output_side(outer: fx.Node):
+    """(P, V plan, output permutation, P's einsum letters or None) for O = P @ V."""
+    mm = fxn.matmul_operands(outer)
+    if mm is not None:
+        return mm[0], OperandPlan(mm[1]), None, None
+    es = fxn.einsum_operands(outer)
+    if es is None:
+        return None
+    eq, p, v = es
+    parsed = _parse_output_einsum(eq)
+    if parsed is None:
+        return None
+    v_perm, out_perm, p_letters = parsed
+    return p, OperandPlan(v, permute=v_perm), out_perm, p_letters
+
+
+def _parse_output_einsum(eq: str):
+    if "->" not in eq or "." in eq:
+        return None
+    ins, out = eq.split("->")
+    parts = ins.split(",")
+    if len(parts) != 2:
+        return None
+    p, v = parts
+    if len(p) < 3 or len(set(p)) != len(p) or len(set(v)) != len(v):
+        return None
+    batch, n, m = p[:-2], p[-2], p[-1]
+    extra = [c for c in v if c not in p]
+    if len(extra) != 1 or m in out or n not in out or m not in v:
+        return None
+    e = extra[0]
+    if sorted(v) != sorted(batch + m + e) or sorted(out) != sorted(batch + n + e):
+        return None
+    v_perm = [v.index(c) for c in batch + m + e]
+    canonical = batch + n + e
+    out_perm = [canonical.index(c) for c in out]
+    return (None if v_perm == list(range(len(v))) else v_perm), (
+        None if out_perm == list(range(len(out))) else out_perm
+    ), p
+
+
+def _scores_side(scores: fx.Node, p_letters: Optional[str]):
+    """(q plan, k plan) for S = Q Kᵀ, or a reason string."""
+    mm = fxn.matmul_operands(scores)
+    if mm is not None:
+        a, b = mm
+        src = fxn.transposed_source(b)
+        return OperandPlan(a), (OperandPlan(src) if src is not None else OperandPlan(b, transpose_last=True))
+    es = fxn.einsum_operands(scores)
+    if es is None:
+        return "scores are not a matmul"
+    eq, a, b = es
+    if "->" not in eq or "." in eq:
+        return f"einsum {eq!r}: implicit output or ellipsis"
+    ins, out = eq.split("->")
+    A, B = ins.split(",")
+    if len(out) < 3 or len(set(A)) != len(A) or len(set(B)) != len(B):
+        return f"einsum {eq!r}: needs a batch or head index"
+    batch, n, m = out[:-2], out[-2], out[-1]
+    contracted = (set(A) & set(B)) - set(out)
+    if len(contracted) != 1 or n not in A or n in B or m not in B or m in A:
+        return f"einsum {eq!r}: not a single contraction Q·Kᵀ with the scores' last two dims"
+    d = contracted.pop()
+    if sorted(A) != sorted(batch + n + d) or sorted(B) != sorted(batch + m + d):
+        return f"einsum {eq!r}: operands do not share the batch/head indices"
+    if p_letters is not None and len(p_letters) != len(out):
+        return f"einsum {eq!r}: the output einsum reads the scores with another rank"
+    q_perm = [A.index(c) for c in batch + n + d]
+    k_perm = [B.index(c) for c in batch + m + d]
+    ident = list(range(len(A)))
+    return OperandPlan(a, None if q_perm == ident else q_perm), OperandPlan(b, None if k_perm == ident else k_perm)
+
+
+def _peel_batch_broadcast(plan: OperandPlan) -> OperandPlan:
+    """A query that is ``seed.expand(B, ...)`` or ``seed.repeat(B, 1, ...)`` of a batch-1 seed (PMA): the op
+    broadcasts the seed itself, so the repeat's copy disappears and dQ is reduced over the batch in-kernel."""
+    node = plan.node
+    if plan.permute is not None or plan.transpose_last:
+        return plan
+    if not fxn.fn_or_method(node, (), ("expand", "repeat")):
+        return plan
+    src = node.args[0]
+    sizes = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else node.args[1:]
+    src_ev, out_ev = fxn.example(src), fxn.example(node)
+    if not isinstance(src_ev, torch.Tensor) or src_ev.dim() != out_ev.dim() or src_ev.dim() < 3:
+        return plan
+    # only leading (batch) dims may grow, from size 1; heads, length and width stay as they are
+    for i, (a, b) in enumerate(zip(src_ev.shape, out_ev.shape)):
+        if i >= src_ev.dim() - 3:
+            if not _static_eq(a, b):
+                return plan
+        elif not (_static_eq(a, b) or _static_eq(a, 1)):
+            return plan
+    if node.target == "repeat" and not all(
+        _static_eq(s, 1) or _static_eq(src_ev.shape[i], 1) for i, s in enumerate(sizes)
+    ):
+        return plan
+    return OperandPlan(src)
+
+
+def _is_shared_weight(node: fx.Node) -> bool:
+    """A parameter (possibly viewed/expanded): the same weights for every sample."""
+    cur = node
+    while isinstance(cur, fx.Node) and fxn.fn_or_method(
+        cur, (torch.transpose,), ("transpose", "t", "expand", "unsqueeze", "view", "reshape", "permute")
+    ):
+        cur = cur.args[0]
+    if not isinstance(cur, fx.Node):
+        return False
+    if cur.op == "get_attr":
+        return True
+    return isinstance(REAL_INPUTS.get(cur), torch.nn.Parameter)
+
+
+def _kind(m: GdpaMatch) -> str:
+    q, k = m.q.example(), m.k.example()
+    r = m.recipe
+    parts = []
+    if _static_eq(math.prod(q.shape[:-2]), 1) and not _static_eq(math.prod(k.shape[:-2]), 1):
+        parts.append("PMA (broadcast seed queries)")
+    elif m.k.transpose_last and q.dim() == 3:
+        parts.append("PFFN (per-sample weights)")
+    elif r.activation == "silu" and (r.post_scale != 1.0 or r.post_factors):
+        parts.append("HSTU-style silu attention")
+    elif r.activation == "sigmoid":
+        parts.append("sigmoid attention")
+    else:
+        parts.append("attention")
+    if not _static_eq(q.shape[-3], k.shape[-3]):
+        parts.append("GQA")
+    return ", ".join(parts)

@@ -1,0 +1,71 @@
+"""The ``gdpa`` torch.compile backend: registered through the package's entry point, and compiling (via
+Inductor on CPU) to the same results as eager."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gdpa_inductor
+from conftest import assert_close_to_reference, randn, reference64
+
+
+def _entry_point_installed() -> bool:
+    return any(ep.name == "gdpa" for ep in importlib.metadata.entry_points(group="torch_dynamo_backends"))
+
+
+# Inductor's CPU path goes through torch.jit internals that warn about their own deprecation.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+requires_entry_point = pytest.mark.skipif(
+    not _entry_point_installed(),
+    reason="the torch_dynamo_backends entry point 'gdpa' is not installed (run `pip install -e .`)",
+)
+
+
+@pytest.fixture
+def dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@requires_entry_point
+def test_entry_point_targets_the_backend():
+    (ep,) = [ep for ep in importlib.metadata.entry_points(group="torch_dynamo_backends") if ep.name == "gdpa"]
+    from gdpa_inductor.backend import gdpa_backend
+
+    assert ep.load() is gdpa_backend
+
+
+@requires_entry_point
+def test_listed_by_dynamo(dynamo):
+    assert "gdpa" in torch._dynamo.list_backends()
+
+
+@requires_entry_point
+def test_compile_function_using_gdpa(dynamo, gen):
+    def attention(q, k, v, bias):
+        return gdpa_inductor.gdpa(q, k, v, bias=bias, activation="silu", scale=0.25, post_scale=0.5, causal=True)
+
+    q, k, v = (randn(gen, 2, 2, n, 16) for n in (10, 14, 14))
+    bias = randn(gen, 10, 14)
+    compiled = torch.compile(attention, backend="gdpa", fullgraph=True)
+    out = compiled(q, k, v, bias)
+    torch.testing.assert_close(out, attention(q, k, v, bias), rtol=1e-5, atol=1e-5)
+    kw = dict(activation="silu", scale=0.25, post_scale=0.5, causal=True)
+    assert_close_to_reference(out, reference64(q, k, v, bias, **kw), dtype=torch.float32, what="compiled gdpa")
+
+
+@requires_entry_point
+def test_compile_matmul_gelu_matmul(dynamo, gen):
+    """GDPA as a model writes it, no package call in it: the backend must still compile it correctly."""
+    def model(q, k, v):
+        return F.gelu(q @ k.transpose(-2, -1) * 0.25) @ v
+
+    q, k, v = (randn(gen, 2, 2, n, 16) for n in (10, 14, 14))
+    out = torch.compile(model, backend="gdpa", fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out, model(q, k, v), rtol=1e-5, atol=1e-5)
