@@ -4,9 +4,12 @@
 finds GDPA in unmodified models; ``gdpa_inductor.explain(model, *inputs)`` says what it fuses and why not.
 """
 
+from .backend import install as _install_backend
 from .explain import ExplainReport, explain
 from .functional import gdpa
 from .kernels.activations import ACTIVATION_NAMES
 
+_install_backend()
+
 __version__ = "0.1.0"
-__all__ = ["ACTIVATION_NAMES", "__version__", "gdpa"]
+__all__ = ["ACTIVATION_NAMES", "ExplainReport", "__version__", "explain", "gdpa"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from torch._dynamo.utils import counters
 
 from .patterns.rewrite import rewrite_gdpa
 
@@ -21,10 +22,18 @@ log = logging.getLogger("gdpa_inductor")
 def gdpa_backend(gm: torch.fx.GraphModule, example_inputs, *, inner: str = "inductor"):
     """Rewrites GDPA subgraphs, then compiles with Inductor (``inner="aot_eager"`` runs AOT autograd
     without Inductor: used by tests that check the rewrite's numerics cheaply)."""
+    rewrites = 0
     try:
-        rewrite_gdpa(gm, example_inputs)
+        rewrites = sum(r.matched for r in rewrite_gdpa(gm, example_inputs))
     except Exception:  # a bug in the pass must never break the user's compile: compile unfused
         log.exception("gdpa: the GDPA pass failed; compiling the graph unchanged")
+    compiled = _compile(gm, example_inputs, inner)
+    # Counted once the compile returned: Dynamo may restart a backend call (and discard its graph).
+    counters["gdpa"]["rewrites"] += rewrites
+    return compiled
+
+
+def _compile(gm, example_inputs, inner: str):
     if inner == "aot_eager":
         from torch._dynamo.backends.common import aot_autograd
         from torch._functorch.aot_autograd import make_boxed_compiler
@@ -36,3 +45,17 @@ def gdpa_backend(gm: torch.fx.GraphModule, example_inputs, *, inner: str = "indu
     from torch._inductor.compile_fx import compile_fx
 
     return compile_fx(gm, example_inputs)
+
+
+def install() -> None:
+    """Makes ``backend="gdpa"`` resolvable when the package runs from a checkout (PYTHONPATH) rather than
+    an install: an installed package is found through its entry point, and registering the same name
+    twice would fail Dynamo's duplicate check."""
+    from importlib.metadata import entry_points
+
+    from torch._dynamo.backends.registry import list_backends, register_backend
+
+    if any(ep.name == "gdpa" for ep in entry_points(group="torch_dynamo_backends")):
+        return
+    if "gdpa" not in list_backends(exclude_tags=()):
+        register_backend(compiler_fn=gdpa_backend, name="gdpa")

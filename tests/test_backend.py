@@ -8,9 +8,9 @@ import importlib.metadata
 import pytest
 import torch
 import torch.nn.functional as F
+from gdpa_testing import assert_close_to_reference, randn, reference64
 
 import gdpa_inductor
-from conftest import assert_close_to_reference, randn, reference64
 
 
 def _entry_point_installed() -> bool:

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from gdpa_testing import EAGER_ACTIVATIONS, assert_close_to_reference, default_scale, dtype_id, randn, reference64
 
-from conftest import EAGER_ACTIVATIONS, assert_close_to_reference, default_scale, dtype_id, randn, reference64
 from gdpa_inductor import config, gdpa
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES
 from gdpa_inductor.kernels.reference import gdpa_reference_backward

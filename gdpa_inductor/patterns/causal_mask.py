@@ -47,7 +47,9 @@ def _flip(kind: Optional[str]) -> Optional[str]:
 def _kind(node, n) -> Optional[str]:
     if not isinstance(node, fx.Node):
         return None
-    if fxn.is_passthrough(node) or fxn.fn_or_method(node, (), ("bool",)):
+    if fxn.is_passthrough(node) or fxn.fn_or_method(node, (torch.unsqueeze,), ("bool", "unsqueeze")):
+        return _kind(node.args[0], n)  # leading size-1 dims are checked against the scores at the end
+    if node.op == "call_function" and node.target is operator.getitem and _only_adds_leading_dims(node):
         return _kind(node.args[0], n)
     if fxn.fn_or_method(node, (operator.invert, torch.logical_not), ("logical_not", "__invert__")):
         return _flip(_kind(node.args[0], n))
@@ -70,6 +72,12 @@ def _kind(node, n) -> Optional[str]:
     if node.op == "call_function" and node.target is operator.getitem:
         return _sliced_buffer_kind(node, n)
     return _arange_compare_kind(node)
+
+
+def _only_adds_leading_dims(node: fx.Node) -> bool:
+    """x[None, None] / x[None, None, :, :]: new leading dims only (the last two stay whole)."""
+    index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+    return any(i is None for i in index) and all(i is None or i == slice(None) for i in index)
 
 
 def _is_ones(node) -> bool:

@@ -184,10 +184,10 @@ def _read_product(node, prev, recipe: ChainRecipe, after_activation: bool, seen_
         raise ChainMismatch(f"{node.name}: the scores divide something")
     if divide and fxn.arg(node, 2, "rounding_mode", None) is not None:
         raise ChainMismatch(f"{node.name}: division with rounding")
-    if after_activation and fxn.is_tensor_node(other) and _is_bool_like_mask(other):
-        kind = causal_mask_kind(other, fxn.example(node))
-        if kind != "keep":
-            raise ChainMismatch(f"{node.name}: multiplied by a mask that is not provably causal")
+    if after_activation and fxn.is_tensor_node(other) and not fxn.is_one_element_tensor(other):
+        # A bool mask, or a {0,1} float one (HSTU multiplies by a float tril): only a provably causal one.
+        if causal_mask_kind(other, fxn.example(node)) != "keep":
+            raise ChainMismatch(f"{node.name}: multiplied by a tensor that is not a provably causal mask")
         recipe.causal, recipe.mask_note = True, "causal (multiply after the activation)"
         return
     value = _scale_value(other)
@@ -203,13 +203,6 @@ def _read_product(node, prev, recipe: ChainRecipe, after_activation: bool, seen_
             recipe.scale *= factor
     else:
         (recipe.post_factors if after_activation else recipe.pre_factors).append((value, divide))
-
-
-def _is_bool_like_mask(node: fx.Node) -> bool:
-    """A bool tensor, or a bool tensor cast to a float dtype (mask.float(), mask.to(x.dtype))."""
-    if _is_bool(node):
-        return True
-    return fxn.is_passthrough(node) and _is_bool(node.args[0])
 
 
 def _read_mask(node, prev, recipe: ChainRecipe, after_activation: bool, dtype, s):

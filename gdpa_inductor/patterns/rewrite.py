@@ -4,9 +4,8 @@
 pattern for a match, and replaces the matched subgraph with ``torch.ops.gdpa.attention_fwd_v1`` (plus
 the views, casts and non-float scale factors the recipe needs). Subgraphs of higher-order ops (activation
 checkpointing) are visited too. Every candidate is reported (matched with its parameters, or rejected with
-the reason) to the ``gdpa_inductor`` logger and to the returned list; ``dry_run`` only reports. Each
-rewrite adds one to ``torch._dynamo.utils.counters["gdpa"]["rewrites"]``: the pass runs once per Dynamo
-graph, before AOT autograd, so a training graph counts once.
+the reason) to the ``gdpa_inductor`` logger and to the returned list; ``dry_run`` only reports. The
+backend counts the rewrites of each graph it compiles (``counters["gdpa"]["rewrites"]``).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from typing import Any, Optional, Sequence
 
 import torch
 import torch.fx as fx
-from torch._dynamo.utils import counters
 
 from ..lowering import ops  # noqa: F401  (registers torch.ops.gdpa.*)
 from . import causal_mask
@@ -74,16 +72,20 @@ def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run
 def _rewrite_graph(gm: fx.GraphModule, dry_run: bool, graph_name: str) -> list[CandidateReport]:
     reports = []
     changed = False
-    consumed: set[fx.Node] = set()
-    # Inner matmuls of a chain are candidates too (as outer ones they fail); visit outer-most first.
-    for node in reversed(list(gm.graph.nodes)):
-        if node in consumed or not _is_candidate(node):
+    consumed_names: set[str] = set()
+    claimed: set[fx.Node] = set()  # nodes of matched blocks (in a dry run they stay in the graph)
+    # Graph order: a GDPA block is rewritten before any matmul that reads its output is considered, so a
+    # following ``O @ Wᵀ`` can never swallow the block's second matmul as its own first one.
+    for node in list(gm.graph.nodes):
+        if not _is_candidate(node):
             continue
         match, reason = None, "no pattern"
         for pattern in PATTERNS:
             match, reason = pattern.match(node)
             if match is not None:
                 break
+        if match is not None and ({match.scores, *match.recipe.nodes} & claimed):
+            match, reason = None, "overlaps a GDPA block fused before it"
         if match is None:
             reports.append(CandidateReport(graph_name, node.name, False, reason))
             log.debug("gdpa: %s:%s not fused: %s", graph_name, node.name, reason)
@@ -97,12 +99,13 @@ def _rewrite_graph(gm: fx.GraphModule, dry_run: bool, graph_name: str) -> list[C
                 reports.append(CandidateReport(graph_name, node.name, False, reason))
                 log.debug("gdpa: %s:%s %s", graph_name, node.name, reason, exc_info=True)
                 continue
-            counters["gdpa"]["rewrites"] += 1
             changed = True
         reports.append(CandidateReport(graph_name, node.name, True, "matched", details))
         log.debug("gdpa: %s:%s fused: %s", graph_name, node.name, details)
-        consumed.update(match.recipe.nodes)
-        consumed.add(match.scores)
+        consumed_names.add(match.scores.name)
+        claimed.update({match.outer, match.scores, *match.recipe.nodes})
+    # A fused block's first matmul was visited (and reported as unpaired) before its block matched.
+    reports = [r for r in reports if r.matched or r.node not in consumed_names]
     if changed:
         gm.graph.lint()
         gm.recompile()

@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from ..lowering.dispatch import TRITON_MAX_HEAD_DIM
 from . import fx_nodes as fxn
 from .causal_mask import REAL_INPUTS
 from .chain import ChainMismatch, ChainRecipe, _chain_input, read_chain
@@ -91,6 +92,7 @@ class SoftmaxFreeAttention:
             return None, in_side
         q_plan, k_plan = in_side
         q_plan = _peel_batch_broadcast(q_plan)
+        k_plan, v_plan = _peel_blocked_kv_repeat(k_plan, v_plan)
         try:
             recipe = read_chain(p, scores) if p is not scores else _identity_recipe(scores)
         except ChainMismatch as e:
@@ -114,11 +116,19 @@ class SoftmaxFreeAttention:
             return False, f"dtype {dtype} is not fused (float16, bfloat16, float32)"
         if len({q.device, k.device, v.device}) != 1:
             return False, "operands on different devices"
+        if q.device.type == "cuda" and not all(
+            statically_known_true(x <= TRITON_MAX_HEAD_DIM) for x in (q.shape[-1], v.shape[-1])
+        ):
+            return False, f"head dims above {TRITON_MAX_HEAD_DIM} on CUDA: no fused kernel; Inductor's GEMMs win"
         if not _static_eq(k.shape[-3], v.shape[-3]):
             return False, "key and value head counts differ"
         h, hkv = q.shape[-3], k.shape[-3]
-        if not (statically_known_true(hkv > 0) and statically_known_true(h % hkv == 0)):
-            return False, f"query heads ({h}) not a multiple of key heads ({hkv}) (or not provably)"
+        heads = fxn.example(m.scores).shape[-3] if fxn.example(m.scores).dim() >= 3 else h
+        # The graph's own matmul already requires key heads == query heads or 1 at run time, unless the
+        # heads were grouped by a repeat we peeled (then query heads = G * key heads); either way the op's
+        # h % hkv == 0 holds whenever the original graph runs. Only a query broadcast over heads is refused.
+        if not (_static_eq(h, heads) or (statically_known_true(hkv > 0) and statically_known_true(h % hkv == 0))):
+            return False, f"query heads ({h}) broadcast against key heads ({hkv})"
         for a, b in _aligned(q.shape[:-3], k.shape[:-3], v.shape[:-3]):
             if not (_static_eq(a, b) or _static_eq(a, 1) or _static_eq(b, 1)):
                 return False, "batch dims of q/k/v do not broadcast (provably)"
@@ -140,9 +150,7 @@ def _aligned(*shapes):
 
 
 def _identity_recipe(scores: fx.Node) -> ChainRecipe:
-    if len(scores.users) != 1:
-        raise ChainMismatch(f"{scores.name}: the scores are also used elsewhere")
-    return ChainRecipe()
+    raise ChainMismatch("two matmuls with nothing between them: a matmul chain, not attention")
 
 
 def _find_scores(p: fx.Node) -> Optional[fx.Node]:
@@ -259,6 +267,32 @@ def _peel_batch_broadcast(plan: OperandPlan) -> OperandPlan:
     ):
         return plan
     return OperandPlan(src)
+
+
+def _blocked_repeat_source(plan: OperandPlan):
+    """(source, group) when the plan is ``x.repeat_interleave(G, dim=heads)`` of an int G."""
+    node = plan.node
+    if plan.permute is not None or plan.transpose_last:
+        return None
+    if not fxn.fn_or_method(node, (torch.repeat_interleave,), ("repeat_interleave",)):
+        return None
+    src, repeats = node.args[0], fxn.arg(node, 1, "repeats")
+    dim = fxn.arg(node, 2, "dim")
+    ev = fxn.example(node)
+    if fxn.scalar_value(repeats) is None or not isinstance(dim, int) or not isinstance(ev, torch.Tensor):
+        return None
+    if ev.dim() < 3 or dim % ev.dim() != ev.dim() - 3:
+        return None
+    return src, repeats
+
+
+def _peel_blocked_kv_repeat(k: OperandPlan, v: OperandPlan) -> tuple[OperandPlan, OperandPlan]:
+    """Blocked GQA written as ``repeat_interleave(G, dim=heads)`` on both K and V: the op reads the
+    Hkv heads itself (query head h uses kv head h // G, exactly the repeat's mapping), so no copy."""
+    rk, rv = _blocked_repeat_source(k), _blocked_repeat_source(v)
+    if rk is None or rv is None or not _static_eq(fxn.example(rk[1]), fxn.example(rv[1])):
+        return k, v
+    return OperandPlan(rk[0]), OperandPlan(rv[0])
 
 
 def _is_shared_weight(node: fx.Node) -> bool:

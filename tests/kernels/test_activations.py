@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from gdpa_testing import dtype_id, randn, requires_interpreter
 
-from conftest import dtype_id, randn, requires_interpreter
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES, ACTIVATIONS, get_activation
 from gdpa_inductor.kernels.triton import activation_math as tm
 

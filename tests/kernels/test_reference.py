@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gdpa_testing import EAGER_ACTIVATIONS, assert_close_to_reference, dtype_id, eager_gdpa, randn
 
-from conftest import EAGER_ACTIVATIONS, assert_close_to_reference, dtype_id, eager_gdpa, randn
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES
 from gdpa_inductor.kernels.reference import gdpa_reference, gdpa_reference_backward
 

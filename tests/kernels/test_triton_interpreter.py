@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from conftest import (
+from gdpa_testing import (
     assert_close_to_reference,
     default_scale,
     dtype_id,
@@ -16,6 +15,7 @@ from conftest import (
     reference64,
     requires_interpreter,
 )
+
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.kernels.triton.gdpa_bwd import BwdConfig, gdpa_bwd_triton

@@ -7,9 +7,7 @@ import logging
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-
-from conftest import (
+from gdpa_testing import (
     INTERPRETING,
     assert_close_to_reference,
     default_scale,
@@ -18,6 +16,8 @@ from conftest import (
     reference64,
     requires_interpreter,
 )
+from torch._subclasses.fake_tensor import FakeTensorMode
+
 from gdpa_inductor import config, gdpa
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES
 from gdpa_inductor.kernels.reference import gdpa_reference_backward

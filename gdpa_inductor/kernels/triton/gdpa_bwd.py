@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
-from .layout import as_4d, block_dim, grad_buffer, kernel_flags, strides4
+from .layout import as_4d, block_dim, fit_tile, grad_buffer, kernel_flags, strides4
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
 _RUNTIME_SIZES = ["H", "HKV", "GROUP", "NQ", "NK"]
@@ -112,7 +112,7 @@ def gdpa_bwd_dkdv_kernel(
     HKV, GROUP, NQ, NK, scale, post_scale, slope,
     ACT_FN_AND_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     DB_ATOMIC: tl.constexpr, DK_ATOMIC: tl.constexpr, DV_ATOMIC: tl.constexpr, CAUSAL: tl.constexpr,
-    D: tl.constexpr, DV: tl.constexpr,
+    EVEN_M: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -151,13 +151,15 @@ def gdpa_bwd_dkdv_kernel(
         do_base = DO + z * stride_doz + h * stride_doh
         b_base = Bias + z * stride_bz + h * stride_bh
         db_base = DB + z * stride_dbz + h * stride_dbh
-        for start_m in range(lo, full_start, BLOCK_M):
-            dk, dv = _dkdv_tile(
-                dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
-                stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
-                NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
-                CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
-            )
+        # Masked loops are compiled only where they can run (their registers slow the whole kernel).
+        if CAUSAL:
+            for start_m in range(lo, full_start, BLOCK_M):
+                dk, dv = _dkdv_tile(
+                    dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
+                    stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
+                    NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
+                    CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
+                )
         for start_m in range(full_start, full_end, BLOCK_M):
             dk, dv = _dkdv_tile(
                 dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
@@ -165,13 +167,14 @@ def gdpa_bwd_dkdv_kernel(
                 NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
                 CAUSAL, False, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
             )
-        for start_m in range(full_end, NQ, BLOCK_M):
-            dk, dv = _dkdv_tile(
-                dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
-                stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
-                NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
-                CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
-            )
+        if not EVEN_M:
+            for start_m in range(full_end, NQ, BLOCK_M):
+                dk, dv = _dkdv_tile(
+                    dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
+                    stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
+                    NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
+                    CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
+                )
 
     dk = dk * (scale * post_scale)
     dv = dv * post_scale
@@ -223,7 +226,7 @@ def gdpa_bwd_dq_kernel(
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
     H, GROUP, NQ, NK, scale, post_scale, slope,
     ACT_FN_AND_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, Q_ATOMIC: tl.constexpr, CAUSAL: tl.constexpr,
-    D: tl.constexpr, DV: tl.constexpr,
+    EVEN_N: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -264,12 +267,13 @@ def gdpa_bwd_dq_kernel(
             stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, NQ, NK, scale, slope,
             ACT_FN_AND_GRAD, HAS_BIAS, CAUSAL, False, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION,
         )
-    for start_n in range(full_end, hi, BLOCK_N):
-        dq = _dq_tile(
-            dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
-            stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, NQ, NK, scale, slope,
-            ACT_FN_AND_GRAD, HAS_BIAS, CAUSAL, True, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION,
-        )
+    if CAUSAL or not EVEN_N:
+        for start_n in range(full_end, hi, BLOCK_N):
+            dq = _dq_tile(
+                dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
+                stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, NQ, NK, scale, slope,
+                ACT_FN_AND_GRAD, HAS_BIAS, CAUSAL, True, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION,
+            )
     dq = dq * (scale * post_scale)
     dq_ptrs = DQ + z * stride_dqz + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
     _store_grad(dq_ptrs, dq, m_ok[:, None] & (offs_d[None, :] < D), Q_ATOMIC)
@@ -299,6 +303,7 @@ def gdpa_bwd_triton(
     do4 = as_4d(dout, batch)
     b4 = as_4d(bias.expand(*batch, h, nq, nk), batch) if bias is not None else None
     kv_cfg, q_cfg = configs or default_bwd_configs(d, dv_dim, v.dtype, nk)
+    kv_cfg, q_cfg = fit_tile(kv_cfg, nq, nk), fit_tile(q_cfg, nq, nk)
     dq_buf = grad_buffer(q, (zb, h, nq, d), batch)
     dk_buf = grad_buffer(k, (zb, hkv, nk, d), batch)
     dv_buf = grad_buffer(v, (zb, hkv, nk, dv_dim), batch)
@@ -320,14 +325,15 @@ def gdpa_bwd_triton(
         *dk_buf.view4d.stride(), *dv_buf.view4d.stride(), *strides4(db4),
         hkv, h // hkv, *scalars,
         BIAS_GRAD=db4 is not None, DB_ATOMIC=db_buf is not None and db_buf.atomic,
-        DK_ATOMIC=dk_buf.atomic, DV_ATOMIC=dv_buf.atomic, BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
+        DK_ATOMIC=dk_buf.atomic, DV_ATOMIC=dv_buf.atomic, EVEN_M=nq % kv_cfg.block_m == 0,
+        BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
         num_warps=kv_cfg.num_warps, num_stages=kv_cfg.num_stages, **common,
     )
     gdpa_bwd_dq_kernel[(triton.cdiv(nq, q_cfg.block_m) * zb * h,)](
         q4, k4, v4, bias_arg, do4, dq_buf.view4d,
         *q4.stride(), *k4.stride(), *v4.stride(), *strides4(b4), *do4.stride(), *dq_buf.view4d.stride(),
         h, h // hkv, *scalars,
-        Q_ATOMIC=dq_buf.atomic, BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n,
+        Q_ATOMIC=dq_buf.atomic, EVEN_N=nk % q_cfg.block_n == 0, BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n,
         num_warps=q_cfg.num_warps, num_stages=q_cfg.num_stages, **common,
     )
     return dq_buf.finish(), dk_buf.finish(), dv_buf.finish(), db_buf.finish() if db_buf is not None else None

@@ -3,6 +3,7 @@ possible, gradient buffers for broadcast inputs, and the flags that depend on ho
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -30,6 +31,14 @@ def block_dim(d: int) -> int:
     return max(16, 1 << (d - 1).bit_length())
 
 
+def fit_tile(cfg, q_len: int, kv_len: int):
+    """Shrinks a tile config's query/key tiles to the sequences (>= 16 for tl.dot): PMA's few seed
+    queries or a short key set would otherwise fill most of a 128-row tile with padding."""
+    bm = min(cfg.block_m, block_dim(max(q_len, 1)))
+    bn = min(cfg.block_n, block_dim(max(kv_len, 1)))
+    return dataclasses.replace(cfg, block_m=bm, block_n=bn)
+
+
 def as_4d(x: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
     """x [..., H, N, D] broadcast to [*batch, H, N, D] and flattened to [Z, H, N, D] (a view unless
     the broadcast pattern cannot be flattened, which copies)."""
@@ -48,19 +57,30 @@ class GradBuffer:
     finish: Callable[[], torch.Tensor]
 
 
+# A broadcast input's gradient is written per sample (no atomics) and summed afterwards while the full-size
+# buffer stays under this; contended fp32 atomics from every sample were 3x slower for a [H, N, N] bias
+# shared by a batch of 256 (H200).
+FULL_GRAD_BUFFER_BYTES = 1 << 30
+
+
 def grad_buffer(
     like: torch.Tensor,
     full4d: tuple[int, ...],
     batch: tuple[int, ...],
     sparse_writes: bool = False,
 ) -> GradBuffer:
-    """``sparse_writes``: the kernel skips some elements (dBias under a causal mask), so start from 0."""
+    """``sparse_writes``: the kernel skips some elements (dBias under a causal mask), so start from 0.
+    Per-sample buffers use the input's dtype, as eager's own gradient before its sum over the batch."""
     expanded_shape = (*batch, *full4d[1:])
-    broadcast = tuple(like.shape) != expanded_shape
-    if not broadcast:
-        alloc = torch.zeros if sparse_writes else torch.empty
+    alloc = torch.zeros if sparse_writes else torch.empty
+    if tuple(like.shape) == expanded_shape:
         out = alloc(like.shape, dtype=like.dtype, device=like.device)
         return GradBuffer(out.view(full4d), False, lambda: out)
+    if math.prod(full4d) * like.element_size() <= FULL_GRAD_BUFFER_BYTES:
+        full = alloc(full4d, dtype=like.dtype, device=like.device)
+        return GradBuffer(
+            full, False, lambda: full.view(expanded_shape).sum_to_size(like.shape).to(like.dtype).contiguous()
+        )
     acc = torch.zeros(like.shape, dtype=torch.float32, device=like.device)
     try:
         view = acc.expand(expanded_shape).view(full4d)

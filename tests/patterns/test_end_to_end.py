@@ -1,0 +1,75 @@
+"""A few zoo models end to end through the real ``backend="gdpa"`` (the GDPA pass, then Inductor's
+compile_fx on CPU), training and inference, against eager; and the backend's promise that a failing pass
+never breaks the user's compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from harness import assert_fp32_close, reset, rewrites, run
+from zoo import ZOO_BY_NAME, build
+
+import gdpa_inductor.backend
+import gdpa_inductor.patterns.rewrite
+
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+E2E = ["hstu_silu_relbias_causal", "gpt2_causal_buffer_before_gelu", "pma_seed_expand", "pffn_bmm"]
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+@pytest.mark.parametrize("name", E2E)
+def test_inductor_end_to_end(name, mode):
+    entry = ZOO_BY_NAME[name]
+    model, inputs = build(entry)
+    train = mode == "train"
+    eager = run(model, inputs, train=train)
+    reset()
+    got = run(model, inputs, train=train, compile_with="gdpa")
+    assert rewrites() == entry.rewrites
+    assert_fp32_close(got, eager, f"{name} [{mode}, inductor]")
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("injected failure in the GDPA rewrite")
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_failing_replacement_leaves_the_graph_unfused(monkeypatch, mode):
+    monkeypatch.setattr(gdpa_inductor.patterns.rewrite, "_replace", _boom)
+    model, inputs = build(ZOO_BY_NAME["gpt2_causal_buffer_before_gelu"])
+    train = mode == "train"
+    eager = run(model, inputs, train=train)
+    reset()
+    got = run(model, inputs, train=train, compile_with="gdpa")
+    assert rewrites() == 0
+    assert_fp32_close(got, eager, "unfused after a failed rewrite")
+
+
+def test_failing_replacement_is_reported():
+    model, inputs = build(ZOO_BY_NAME["qkv_unbind_gelu"])
+    reports = []
+
+    def backend(gm, example_inputs):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(gdpa_inductor.patterns.rewrite, "_replace", _boom)
+            reports.extend(gdpa_inductor.patterns.rewrite.rewrite_gdpa(gm, example_inputs))
+        code = gm.code
+        assert "attention_fwd_v1" not in code and "gelu" in code, "the graph must be left exactly as it was"
+        return gm.forward
+
+    reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(*inputs)
+    assert not any(r.matched for r in reports)
+    assert any(not r.matched and "rewrite failed" in r.reason and "injected" in r.reason for r in reports), reports
+
+
+def test_failing_pass_never_breaks_the_compile(monkeypatch):
+    monkeypatch.setattr(gdpa_inductor.backend, "rewrite_gdpa", _boom)
+    model, inputs = build(ZOO_BY_NAME["hstu_silu_relbias_causal"])
+    eager = run(model, inputs, train=True)
+    reset()
+    got = run(model, inputs, train=True, compile_with="gdpa")
+    assert rewrites() == 0
+    assert_fp32_close(got, eager, "compiled after the pass raised")

@@ -1,0 +1,309 @@
+# ruff: noqa: E501  (the pinned graphs are generated code)
+"""The rewritten Dynamo graphs of representative zoo models, pinned with expecttest (static shapes, fp32,
+inference). Each graph must contain torch.ops.gdpa.attention_fwd_v1.default with the model's activation,
+scale, post_scale and causal flag, and none of the original S/P ops.
+
+Regenerate with ``EXPECTTEST_ACCEPT=1 python -m pytest tests/patterns/test_rewritten_graphs.py`` and read
+the diff: a graph that looks wrong is a bug in the pass, not something to pin.
+"""
+
+from __future__ import annotations
+
+import expecttest
+import torch
+from harness import Recorder, reset
+from zoo import ZOO_BY_NAME, build
+
+
+def rewritten_code(name: str) -> str:
+    entry = ZOO_BY_NAME[name]
+    model, inputs = build(entry)
+    reset()
+    recorder = Recorder(then_backend=False)
+    with torch.no_grad():
+        torch.compile(model, backend=recorder, dynamic=False)(*inputs)
+    fused = sum(r.matched for r in recorder.reports)
+    assert fused == entry.rewrites, f"{name}: {fused} rewrites, expected {entry.rewrites}"
+    assert len(recorder.codes) == 1, f"{name}: {len(recorder.codes)} graphs"
+    return recorder.codes[0]
+
+
+class TestRewrittenGraphs(expecttest.TestCase):
+    def setUp(self):
+        super().setUp()
+        import gdpa_inductor.config
+
+        self._backend = gdpa_inductor.config.backend
+        gdpa_inductor.config.backend = "reference"
+
+    def tearDown(self):
+        import gdpa_inductor.config
+
+        gdpa_inductor.config.backend = self._backend
+        torch._dynamo.reset()
+        super().tearDown()
+
+    def test_qkv_unbind_gelu(self):
+        self.assertExpectedInline(rewritten_code("qkv_unbind_gelu"), """\
+def forward(self, L_x_ : torch.Tensor, L_self_modules_qkv_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_qkv_parameters_bias_ : torch.nn.parameter.Parameter, L_self_modules_proj_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_proj_parameters_bias_ : torch.nn.parameter.Parameter):
+    l_x_ = L_x_
+    l_self_modules_qkv_parameters_weight_ = L_self_modules_qkv_parameters_weight_
+    l_self_modules_qkv_parameters_bias_ = L_self_modules_qkv_parameters_bias_
+    l_self_modules_proj_parameters_weight_ = L_self_modules_proj_parameters_weight_
+    l_self_modules_proj_parameters_bias_ = L_self_modules_proj_parameters_bias_
+    linear = torch._C._nn.linear(l_x_, l_self_modules_qkv_parameters_weight_, l_self_modules_qkv_parameters_bias_);  l_x_ = l_self_modules_qkv_parameters_weight_ = l_self_modules_qkv_parameters_bias_ = None
+    reshape = linear.reshape(2, 12, 3, 4, 8);  linear = None
+    permute = reshape.permute(2, 0, 3, 1, 4);  reshape = None
+    unbind = permute.unbind(0);  permute = None
+    q = unbind[0]
+    k = unbind[1]
+    v = unbind[2];  unbind = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q, k, v, None, 'gelu', 0.3535533905932738, 1.0, False, 0.01);  q = k = v = None
+    transpose_1 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    o = transpose_1.reshape(2, 12, 32);  transpose_1 = None
+    linear_1 = torch._C._nn.linear(o, l_self_modules_proj_parameters_weight_, l_self_modules_proj_parameters_bias_);  o = l_self_modules_proj_parameters_weight_ = l_self_modules_proj_parameters_bias_ = None
+    return (linear_1,)""")
+
+    def test_bmm_heads_folded_relu_method(self):
+        self.assertExpectedInline(rewritten_code("bmm_heads_folded_relu_method"), """\
+def forward(self, L_x_ : torch.Tensor, L_self_modules_q_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_q_parameters_bias_ : torch.nn.parameter.Parameter, L_self_modules_k_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_k_parameters_bias_ : torch.nn.parameter.Parameter, L_self_modules_v_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_v_parameters_bias_ : torch.nn.parameter.Parameter):
+    l_x_ = L_x_
+    l_self_modules_q_parameters_weight_ = L_self_modules_q_parameters_weight_
+    l_self_modules_q_parameters_bias_ = L_self_modules_q_parameters_bias_
+    l_self_modules_k_parameters_weight_ = L_self_modules_k_parameters_weight_
+    l_self_modules_k_parameters_bias_ = L_self_modules_k_parameters_bias_
+    l_self_modules_v_parameters_weight_ = L_self_modules_v_parameters_weight_
+    l_self_modules_v_parameters_bias_ = L_self_modules_v_parameters_bias_
+    linear = torch._C._nn.linear(l_x_, l_self_modules_q_parameters_weight_, l_self_modules_q_parameters_bias_);  l_self_modules_q_parameters_weight_ = l_self_modules_q_parameters_bias_ = None
+    view = linear.view(2, 16, 3, 8);  linear = None
+    transpose = view.transpose(1, 2);  view = None
+    q = transpose.reshape(6, 16, 8);  transpose = None
+    linear_1 = torch._C._nn.linear(l_x_, l_self_modules_k_parameters_weight_, l_self_modules_k_parameters_bias_);  l_self_modules_k_parameters_weight_ = l_self_modules_k_parameters_bias_ = None
+    view_1 = linear_1.view(2, 16, 3, 8);  linear_1 = None
+    transpose_1 = view_1.transpose(1, 2);  view_1 = None
+    k = transpose_1.reshape(6, 16, 8);  transpose_1 = None
+    linear_2 = torch._C._nn.linear(l_x_, l_self_modules_v_parameters_weight_, l_self_modules_v_parameters_bias_);  l_x_ = l_self_modules_v_parameters_weight_ = l_self_modules_v_parameters_bias_ = None
+    view_2 = linear_2.view(2, 16, 3, 8);  linear_2 = None
+    transpose_2 = view_2.transpose(1, 2);  view_2 = None
+    v = transpose_2.reshape(6, 16, 8);  transpose_2 = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q, k, v, None, 'relu', 0.3535533905932738, 1.0, False, 0.01);  q = k = v = None
+    view_3 = attention_fwd_v1_default.view(2, 3, 16, 8);  attention_fwd_v1_default = None
+    transpose_4 = view_3.transpose(1, 2);  view_3 = None
+    reshape_3 = transpose_4.reshape(2, 16, 24);  transpose_4 = None
+    return (reshape_3,)""")
+
+    def test_einsum_heads_in_equation_sigmoid(self):
+        self.assertExpectedInline(rewritten_code("einsum_heads_in_equation_sigmoid"), """\
+def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_k_ = L_k_
+    l_v_ = L_v_
+    permute = l_q_.permute(0, 2, 1, 3);  l_q_ = None
+    permute_1 = l_k_.permute(0, 2, 1, 3);  l_k_ = None
+    permute_2 = l_v_.permute(0, 2, 1, 3);  l_v_ = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(permute, permute_1, permute_2, None, 'sigmoid', 0.25, 1.0, False, 0.01);  permute = permute_1 = permute_2 = None
+    permute_3 = attention_fwd_v1_default.permute(0, 2, 1, 3);  attention_fwd_v1_default = None
+    return (permute_3,)""")
+
+    def test_matmul_scores_einsum_out_hardswish(self):
+        self.assertExpectedInline(rewritten_code("matmul_scores_einsum_out_hardswish"), """\
+def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_k_ = L_k_
+    l_q_ = L_q_
+    l_v_ = L_v_
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, None, 'hardswish', 0.75, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = None
+    return (attention_fwd_v1_default,)""")
+
+    def test_hstu_silu_relbias_causal(self):
+        self.assertExpectedInline(rewritten_code("hstu_silu_relbias_causal"), """\
+def forward(self, L_x_ : torch.Tensor, L_self_modules_uvqk_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_uvqk_parameters_bias_ : torch.nn.parameter.Parameter, L_self_parameters_rel_bias_ : torch.nn.parameter.Parameter, L_self_buffers_causal_ : torch.Tensor, L_self_modules_out_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_out_parameters_bias_ : torch.nn.parameter.Parameter):
+    l_x_ = L_x_
+    l_self_modules_uvqk_parameters_weight_ = L_self_modules_uvqk_parameters_weight_
+    l_self_modules_uvqk_parameters_bias_ = L_self_modules_uvqk_parameters_bias_
+    l_self_parameters_rel_bias_ = L_self_parameters_rel_bias_
+    l_self_buffers_causal_ = L_self_buffers_causal_
+    l_self_modules_out_parameters_weight_ = L_self_modules_out_parameters_weight_
+    l_self_modules_out_parameters_bias_ = L_self_modules_out_parameters_bias_
+    linear = torch._C._nn.linear(l_x_, l_self_modules_uvqk_parameters_weight_, l_self_modules_uvqk_parameters_bias_);  l_x_ = l_self_modules_uvqk_parameters_weight_ = l_self_modules_uvqk_parameters_bias_ = None
+    silu = torch.nn.functional.silu(linear);  linear = None
+    split = silu.split(32, dim = -1);  silu = None
+    u = split[0]
+    v = split[1]
+    q = split[2]
+    k = split[3];  split = None
+    view = q.view(2, 16, 2, 16);  q = None
+    q_1 = view.transpose(1, 2);  view = None
+    view_1 = k.view(2, 16, 2, 16);  k = None
+    k_1 = view_1.transpose(1, 2);  view_1 = None
+    view_2 = v.view(2, 16, 2, 16);  v = None
+    v_1 = view_2.transpose(1, 2);  view_2 = None
+    getitem_4 = l_self_parameters_rel_bias_[(slice(None, None, None), slice(None, 16, None), slice(None, 16, None))];  l_self_parameters_rel_bias_ = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q_1, k_1, v_1, getitem_4, 'silu', 1.0, 0.0625, True, 0.01);  q_1 = k_1 = v_1 = getitem_4 = None
+    transpose_4 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    reshape = transpose_4.reshape(2, 16, 32);  transpose_4 = None
+    mul_1 = reshape * u;  reshape = u = None
+    linear_1 = torch._C._nn.linear(mul_1, l_self_modules_out_parameters_weight_, l_self_modules_out_parameters_bias_);  mul_1 = l_self_modules_out_parameters_weight_ = l_self_modules_out_parameters_bias_ = None
+    return (linear_1,)""")
+
+    def test_sigmoid_attention_log_n_bias(self):
+        self.assertExpectedInline(rewritten_code("sigmoid_attention_log_n_bias"), """\
+def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_k_ = L_k_
+    l_q_ = L_q_
+    l_v_ = L_v_
+    full = torch.full((), -2.772588722239781, dtype = torch.float32, device = device(type='cpu'))
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, full, 'sigmoid', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = full = None
+    return (attention_fwd_v1_default,)""")
+
+    def test_pma_seed_expand(self):
+        self.assertExpectedInline(rewritten_code("pma_seed_expand"), """\
+def forward(self, L_x_ : torch.Tensor, L_self_modules_kv_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_kv_parameters_bias_ : torch.nn.parameter.Parameter, L_self_parameters_seed_ : torch.nn.parameter.Parameter):
+    l_x_ = L_x_
+    l_self_modules_kv_parameters_weight_ = L_self_modules_kv_parameters_weight_
+    l_self_modules_kv_parameters_bias_ = L_self_modules_kv_parameters_bias_
+    l_self_parameters_seed_ = L_self_parameters_seed_
+    linear = torch._C._nn.linear(l_x_, l_self_modules_kv_parameters_weight_, l_self_modules_kv_parameters_bias_);  l_x_ = l_self_modules_kv_parameters_weight_ = l_self_modules_kv_parameters_bias_ = None
+    chunk = linear.chunk(2, dim = -1);  linear = None
+    t = chunk[0]
+    t_1 = chunk[1];  chunk = None
+    view = t.view(2, 16, 4, 8);  t = None
+    k = view.transpose(1, 2);  view = None
+    view_1 = t_1.view(2, 16, 4, 8);  t_1 = None
+    v = view_1.transpose(1, 2);  view_1 = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_self_parameters_seed_, k, v, None, 'gelu', 0.3535533905932738, 1.0, False, 0.01);  l_self_parameters_seed_ = k = v = None
+    transpose_3 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    reshape = transpose_3.reshape(2, 4, 32);  transpose_3 = None
+    return (reshape,)""")
+
+    def test_pffn_einsum(self):
+        self.assertExpectedInline(rewritten_code("pffn_einsum"), """\
+def forward(self, L_x_ : torch.Tensor, L_self_modules_w1_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_w1_parameters_bias_ : torch.nn.parameter.Parameter, L_user_ : torch.Tensor, L_self_modules_w2_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_w2_parameters_bias_ : torch.nn.parameter.Parameter):
+    l_x_ = L_x_
+    l_self_modules_w1_parameters_weight_ = L_self_modules_w1_parameters_weight_
+    l_self_modules_w1_parameters_bias_ = L_self_modules_w1_parameters_bias_
+    l_user_ = L_user_
+    l_self_modules_w2_parameters_weight_ = L_self_modules_w2_parameters_weight_
+    l_self_modules_w2_parameters_bias_ = L_self_modules_w2_parameters_bias_
+    linear = torch._C._nn.linear(l_user_, l_self_modules_w1_parameters_weight_, l_self_modules_w1_parameters_bias_);  l_self_modules_w1_parameters_weight_ = l_self_modules_w1_parameters_bias_ = None
+    w1 = linear.reshape(2, 16, 24);  linear = None
+    linear_1 = torch._C._nn.linear(l_user_, l_self_modules_w2_parameters_weight_, l_self_modules_w2_parameters_bias_);  l_user_ = l_self_modules_w2_parameters_weight_ = l_self_modules_w2_parameters_bias_ = None
+    w2 = linear_1.reshape(2, 24, 16);  linear_1 = None
+    permute = w1.permute(0, 2, 1);  w1 = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_x_, permute, w2, None, 'relu', 1.0, 1.0, False, 0.01);  l_x_ = permute = w2 = None
+    return (attention_fwd_v1_default,)""")
+
+    def test_gqa_blocked_repeat_interleave(self):
+        self.assertExpectedInline(rewritten_code("gqa_blocked_repeat_interleave"), """\
+def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_k_ = L_k_
+    l_v_ = L_v_
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, None, 'silu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = None
+    return (attention_fwd_v1_default,)""")
+
+    def test_gqa_interleaved_repeat(self):
+        # interleaved heads (kv head h % Hkv) are not the op's blocked mapping: the .repeat must stay
+        self.assertExpectedInline(rewritten_code("gqa_interleaved_repeat"), """\
+def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_k_ = L_k_
+    l_v_ = L_v_
+    k = l_k_.repeat(1, 2, 1, 1);  l_k_ = None
+    v = l_v_.repeat(1, 2, 1, 1);  l_v_ = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, k, v, None, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = k = v = None
+    return (attention_fwd_v1_default,)""")
+
+    def test_param_temperature_gelu(self):
+        self.assertExpectedInline(rewritten_code("param_temperature_gelu"), """\
+def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_self_parameters_temp_ : torch.nn.parameter.Parameter, L_v_ : torch.Tensor):
+    l_k_ = L_k_
+    l_q_ = L_q_
+    l_self_parameters_temp_ = L_self_parameters_temp_
+    l_v_ = L_v_
+    exp = l_self_parameters_temp_.exp();  l_self_parameters_temp_ = None
+    mul_1 = l_q_ * exp;  l_q_ = exp = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(mul_1, l_k_, l_v_, None, 'gelu', 1.0, 1.0, False, 0.01);  mul_1 = l_k_ = l_v_ = None
+    return (attention_fwd_v1_default,)""")
+
+    def test_gpt2_causal_buffer_before_gelu(self):
+        self.assertExpectedInline(rewritten_code("gpt2_causal_buffer_before_gelu"), """\
+def forward(self, L_x_ : torch.Tensor, L_self_modules_c_attn_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_c_attn_parameters_bias_ : torch.nn.parameter.Parameter, L_self_buffers_bias_ : torch.Tensor, L_self_modules_c_proj_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_c_proj_parameters_bias_ : torch.nn.parameter.Parameter):
+    l_x_ = L_x_
+    l_self_modules_c_attn_parameters_weight_ = L_self_modules_c_attn_parameters_weight_
+    l_self_modules_c_attn_parameters_bias_ = L_self_modules_c_attn_parameters_bias_
+    l_self_buffers_bias_ = L_self_buffers_bias_
+    l_self_modules_c_proj_parameters_weight_ = L_self_modules_c_proj_parameters_weight_
+    l_self_modules_c_proj_parameters_bias_ = L_self_modules_c_proj_parameters_bias_
+    linear = torch._C._nn.linear(l_x_, l_self_modules_c_attn_parameters_weight_, l_self_modules_c_attn_parameters_bias_);  l_x_ = l_self_modules_c_attn_parameters_weight_ = l_self_modules_c_attn_parameters_bias_ = None
+    split = linear.split(32, dim = 2);  linear = None
+    q = split[0]
+    k = split[1]
+    v = split[2];  split = None
+    view = q.view(2, 12, 4, 8);  q = None
+    q_1 = view.transpose(1, 2);  view = None
+    view_1 = k.view(2, 12, 4, 8);  k = None
+    k_1 = view_1.transpose(1, 2);  view_1 = None
+    view_2 = v.view(2, 12, 4, 8);  v = None
+    v_1 = view_2.transpose(1, 2);  view_2 = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q_1, k_1, v_1, None, 'gelu', 0.35355339059327373, 1.0, True, 0.01);  q_1 = k_1 = v_1 = None
+    transpose_4 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    contiguous = transpose_4.contiguous();  transpose_4 = None
+    view_3 = contiguous.view(2, 12, 32);  contiguous = None
+    linear_1 = torch._C._nn.linear(view_3, l_self_modules_c_proj_parameters_weight_, l_self_modules_c_proj_parameters_bias_);  view_3 = l_self_modules_c_proj_parameters_weight_ = l_self_modules_c_proj_parameters_bias_ = None
+    return (linear_1,)""")
+
+    def test_causal_where_arange_silu(self):
+        self.assertExpectedInline(rewritten_code("causal_where_arange_silu"), """\
+def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_k_ = L_k_
+    l_v_ = L_v_
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, None, 'silu', 0.25, 1.0, True, 0.01);  l_q_ = l_k_ = l_v_ = None
+    return (attention_fwd_v1_default,)""")
+
+    def test_cross_chunk_relu_pow2(self):
+        self.assertExpectedInline(rewritten_code("cross_chunk_relu_pow2"), """\
+def forward(self, L_self_modules_q_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_q_parameters_bias_ : torch.nn.parameter.Parameter, L_x_ : torch.Tensor, L_self_modules_kv_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_kv_parameters_bias_ : torch.nn.parameter.Parameter, L_mem_ : torch.Tensor):
+    l_self_modules_q_parameters_weight_ = L_self_modules_q_parameters_weight_
+    l_self_modules_q_parameters_bias_ = L_self_modules_q_parameters_bias_
+    l_x_ = L_x_
+    l_self_modules_kv_parameters_weight_ = L_self_modules_kv_parameters_weight_
+    l_self_modules_kv_parameters_bias_ = L_self_modules_kv_parameters_bias_
+    l_mem_ = L_mem_
+    linear = torch._C._nn.linear(l_x_, l_self_modules_q_parameters_weight_, l_self_modules_q_parameters_bias_);  l_x_ = l_self_modules_q_parameters_weight_ = l_self_modules_q_parameters_bias_ = None
+    view = linear.view(2, 10, 2, 16);  linear = None
+    q = view.transpose(1, 2);  view = None
+    linear_1 = torch._C._nn.linear(l_mem_, l_self_modules_kv_parameters_weight_, l_self_modules_kv_parameters_bias_);  l_mem_ = l_self_modules_kv_parameters_weight_ = l_self_modules_kv_parameters_bias_ = None
+    chunk = linear_1.chunk(2, dim = -1);  linear_1 = None
+    k = chunk[0]
+    v = chunk[1];  chunk = None
+    view_1 = k.view(2, 20, 2, 16);  k = None
+    k_1 = view_1.transpose(1, 2);  view_1 = None
+    view_2 = v.view(2, 20, 2, 16);  v = None
+    v_1 = view_2.transpose(1, 2);  view_2 = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q, k_1, v_1, None, 'relu_square', 0.25, 1.0, False, 0.01);  q = k_1 = v_1 = None
+    transpose_4 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    reshape = transpose_4.reshape(2, 10, 32);  transpose_4 = None
+    return (reshape,)""")
+
+    def test_float_cast_then_back(self):
+        self.assertExpectedInline(rewritten_code("float_cast_then_back"), """\
+def forward(self, L_self_modules_qkv_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_qkv_parameters_bias_ : torch.nn.parameter.Parameter, L_x_ : torch.Tensor):
+    l_self_modules_qkv_parameters_weight_ = L_self_modules_qkv_parameters_weight_
+    l_self_modules_qkv_parameters_bias_ = L_self_modules_qkv_parameters_bias_
+    l_x_ = L_x_
+    linear = torch._C._nn.linear(l_x_, l_self_modules_qkv_parameters_weight_, l_self_modules_qkv_parameters_bias_);  l_x_ = l_self_modules_qkv_parameters_weight_ = l_self_modules_qkv_parameters_bias_ = None
+    chunk = linear.chunk(3, dim = -1);  linear = None
+    t = chunk[0]
+    t_1 = chunk[1]
+    t_2 = chunk[2];  chunk = None
+    view = t.view(2, 12, 2, 16);  t = None
+    q = view.transpose(1, 2);  view = None
+    view_1 = t_1.view(2, 12, 2, 16);  t_1 = None
+    k = view_1.transpose(1, 2);  view_1 = None
+    view_2 = t_2.view(2, 12, 2, 16);  t_2 = None
+    v = view_2.transpose(1, 2);  view_2 = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q, k, v, None, 'gelu', 0.25, 1.0, False, 0.01);  q = k = v = None
+    transpose_4 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    reshape = transpose_4.reshape(2, 12, 32);  transpose_4 = None
+    return (reshape,)""")

@@ -1,0 +1,724 @@
+"""A zoo of small, unmodified-looking models that contain softmax-free attention (GDPA), written the ways
+real models write it (see docs/gdpa-semantics.md), plus models that must NOT be rewritten.
+
+Every entry is (name, model factory, input factory, expected rewrite count). Sizes are tiny (B=2, N 8..24,
+2-4 heads, head dim 8-16) so that one compile takes well under a second with ``inner="aot_eager"``.
+Model factories build their parameters from the global RNG; ``build(entry)`` seeds it (and a generator for
+the inputs) from the entry's name, so every entry gets its own fresh, reproducible, non-zero values.
+
+Nothing here depends on the package: these are plain PyTorch models.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    model: Callable[[], nn.Module]
+    inputs: Callable[[torch.Generator], tuple]
+    rewrites: int
+    # negative entries: a keyword of rewrite_gdpa's rejection reason (None: no candidate is matched at all)
+    reason: Optional[str] = None
+
+
+def seed_of(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+def build(entry: ZooEntry) -> tuple[nn.Module, tuple]:
+    """(model, inputs), both seeded from the entry's name."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed_of(entry.name))
+        model = entry.model()
+    gen = torch.Generator().manual_seed(seed_of(entry.name) + 1)
+    return model, tuple(entry.inputs(gen))
+
+
+def randn(gen: torch.Generator, *shape, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+def tensors(*shapes):
+    """An input factory: one standard-normal tensor per shape."""
+    return lambda gen: tuple(randn(gen, *s) for s in shapes)
+
+
+def qkv(b=2, h=2, n=16, d=16, m=None, hkv=None):
+    """q [b, h, n, d], k/v [b, hkv, m, d]."""
+    m = n if m is None else m
+    hkv = h if hkv is None else hkv
+    return tensors((b, h, n, d), (b, hkv, m, d), (b, hkv, m, d))
+
+
+def heads(t: torch.Tensor, h: int) -> torch.Tensor:
+    """[B, N, H*D] -> [B, H, N, D]"""
+    b, n, c = t.shape
+    return t.view(b, n, h, c // h).transpose(1, 2)
+
+
+def merge(o: torch.Tensor) -> torch.Tensor:
+    """[B, H, N, D] -> [B, N, H*D]"""
+    b, h, n, d = o.shape
+    return o.transpose(1, 2).reshape(b, n, h * d)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Positive models
+# ---------------------------------------------------------------------------------------------------------
+
+
+class QkvUnbindGelu(nn.Module):
+    """ViT-style: one qkv Linear, reshape + permute(2, 0, 3, 1, 4) + unbind, `@`, .transpose(-2, -1),
+    a Python-float scale on S, F.gelu."""
+
+    def __init__(self, c=32, h=4, act=F.gelu):
+        super().__init__()
+        self.h, self.scale, self.act = h, (c // h) ** -0.5, act
+        self.qkv = nn.Linear(c, 3 * c)
+        self.proj = nn.Linear(c, c)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        attn = self.act(attn)
+        o = (attn @ v).transpose(1, 2).reshape(b, n, c)
+        return self.proj(o)
+
+
+class TorchMatmulGeluTanh(nn.Module):
+    """torch.matmul, .mT, divide by math.sqrt(d), F.gelu(approximate="tanh")."""
+
+    def forward(self, q, k, v):
+        s = torch.matmul(q, k.mT) / math.sqrt(q.shape[-1])
+        p = F.gelu(s, approximate="tanh")
+        return torch.matmul(p, v)
+
+
+class TensorMatmulSiLUModule(nn.Module):
+    """Tensor.matmul, .permute(0, 1, 3, 2), nn.SiLU()."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.scale = d ** -0.5
+        self.act = nn.SiLU()
+
+    def forward(self, q, k, v):
+        s = q.matmul(k.permute(0, 1, 3, 2)) * self.scale
+        return self.act(s).matmul(v)
+
+
+class BmmFoldedRelu(nn.Module):
+    """torch.bmm with heads folded into the batch ([B*H, N, D]), separate q/k/v Linears, x.relu()."""
+
+    def __init__(self, c=24, h=3):
+        super().__init__()
+        self.h, self.scale = h, (c // h) ** -0.5
+        self.q, self.k, self.v = nn.Linear(c, c), nn.Linear(c, c), nn.Linear(c, c)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        h, d = self.h, c // self.h
+
+        def fold(t):
+            return t.view(b, n, h, d).transpose(1, 2).reshape(b * h, n, d)
+
+        q, k, v = fold(self.q(x)), fold(self.k(x)), fold(self.v(x))
+        s = torch.bmm(q, k.transpose(1, 2)) * self.scale
+        p = s.relu()
+        o = torch.bmm(p, v)
+        return o.view(b, h, n, d).transpose(1, 2).reshape(b, n, c)
+
+
+class EinsumHeadsSigmoid(nn.Module):
+    """einsum with the heads inside the equation (no transposes at all), torch.sigmoid."""
+
+    def forward(self, q, k, v):  # [B, N, H, D]
+        s = torch.einsum("bnhd,bmhd->bhnm", q, k) * q.shape[-1] ** -0.5
+        p = torch.sigmoid(s)
+        return torch.einsum("bhnm,bmhd->bnhd", p, v)
+
+
+class EinsumScoresMatmulOut(nn.Module):
+    """einsum for S, `@` for P V, F.leaky_relu(x, 0.2)."""
+
+    def forward(self, q, k, v):
+        s = torch.einsum("bhnd,bhmd->bhnm", q, k) * q.shape[-1] ** -0.5
+        p = F.leaky_relu(s, 0.2)
+        return p @ v
+
+
+class MatmulScoresEinsumOut(nn.Module):
+    """`@` for S, einsum for P V, F.hardswish (scores scaled up so both kinks at +-3 are crossed)."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * (3.0 / math.sqrt(q.shape[-1]))
+        p = F.hardswish(s)
+        return torch.einsum("bhnm,bhmd->bhnd", p, v)
+
+
+class FiveDimBatch(nn.Module):
+    """5-D operands [B, G, H, N, D]."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * 0.35
+        return F.gelu(s) @ v
+
+
+class CrossChunkReluSquare(nn.Module):
+    """Cross attention (queries from x, keys/values from memory via one Linear + .chunk), F.relu(x) ** 2."""
+
+    def __init__(self, c=32, h=2):
+        super().__init__()
+        self.h, self.scale = h, (c // h) ** -0.5
+        self.q = nn.Linear(c, c)
+        self.kv = nn.Linear(c, 2 * c)
+
+    def forward(self, x, mem):
+        q = heads(self.q(x), self.h)
+        k, v = self.kv(mem).chunk(2, dim=-1)
+        k, v = heads(k, self.h), heads(v, self.h)
+        s = q @ k.transpose(-2, -1) * self.scale
+        p = F.relu(s) ** 2
+        return merge(p @ v)
+
+
+class SplitSquare(nn.Module):
+    """qkv .split(c, dim=-1), .view + .permute(0, 2, 1, 3) head split, .mT, x.relu().square()."""
+
+    def __init__(self, c=32, h=4):
+        super().__init__()
+        self.c, self.h, self.scale = c, h, (c // h) ** -0.5
+        self.qkv = nn.Linear(c, 3 * c)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = [t.view(b, n, self.h, -1).permute(0, 2, 1, 3) for t in self.qkv(x).split(self.c, dim=-1)]
+        s = q @ k.mT * self.scale
+        p = s.relu().square()
+        return merge(p @ v)
+
+
+class ShapeIntBeforeGelu(nn.Module):
+    """A shape-derived int scale before the activation: S / N with N = x.shape[1]; [B, N, H, D] inputs."""
+
+    def forward(self, q, k, v):
+        n = q.shape[1]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        s = (q @ k.transpose(-2, -1)) / n
+        p = F.gelu(s)
+        return (p @ v).transpose(1, 2)
+
+
+class ShapeIntAfterSilu(nn.Module):
+    """A shape-derived int scale after the activation: silu(S) / N."""
+
+    def forward(self, q, k, v):
+        n = k.shape[-2]
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        p = F.silu(s) / n
+        return p @ v
+
+
+class BufferTemperatureSigmoid(nn.Module):
+    """A 1-element registered buffer scale: S * self.temp.exp(); x.sigmoid() as a method; a float bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("temp", torch.tensor([math.log(0.3)]))
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * self.temp.exp()
+        p = (s - 0.5).sigmoid()
+        return p @ v
+
+
+class ParamTemperatureGelu(nn.Module):
+    """A learned 0-dim parameter scale: S * self.temp.exp() (its gradient must flow)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.temp = nn.Parameter(torch.tensor(math.log(d ** -0.5)))
+
+    def forward(self, q, k, v):
+        s = torch.matmul(q, k.transpose(-2, -1)) * self.temp.exp()
+        return torch.matmul(F.gelu(s), v)
+
+
+class ScaleOnQuery(nn.Module):
+    """The scale multiplies q before the first matmul."""
+
+    def forward(self, q, k, v):
+        q = q * q.shape[-1] ** -0.5
+        s = q @ k.transpose(-2, -1)
+        return F.gelu(s) @ v
+
+
+class PostScaleFloat(nn.Module):
+    """A Python-float scale after the activation (Meta's qk_scale)."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) / 4.0
+        p = F.gelu(s) * 0.125
+        return p @ v
+
+
+class FloatCastThenBack(nn.Module):
+    """S.float() before the activation, .to(v.dtype) after (mixed-precision style)."""
+
+    def __init__(self, c=32, h=2):
+        super().__init__()
+        self.h, self.scale = h, (c // h) ** -0.5
+        self.qkv = nn.Linear(c, 3 * c)
+
+    def forward(self, x):
+        q, k, v = (heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
+        s = (q @ k.transpose(-2, -1)).float() * self.scale
+        p = F.gelu(s).to(v.dtype)
+        return merge(p @ v)
+
+
+class DropoutP0(nn.Module):
+    """F.dropout with p=0 between the activation and P V."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        p = F.dropout(F.silu(s), p=0.0, training=self.training)
+        return p @ v
+
+
+class DropoutEval(nn.Module):
+    """nn.Dropout(0.1) in eval mode (the factory calls .eval())."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        return self.drop(F.gelu(s)) @ v
+
+
+def _eval(model: nn.Module) -> nn.Module:
+    return model.eval()
+
+
+class HSTU(nn.Module):
+    """HSTU-style: silu(u, v, q, k) projections, relative bias parameter sliced [:, :N, :N], silu attention
+    divided by N, causal mask (a bool tril buffer sliced [:N, :N], multiplied after the activation)."""
+
+    def __init__(self, c=32, h=2, max_n=24):
+        super().__init__()
+        self.c, self.h = c, h
+        self.uvqk = nn.Linear(c, 4 * c)
+        self.rel_bias = nn.Parameter(torch.randn(h, max_n, max_n) * 0.5)
+        self.register_buffer("causal", torch.tril(torch.ones(max_n, max_n, dtype=torch.bool)))
+        self.out = nn.Linear(c, c)
+
+    def forward(self, x):
+        n = x.shape[1]
+        u, v, q, k = F.silu(self.uvqk(x)).split(self.c, dim=-1)
+        q, k, v = heads(q, self.h), heads(k, self.h), heads(v, self.h)
+        s = q @ k.transpose(-2, -1) + self.rel_bias[:, :n, :n]
+        p = F.silu(s) / n
+        p = p * self.causal[:n, :n]
+        return self.out(merge(p @ v) * u)
+
+
+class SigmoidLogBias(nn.Module):
+    """Sigmoid attention with the scalar bias -log(N) as a Python float (N from the keys' shape)."""
+
+    def forward(self, q, k, v):
+        n = k.shape[-2]
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 - math.log(n)
+        return torch.sigmoid(s) @ v
+
+
+class PMA(nn.Module):
+    """Pooling by multi-head attention: learned seed queries [1, H, S, D] broadcast to the batch by
+    .expand (or .repeat), attending to each sample's sequence."""
+
+    def __init__(self, c=32, h=4, seeds=4, broadcast="expand", act=F.gelu):
+        super().__init__()
+        self.h, self.scale, self.broadcast, self.act = h, (c // h) ** -0.5, broadcast, act
+        self.seed = nn.Parameter(torch.randn(1, h, seeds, c // h))
+        self.kv = nn.Linear(c, 2 * c)
+
+    def forward(self, x):
+        b = x.shape[0]
+        k, v = (heads(t, self.h) for t in self.kv(x).chunk(2, dim=-1))
+        if self.broadcast == "expand":
+            q = self.seed.expand(b, -1, -1, -1)
+        else:
+            q = self.seed.repeat(b, 1, 1, 1)
+        s = q @ k.transpose(-2, -1) * self.scale
+        return merge(self.act(s) @ v)
+
+
+class PFFNBmm(nn.Module):
+    """Personalized FFN: per-sample weights W1 [B, D, dff], W2 [B, dff, D] produced from user features by a
+    Linear; act(x W1) W2 through torch.bmm."""
+
+    def __init__(self, d=16, dff=24, u=8):
+        super().__init__()
+        self.d, self.dff = d, dff
+        self.w1 = nn.Linear(u, d * dff)
+        self.w2 = nn.Linear(u, dff * d)
+
+    def forward(self, x, user):
+        b = x.shape[0]
+        w1 = self.w1(user).view(b, self.d, self.dff)
+        w2 = self.w2(user).view(b, self.dff, self.d)
+        h = F.gelu(torch.bmm(x, w1))
+        return torch.bmm(h, w2)
+
+
+class PFFNEinsum(PFFNBmm):
+    """The same PFFN through einsum, with relu."""
+
+    def forward(self, x, user):
+        b = x.shape[0]
+        w1 = self.w1(user).reshape(b, self.d, self.dff)
+        w2 = self.w2(user).reshape(b, self.dff, self.d)
+        h = F.relu(torch.einsum("bnd,bdf->bnf", x, w1))
+        return torch.einsum("bnf,bfd->bnd", h, w2)
+
+
+class GQA(nn.Module):
+    """Grouped-query attention: kv heads repeated blocked (repeat_interleave) or interleaved (.repeat)."""
+
+    def __init__(self, layout="blocked", act=F.silu):
+        super().__init__()
+        self.layout, self.act = layout, act
+
+    def forward(self, q, k, v):
+        g = q.shape[1] // k.shape[1]
+        if self.layout == "blocked":
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        else:
+            k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        return self.act(s) @ v
+
+
+class ThreeBlocks(nn.Module):
+    """Several GDPA blocks in one graph: relu, nn.GELU("tanh"), sigmoid; residuals in between."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.b1 = QkvUnbindGelu(c, 4, act=F.relu)
+        self.b2 = QkvUnbindGelu(c, 2, act=nn.GELU("tanh"))
+        self.b3 = QkvUnbindGelu(c, 4, act=torch.sigmoid)
+
+    def forward(self, x):
+        x = x + self.b1(x)
+        x = x + self.b2(x)
+        return x + self.b3(x)
+
+
+class Checkpointed(nn.Module):
+    """A GDPA block inside torch.utils.checkpoint (use_reentrant=False)."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.block = QkvUnbindGelu(c, 4, act=F.silu)
+        self.norm = nn.LayerNorm(c)
+
+    def forward(self, x):
+        return x + torch.utils.checkpoint.checkpoint(self.block, self.norm(x), use_reentrant=False)
+
+
+class CausalFinfoBeforeSilu(nn.Module):
+    """Causal mask before silu: masked_fill(tril_buffer[:N, :N] == 0, -torch.finfo(dtype).max)."""
+
+    def __init__(self, max_n=24):
+        super().__init__()
+        self.register_buffer("tril", torch.tril(torch.ones(max_n, max_n)))
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        s = s.masked_fill(self.tril[:n, :n] == 0, -torch.finfo(s.dtype).max)
+        return F.silu(s) @ v
+
+
+class GPT2CausalBeforeGelu(nn.Module):
+    """GPT-2 style: a [1, 1, T, T] tril buffer sliced [:, :, :N, :N], filled with -finfo.max before gelu."""
+
+    def __init__(self, c=32, h=4, max_n=24):
+        super().__init__()
+        self.h = h
+        self.c_attn = nn.Linear(c, 3 * c)
+        self.c_proj = nn.Linear(c, c)
+        self.register_buffer("bias", torch.tril(torch.ones(max_n, max_n)).view(1, 1, max_n, max_n))
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = heads(q, self.h), heads(k, self.h), heads(v, self.h)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, -torch.finfo(att.dtype).max)
+        att = F.gelu(att)
+        y = att @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class CausalNotTrilAfter(nn.Module):
+    """Causal mask after the activation: masked_fill(~tril(ones(N, N, dtype=bool)), 0)."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
+        p = F.gelu(s).masked_fill(~mask, 0.0)
+        return p @ v
+
+
+class CausalMulBoolAfter(nn.Module):
+    """Causal mask after the activation as `P * mask` with a bool tril mask."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
+        p = F.leaky_relu(s, 0.1) * mask
+        return p @ v
+
+
+class CausalWhereArange(nn.Module):
+    """torch.where(i >= j, P, 0) with i/j from torch.arange."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        i = torch.arange(n, device=q.device)[:, None]
+        j = torch.arange(n, device=q.device)[None, :]
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        p = torch.where(i >= j, F.silu(s), 0.0)
+        return p @ v
+
+
+class ReluNegInfBefore(nn.Module):
+    """relu after filling the future with -inf (relu(-inf) = 0 exactly)."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=q.device), diagonal=1)
+        s = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).masked_fill(future, float("-inf"))
+        return F.relu(s) @ v
+
+
+class HSTUFloatTrilMask(nn.Module):
+    """HSTU's reference as written: the causal mask is a FLOAT {0, 1} tril buffer, sliced and unsqueezed,
+    multiplied after silu(S) / N (docs: "mask is boolean or {0,1}")."""
+
+    def __init__(self, max_n=24):
+        super().__init__()
+        self.register_buffer("invalid_attn_mask", torch.tril(torch.ones(max_n, max_n)))
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        s = torch.einsum("bhnd,bhmd->bhnm", q, k)
+        p = F.silu(s) / n
+        p = p * self.invalid_attn_mask[:n, :n].unsqueeze(0).unsqueeze(0)
+        return torch.einsum("bhnm,bhmd->bhnd", p, v)
+
+
+class GdpaThenSoftmaxReadout(nn.Module):
+    """A GDPA block whose output is directly the query of a softmax read-out over a memory (no projection
+    in between). One GDPA block (gelu); the softmax read-out must stay unfused."""
+
+    def forward(self, q, k, v, mem):
+        o = F.gelu(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5) @ v
+        s = o @ mem.transpose(-2, -1) * o.shape[-1] ** -0.5
+        return torch.softmax(s, dim=-1) @ mem
+
+
+ZOO: list[ZooEntry] = [
+    ZooEntry("qkv_unbind_gelu", QkvUnbindGelu, tensors((2, 12, 32)), 1),
+    ZooEntry("torch_matmul_mT_gelu_tanh", TorchMatmulGeluTanh, qkv(2, 2, 10, 16), 1),
+    ZooEntry("tensor_matmul_permute_nn_silu", TensorMatmulSiLUModule, qkv(2, 3, 14, 8), 1),
+    ZooEntry("bmm_heads_folded_relu_method", BmmFoldedRelu, tensors((2, 16, 24)), 1),
+    ZooEntry("einsum_heads_in_equation_sigmoid", EinsumHeadsSigmoid, tensors((2, 12, 2, 16), (2, 18, 2, 16),
+                                                                             (2, 18, 2, 16)), 1),
+    ZooEntry("einsum_scores_matmul_out_leaky_relu", EinsumScoresMatmulOut, qkv(2, 2, 16, 8), 1),
+    ZooEntry("matmul_scores_einsum_out_hardswish", MatmulScoresEinsumOut, qkv(2, 2, 12, 16, m=20), 1),
+    ZooEntry("five_dim_batch_gelu", FiveDimBatch, tensors((2, 2, 2, 8, 8), (2, 2, 2, 10, 8), (2, 2, 2, 10, 8)), 1),
+    ZooEntry("cross_chunk_relu_pow2", CrossChunkReluSquare, tensors((2, 10, 32), (2, 20, 32)), 1),
+    ZooEntry("split_permute_relu_square", SplitSquare, tensors((2, 16, 32)), 1),
+    ZooEntry("shape_int_scale_before_gelu", ShapeIntBeforeGelu, tensors((2, 16, 2, 16), (2, 16, 2, 16),
+                                                                        (2, 16, 2, 16)), 1),
+    ZooEntry("shape_int_scale_after_silu", ShapeIntAfterSilu, qkv(2, 2, 12, 16, m=20), 1),
+    ZooEntry("buffer_temperature_sigmoid_method", BufferTemperatureSigmoid, qkv(2, 2, 16, 16), 1),
+    ZooEntry("param_temperature_gelu", ParamTemperatureGelu, qkv(2, 4, 8, 16), 1),
+    ZooEntry("scale_on_query_gelu", ScaleOnQuery, qkv(2, 2, 16, 16), 1),
+    ZooEntry("post_scale_float_gelu", PostScaleFloat, qkv(2, 2, 16, 16), 1),
+    ZooEntry("float_cast_then_back", FloatCastThenBack, tensors((2, 12, 32)), 1),
+    ZooEntry("dropout_p0", DropoutP0, qkv(2, 2, 12, 16), 1),
+    ZooEntry("nn_dropout_eval", lambda: _eval(DropoutEval()), qkv(2, 2, 12, 16), 1),
+    ZooEntry("hstu_silu_relbias_causal", HSTU, tensors((2, 16, 32)), 1),
+    ZooEntry("sigmoid_attention_log_n_bias", SigmoidLogBias, qkv(2, 2, 12, 16, m=16), 1),
+    ZooEntry("pma_seed_expand", PMA, tensors((2, 16, 32)), 1),
+    ZooEntry("pma_seed_repeat", lambda: PMA(broadcast="repeat", act=F.silu), tensors((2, 12, 32)), 1),
+    ZooEntry("pffn_bmm", PFFNBmm, tensors((2, 12, 16), (2, 8)), 1),
+    ZooEntry("pffn_einsum", PFFNEinsum, tensors((2, 12, 16), (2, 8)), 1),
+    ZooEntry("gqa_blocked_repeat_interleave", GQA, qkv(2, 4, 12, 16, hkv=2), 1),
+    ZooEntry("gqa_interleaved_repeat", lambda: GQA("interleaved", F.gelu), qkv(2, 4, 12, 16, hkv=2), 1),
+    ZooEntry("three_blocks", ThreeBlocks, tensors((2, 12, 32)), 3),
+    ZooEntry("checkpointed_block", Checkpointed, tensors((2, 12, 32)), 1),
+    ZooEntry("causal_finfo_fill_before_silu", CausalFinfoBeforeSilu, qkv(2, 2, 16, 16), 1),
+    ZooEntry("gpt2_causal_buffer_before_gelu", GPT2CausalBeforeGelu, tensors((2, 12, 32)), 1),
+    ZooEntry("causal_not_tril_fill_after_gelu", CausalNotTrilAfter, qkv(2, 2, 12, 16), 1),
+    ZooEntry("causal_mul_bool_mask_after", CausalMulBoolAfter, qkv(2, 2, 12, 16), 1),
+    ZooEntry("causal_where_arange_silu", CausalWhereArange, qkv(2, 2, 12, 16), 1),
+    ZooEntry("relu_neg_inf_fill_before", ReluNegInfBefore, qkv(2, 2, 12, 16), 1),
+    ZooEntry("hstu_float_tril_mask_unsqueezed", HSTUFloatTrilMask, qkv(2, 2, 16, 16), 1),
+]
+
+# Checked by its own test (the count alone cannot tell which subgraph was fused).
+GDPA_THEN_SOFTMAX = ZooEntry("gdpa_then_softmax_readout", GdpaThenSoftmaxReadout,
+                             tensors((2, 2, 12, 16), (2, 2, 12, 16), (2, 2, 12, 16), (2, 2, 20, 16)), 1)
+
+ZOO_BY_NAME = {e.name: e for e in ZOO}
+assert len(ZOO_BY_NAME) == len(ZOO), "zoo names must be unique"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Negative models: must compile to 0 rewrites and the eager result
+# ---------------------------------------------------------------------------------------------------------
+
+
+class SoftmaxAttention(nn.Module):
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        return torch.softmax(s, dim=-1) @ v
+
+
+class LayerNormBetween(nn.Module):
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        s = F.layer_norm(F.gelu(s), (s.shape[-1],))
+        return s @ v
+
+
+class RowNormalised(nn.Module):
+    """relu attention normalised by its row sum (not GDPA: a row reduction between the matmuls)."""
+
+    def forward(self, q, k, v):
+        p = F.relu(q @ k.transpose(-2, -1))
+        p = p / (p.sum(dim=-1, keepdim=True) + 1e-6)
+        return p @ v
+
+
+class LinearFFN(nn.Module):
+    def __init__(self, d=16, dff=32):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, dff), nn.Linear(dff, d)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class MatmulFFN(nn.Module):
+    """x @ W1 -> act -> @ W2 with W1/W2 parameters shared by the whole batch."""
+
+    def __init__(self, d=16, dff=32):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(d, dff) * d ** -0.5)
+        self.w2 = nn.Parameter(torch.randn(dff, d) * dff ** -0.5)
+
+    def forward(self, x):
+        return F.gelu(x @ self.w1) @ self.w2
+
+
+class ScoresReturned(nn.Module):
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        return F.gelu(s) @ v, s
+
+
+class ProbsCached(nn.Module):
+    """P cloned into a cache list (attention maps kept for logging)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache = []
+
+    def forward(self, q, k, v):
+        p = F.silu(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5)
+        self.cache.append(p.detach().clone())
+        return p @ v
+
+
+class CumsumInChain(nn.Module):
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        return torch.cumsum(F.gelu(s), dim=-1) @ v
+
+
+class AbsInChain(nn.Module):
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).abs()
+        return F.gelu(s) @ v
+
+
+class NegInfBeforeSilu(nn.Module):
+    """-inf fill before silu: silu(-inf) is NaN, so this is not a mask (eager itself gives NaN)."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        s = s.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device)), float("-inf"))
+        return F.silu(s) @ v
+
+
+class PaddingMask(nn.Module):
+    """A dense (non-causal) boolean padding mask, an input of the model."""
+
+    def forward(self, q, k, v, valid):
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        s = s.masked_fill(~valid, -torch.finfo(s.dtype).max)
+        return F.gelu(s) @ v
+
+
+def _padding_inputs(gen):
+    q, k, v = qkv(2, 2, 12, 16)(gen)
+    valid = torch.rand(2, 1, 1, 12, generator=gen) < 0.7
+    valid[..., 0] = True
+    return q, k, v, valid
+
+
+class Float64Attention(nn.Module):
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        return F.gelu(s) @ v
+
+
+def _f64(factory):
+    return lambda gen: tuple(t.double() for t in factory(gen))
+
+
+NEGATIVE: list[ZooEntry] = [
+    ZooEntry("neg_softmax", SoftmaxAttention, qkv(2, 2, 12, 16), 0, reason="softmax"),
+    ZooEntry("neg_layer_norm_between", LayerNormBetween, qkv(2, 2, 12, 16), 0, reason="layer_norm"),
+    ZooEntry("neg_row_normalised", RowNormalised, qkv(2, 2, 12, 16), 0, reason="used elsewhere"),
+    ZooEntry("neg_linear_ffn", LinearFFN, tensors((2, 12, 16)), 0, reason=None),
+    ZooEntry("neg_matmul_ffn_shared_weights", MatmulFFN, tensors((2, 12, 16)), 0, reason="shared by the batch"),
+    ZooEntry("neg_scores_returned", ScoresReturned, qkv(2, 2, 12, 16), 0, reason="used elsewhere"),
+    ZooEntry("neg_probs_cached", ProbsCached, qkv(2, 2, 12, 16), 0, reason="used elsewhere"),
+    ZooEntry("neg_cumsum_in_chain", CumsumInChain, qkv(2, 2, 12, 16), 0, reason="cumsum"),
+    ZooEntry("neg_abs_in_chain", AbsInChain, qkv(2, 2, 12, 16), 0, reason="abs"),
+    ZooEntry("neg_neg_inf_before_silu", NegInfBeforeSilu, qkv(2, 2, 12, 16), 0, reason="does not give exactly 0"),
+    ZooEntry("neg_dense_padding_mask", PaddingMask, _padding_inputs, 0, reason="not provably causal"),
+    ZooEntry("neg_float64", Float64Attention, _f64(qkv(2, 2, 12, 16)), 0, reason="float64"),
+]
