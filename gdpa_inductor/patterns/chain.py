@@ -38,6 +38,9 @@ class ChainRecipe:
     mask_note: str = "none"
     # Fill values of causal masks before the activation, checked once the activation is known.
     pre_mask_fills: list[tuple[fx.Node, Any]] = field(default_factory=list)
+    # Other boolean masks, (mask node, True if it marks the kept entries), fused as an additive
+    # -finfo.max bias: exact for activations with act(-max) = act'(-max) = 0 (checked at the end).
+    dense_masks: list[tuple[fx.Node, bool]] = field(default_factory=list)
     nodes: list[fx.Node] = field(default_factory=list)  # the chain, from P back to S (exclusive)
 
 
@@ -136,6 +139,12 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
         else:
             raise ChainMismatch(f"{node.name}: unsupported op {_describe(node)} between the matmuls")
         i += 1
+    if recipe.dense_masks and not _fill_zeroes_activation(-torch.finfo(dtype).max, recipe.activation,
+                                                          recipe.negative_slope, dtype):
+        raise ChainMismatch(
+            f"a non-causal mask with {recipe.activation}: only fused as a -finfo.max bias, which is not exact "
+            "for this activation"
+        )
     for node, fill in recipe.pre_mask_fills:
         if not _fill_zeroes_activation(fill, recipe.activation, recipe.negative_slope, dtype):
             raise ChainMismatch(
@@ -168,6 +177,17 @@ def _is_bool(node: Any) -> bool:
     return isinstance(ev, torch.Tensor) and ev.dtype == torch.bool
 
 
+def _broadcasts_to(mask: fx.Node, scores: fx.Node) -> bool:
+    """The mask broadcasts to the scores without growing them."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    m, s = fxn.example(mask), fxn.example(scores)
+    if m.dim() > s.dim():
+        return False
+    return all(statically_known_true(a == 1) or statically_known_true(a == b)
+               for a, b in zip(m.shape[::-1], s.shape[::-1]))
+
+
 def _same_shape(a: fx.Node, b: fx.Node) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -185,11 +205,16 @@ def _read_product(node, prev, recipe: ChainRecipe, after_activation: bool, seen_
     if divide and fxn.arg(node, 2, "rounding_mode", None) is not None:
         raise ChainMismatch(f"{node.name}: division with rounding")
     if after_activation and fxn.is_tensor_node(other) and not fxn.is_one_element_tensor(other):
-        # A bool mask, or a {0,1} float one (HSTU multiplies by a float tril): only a provably causal one.
-        if causal_mask_kind(other, fxn.example(node)) != "keep":
-            raise ChainMismatch(f"{node.name}: multiplied by a tensor that is not a provably causal mask")
-        recipe.causal, recipe.mask_note = True, "causal (multiply after the activation)"
-        return
+        # A bool mask, or a {0,1} float one (HSTU multiplies by a float tril): causal becomes the flag, any
+        # other boolean mask a -max bias; a float tensor that is not provably causal could hold anything.
+        if causal_mask_kind(other, fxn.example(node)) == "keep":
+            recipe.causal, recipe.mask_note = True, "causal (multiply after the activation)"
+            return
+        if _is_bool(other) and _broadcasts_to(other, node):
+            recipe.dense_masks.append((other, True))
+            recipe.mask_note = "dense boolean mask (as a bias)"
+            return
+        raise ChainMismatch(f"{node.name}: multiplied by a tensor that is neither a scalar nor a boolean mask")
     value = _scale_value(other)
     if value is None:
         raise ChainMismatch(f"{node.name}: multiplied by a tensor that is neither a scalar nor a causal mask")
@@ -222,7 +247,15 @@ def _read_mask(node, prev, recipe: ChainRecipe, after_activation: bool, dtype, s
     kind = causal_mask_kind(mask, out_ev)
     wanted = "keep" if keep_form else "drop"
     if kind != wanted:
-        raise ChainMismatch(f"{node.name}: mask is not provably causal (dense masks are not fused yet)")
+        if not (_is_bool(mask) and _broadcasts_to(mask, node)):
+            raise ChainMismatch(f"{node.name}: mask is neither provably causal nor a boolean tensor")
+        if after_activation and not (isinstance(fill, numbers.Real) and float(fill) == 0.0):
+            raise ChainMismatch(f"{node.name}: masked after the activation with {fill!r}, not 0")
+        if not after_activation:
+            recipe.pre_mask_fills.append((node, fill))
+        recipe.dense_masks.append((mask, keep_form))
+        recipe.mask_note = "dense boolean mask (as a bias)"
+        return
     if after_activation:
         if not (isinstance(fill, numbers.Real) and float(fill) == 0.0):
             raise ChainMismatch(f"{node.name}: masked after the activation with {fill!r}, not 0")

@@ -173,6 +173,11 @@ def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> Optional[fx.Node]:
                 total = b.emit("function", operator.add if sign > 0 else operator.sub, (total, term))
         else:
             constant += sign * term
+    for mask, keep_form in m.recipe.dense_masks:
+        big = -torch.finfo(dtype).max
+        term = b.emit("function", torch.where, (mask, 0.0, big) if keep_form else (mask, big, 0.0))
+        term = b.emit("method", "to", (term, dtype))
+        total = term if total is None else b.emit("function", operator.add, (total, term))
     if constant != 0.0:
         if total is None:
             device = fxn.example(m.scores).device

@@ -307,3 +307,16 @@ def forward(self, L_self_modules_qkv_parameters_weight_ : torch.nn.parameter.Par
     transpose_4 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
     reshape = transpose_4.reshape(2, 12, 32);  transpose_4 = None
     return (reshape,)""")
+
+    def test_padding_mask_before_gelu(self):
+        self.assertExpectedInline(rewritten_code("padding_mask_before_gelu"), """\
+def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_valid_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_k_ = L_k_
+    l_q_ = L_q_
+    l_valid_ = L_valid_
+    l_v_ = L_v_
+    invert = ~l_valid_;  l_valid_ = None
+    where = torch.where(invert, -3.4028234663852886e+38, 0.0);  invert = None
+    to = where.to(torch.float32);  where = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, to, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = to = None
+    return (attention_fwd_v1_default,)""")

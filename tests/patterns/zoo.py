@@ -691,6 +691,23 @@ class PaddingMask(nn.Module):
         return F.gelu(s) @ v
 
 
+class PaddingMaskTanhGelu(nn.Module):
+    """The same padding mask before gelu_tanh: a -max bias is not exact there (its backward overflows)."""
+
+    def forward(self, q, k, v, valid):
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        s = s.masked_fill(~valid, -torch.finfo(s.dtype).max)
+        return F.gelu(s, approximate="tanh") @ v
+
+
+class PaddingMaskAfterSilu(nn.Module):
+    """A key-padding mask multiplied in after the activation (HSTU's padded-batch form)."""
+
+    def forward(self, q, k, v, valid):
+        n = q.shape[-2]
+        return (F.silu(q @ k.transpose(-2, -1)) / n * valid) @ v
+
+
 def _padding_inputs(gen):
     q, k, v = qkv(2, 2, 12, 16)(gen)
     valid = torch.rand(2, 1, 1, 12, generator=gen) < 0.7
@@ -719,6 +736,13 @@ NEGATIVE: list[ZooEntry] = [
     ZooEntry("neg_cumsum_in_chain", CumsumInChain, qkv(2, 2, 12, 16), 0, reason="cumsum"),
     ZooEntry("neg_abs_in_chain", AbsInChain, qkv(2, 2, 12, 16), 0, reason="abs"),
     ZooEntry("neg_neg_inf_before_silu", NegInfBeforeSilu, qkv(2, 2, 12, 16), 0, reason="does not give exactly 0"),
-    ZooEntry("neg_dense_padding_mask", PaddingMask, _padding_inputs, 0, reason="not provably causal"),
+    ZooEntry("neg_padding_mask_gelu_tanh", PaddingMaskTanhGelu, _padding_inputs, 0, reason="not exact"),
     ZooEntry("neg_float64", Float64Attention, _f64(qkv(2, 2, 12, 16)), 0, reason="float64"),
 ]
+
+# Non-causal boolean masks are fused as an additive -finfo.max bias (exact for these activations).
+ZOO += [
+    ZooEntry("padding_mask_before_gelu", PaddingMask, _padding_inputs, 1),
+    ZooEntry("padding_mask_after_silu", PaddingMaskAfterSilu, _padding_inputs, 1),
+]
+ZOO_BY_NAME = {e.name: e for e in ZOO}
