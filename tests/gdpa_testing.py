@@ -108,7 +108,7 @@ EAGER_ACTIVATIONS = {
     "sigmoid": lambda x, s: torch.sigmoid(x),
     "hardswish": lambda x, s: F.hardswish(x),
 }
-assert set(EAGER_ACTIVATIONS) == set(ACTIVATION_NAMES), "a new activation needs an eager form in tests/conftest.py"
+assert set(EAGER_ACTIVATIONS) == set(ACTIVATION_NAMES), "a new activation needs an eager form in tests/gdpa_testing.py"
 
 
 def reference64(q, k, v, bias=None, **kw) -> torch.Tensor:

@@ -156,6 +156,10 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
 
 def _chain_input(node: fx.Node) -> fx.Node:
     """The argument of an elementwise step that carries the scores."""
+    if (fxn.activation_of(node) is not None or fxn.is_passthrough(node) or fxn.is_noop_dropout(node)) and (
+        fxn.is_tensor_node(node.args[0])
+    ):
+        return node.args[0]  # single-input steps: never guess among other same-shape arguments
     if fxn.fn_or_method(node, (torch.where,)):
         cands = [a for a in node.args[1:3] if fxn.is_tensor_node(a) and not _is_bool(a)]
     else:

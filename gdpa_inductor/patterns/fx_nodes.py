@@ -139,6 +139,9 @@ PASSTHROUGH_METHODS = ("float", "half", "bfloat16", "to", "type_as", "contiguous
 def is_passthrough(node: fx.Node) -> bool:
     if not fn_or_method(node, (), PASSTHROUGH_METHODS):
         return False
+    ev = example(node)
+    if not (isinstance(ev, torch.Tensor) and ev.dtype.is_floating_point):
+        return False  # a cast to an integer or bool type changes the values
     if node.target == "to":
         # .to(dtype) / .to(device, dtype): a cast; anything carrying a non-dtype payload stays opaque
         return all(isinstance(a, (torch.dtype, torch.device, str)) for a in node.args[1:]) and set(

@@ -7,10 +7,9 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
-from gdpa_testing import dtype_id, randn, requires_interpreter
+from gdpa_testing import EAGER_ACTIVATIONS, dtype_id, randn, requires_interpreter
 
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES, ACTIVATIONS, get_activation
 from gdpa_inductor.kernels.triton import activation_math as tm
@@ -23,17 +22,7 @@ EXPECTED_NAMES = {
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
 # The torch function each entry claims to be, written independently of the table.
-NAMED_TORCH = {
-    "identity": lambda x, s: x,
-    "relu": lambda x, s: F.relu(x),
-    "relu_square": lambda x, s: F.relu(x) ** 2,
-    "leaky_relu": lambda x, s: F.leaky_relu(x, s),
-    "gelu": lambda x, s: F.gelu(x),
-    "gelu_tanh": lambda x, s: F.gelu(x, approximate="tanh"),
-    "silu": lambda x, s: F.silu(x),
-    "sigmoid": lambda x, s: torch.sigmoid(x),
-    "hardswish": lambda x, s: F.hardswish(x),
-}
+NAMED_TORCH = EAGER_ACTIVATIONS
 
 SLOPES = [0.01, 0.2]
 # The kinks and branch edges of the piecewise activations, and the GELU approximant's clamp.

@@ -746,3 +746,13 @@ ZOO += [
     ZooEntry("padding_mask_after_silu", PaddingMaskAfterSilu, _padding_inputs, 1),
 ]
 ZOO_BY_NAME = {e.name: e for e in ZOO}
+
+
+class IntCastInChain(nn.Module):
+    """Scores cast to an integer type between the matmuls: not value-preserving, never fused."""
+
+    def forward(self, q, k, v):
+        return F.relu(q @ k.transpose(-2, -1) * 4.0).to(torch.int32).to(q.dtype) @ v
+
+
+NEGATIVE.append(ZooEntry("neg_int_cast_in_chain", IntCastInChain, qkv(2, 2, 12, 16), 0, reason="unsupported op to "))
