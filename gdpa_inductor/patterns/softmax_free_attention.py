@@ -313,7 +313,7 @@ def _kind(m: GdpaMatch) -> str:
     q, k = m.q.example(), m.k.example()
     r = m.recipe
     parts = []
-    if _static_eq(math.prod(q.shape[:-2]), 1) and not _static_eq(math.prod(k.shape[:-2]), 1):
+    if q.dim() >= 4 and _static_eq(math.prod(q.shape[:-3]), 1) and not _static_eq(math.prod(k.shape[:-3]), 1):
         parts.append("PMA (broadcast seed queries)")
     elif m.k.transpose_last and q.dim() == 3:
         parts.append("PFFN (per-sample weights)")
