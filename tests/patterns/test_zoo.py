@@ -51,15 +51,20 @@ def test_zoo(entry, mode, precision, shapes):
     assert not errors, "\n".join(errors)
 
 
-@pytest.mark.parametrize("mode", ["train", "infer"])
-@pytest.mark.parametrize("entry", NEGATIVE, ids=lambda e: e.name)
-def test_negative(entry, mode):
+def _eager_and_compiled(entry, mode):
+    """(eager outputs, compiled outputs, recorder with the pass's reports) for one zoo entry."""
     model, inputs = build(entry)
     train = mode == "train"
     eager = run(model, inputs, train=train)
     reset()
     recorder = Recorder(then_backend=True)
-    got = run(model, inputs, train=train, compile_with=recorder)
+    return eager, run(model, inputs, train=train, compile_with=recorder), recorder
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+@pytest.mark.parametrize("entry", NEGATIVE, ids=lambda e: e.name)
+def test_negative(entry, mode):
+    eager, got, recorder = _eager_and_compiled(entry, mode)
     assert rewrites() == 0, f"{entry.name}: rewritten, but it is not GDPA"
     assert not [r for r in recorder.reports if r.matched], [str(r) for r in recorder.reports]
     assert got.keys() == eager.keys()
@@ -76,12 +81,7 @@ def test_gdpa_block_is_fused_not_the_matmul_after_it(mode):
     """The gelu block is the GDPA subgraph; (P V) Memᵀ is two plain GEMMs and must not be taken as an
     identity-activation GDPA instead (that would leave the gelu block unfused)."""
     entry = GDPA_THEN_SOFTMAX
-    model, inputs = build(entry)
-    train = mode == "train"
-    eager = run(model, inputs, train=train)
-    reset()
-    recorder = Recorder(then_backend=True)
-    got = run(model, inputs, train=train, compile_with=recorder)
+    eager, got, recorder = _eager_and_compiled(entry, mode)
     assert_fp32_close(got, eager, entry.name)
     assert rewrites() == entry.rewrites
     fused = [r for r in recorder.reports if r.matched]
