@@ -45,12 +45,14 @@ def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
 
 # ---- matmuls -------------------------------------------------------------------------------------------
 
-_MATMUL_FUNCTIONS = (operator.matmul, torch.matmul, torch.bmm, torch.Tensor.matmul, torch.Tensor.bmm)
+MATMUL_FUNCTIONS = (operator.matmul, torch.matmul, torch.bmm, torch.Tensor.matmul, torch.Tensor.bmm)
+MATMUL_METHODS = ("matmul", "bmm", "__matmul__")
+EINSUM_FUNCTIONS = (torch.einsum, torch.functional.einsum)
 
 
 def matmul_operands(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
     """(a, b) for a node computing a @ b (operator, function, method or bmm); None otherwise."""
-    if fn_or_method(node, _MATMUL_FUNCTIONS, ("matmul", "bmm", "__matmul__")):
+    if fn_or_method(node, MATMUL_FUNCTIONS, MATMUL_METHODS):
         a, b = node.args[0], node.args[1]
         if is_tensor_node(a) and is_tensor_node(b):
             return a, b
@@ -59,7 +61,7 @@ def matmul_operands(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
 
 def einsum_operands(node: fx.Node) -> Optional[tuple[str, fx.Node, fx.Node]]:
     """(equation, a, b) for a two-operand einsum."""
-    if node.op == "call_function" and node.target in (torch.einsum, torch.functional.einsum):
+    if node.op == "call_function" and node.target in EINSUM_FUNCTIONS:
         args = node.args
         if len(args) == 2 and isinstance(args[1], (list, tuple)):
             args = (args[0], *args[1])

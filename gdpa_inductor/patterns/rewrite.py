@@ -1,7 +1,8 @@
 """The GDPA pass over Dynamo's torch-level FX graph: find, check, rewrite, count, report.
 
-``rewrite_gdpa(gm, example_inputs)`` visits every matmul-like node as a candidate second matmul, asks each
-pattern for a match, and replaces the matched subgraph with ``torch.ops.gdpa.attention_fwd_v1`` (plus
+``rewrite_gdpa(gm, example_inputs)`` runs an Inductor ``PatternMatcherPass`` whose anchors are the matmul-like
+nodes (every candidate second matmul); its extra check asks each GDPA pattern for a match, and its handler
+replaces the matched subgraph with ``torch.ops.gdpa.attention_fwd_v1`` (plus
 the views, casts and non-float scale factors the recipe needs). Subgraphs of higher-order ops (activation
 checkpointing) are visited too. Every candidate is reported (matched with its parameters, or rejected with
 the reason) to the ``gdpa_inductor`` logger and to the returned list; ``dry_run`` only reports. The
@@ -20,6 +21,15 @@ import torch.fx as fx
 
 from ..lowering import ops  # noqa: F401  (registers torch.ops.gdpa.*)
 from . import causal_mask
+from torch._inductor.pattern_matcher import (
+    Arg,
+    CallFunction,
+    CallMethod,
+    Match,
+    PatternMatcherPass,
+    register_graph_pattern,
+)
+
 from . import fx_nodes as fxn
 from .softmax_free_attention import GdpaMatch, OperandPlan, SoftmaxFreeAttention
 
@@ -48,8 +58,14 @@ class CandidateReport:
                 f", bias={'yes' if d.get('bias') else 'no'}, mask={d.get('mask')}")
 
 
-def _is_candidate(node: fx.Node) -> bool:
-    return fxn.matmul_operands(node) is not None or fxn.einsum_operands(node) is not None
+# The second matmul in every spelling Dynamo keeps: the anchors of the pass. What lies behind an anchor (the
+# elementwise chain and the first matmul, in any of their spellings) is read by the patterns' ``match``.
+_ANCHORS = (
+    CallFunction(fxn.MATMUL_FUNCTIONS, Arg(), Arg()),
+    CallMethod(fxn.MATMUL_METHODS, Arg(), Arg()),
+    CallFunction(fxn.EINSUM_FUNCTIONS, Arg(), Arg(), Arg()),
+    CallFunction(fxn.EINSUM_FUNCTIONS, Arg(), Arg()),  # einsum(eq, [a, b]): the list is one argument
+)
 
 
 def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run: bool = False,
@@ -60,56 +76,98 @@ def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run
         {p: x for p, x in zip(placeholders, example_inputs) if isinstance(x, torch.Tensor)}
     )
     try:
-        reports = _rewrite_graph(gm, dry_run, graph_name)
+        reports = _GdpaPass(gm, dry_run, graph_name).run()
     finally:
         causal_mask.REAL_INPUTS.clear()
     for name, sub in list(gm.named_children()):
         if isinstance(sub, fx.GraphModule):
-            reports += _rewrite_graph(sub, dry_run, f"{graph_name}.{name}")
+            reports += _GdpaPass(sub, dry_run, f"{graph_name}.{name}").run()
     return reports
 
 
-def _rewrite_graph(gm: fx.GraphModule, dry_run: bool, graph_name: str) -> list[CandidateReport]:
-    reports = []
-    changed = False
-    consumed_names: set[str] = set()
-    claimed: set[fx.Node] = set()  # nodes of matched blocks (in a dry run they stay in the graph)
-    # Graph order: a GDPA block is rewritten before any matmul that reads its output is considered, so a
-    # following ``O @ Wᵀ`` can never swallow the block's second matmul as its own first one.
-    for node in list(gm.graph.nodes):
-        if not _is_candidate(node):
-            continue
+class _GdpaPass:
+    """One application of the pass to one graph, through Inductor's ``PatternMatcherPass`` (as Inductor's
+    own pre-grad passes and ``b2b_gemm`` do): the anchors are registered graph patterns, ``_check`` is their
+    extra check (it runs the GDPA patterns and records every candidate's verdict) and ``_fuse`` their
+    handler. A dry run records and never applies."""
+
+    def __init__(self, gm: fx.GraphModule, dry_run: bool, graph_name: str):
+        self.gm, self.dry_run, self.graph_name = gm, dry_run, graph_name
+        self.reports: list[tuple[int, CandidateReport]] = []
+        self.claimed: set[fx.Node] = set()  # nodes of matched blocks (in a dry run they stay in the graph)
+        self.consumed: set[str] = set()
+        self.fusable: dict[fx.Node, Optional[GdpaMatch]] = {}
+        self.pending: Optional[GdpaMatch] = None  # the block ``_check`` accepted, for ``_fuse``
+        self.position = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.matcher = PatternMatcherPass(pass_name="gdpa_pre_grad")
+        for anchor in _ANCHORS:
+            register_graph_pattern(anchor, extra_check=self._check, pass_dict=self.matcher)(self._fuse)
+
+    def run(self) -> list[CandidateReport]:
+        if self.matcher.apply(self.gm) and not self.dry_run:
+            self.gm.graph.lint()
+            self.gm.recompile()
+        # A fused block's first matmul is a candidate too, and was reported as unpaired.
+        return [r for _, r in sorted(self.reports, key=lambda pr: pr[0])
+                if r.matched or r.node not in self.consumed]
+
+    def _report(self, node: fx.Node, matched: bool, reason: str, details: Optional[dict] = None) -> None:
+        self.reports.append((self.position[node], CandidateReport(self.graph_name, node.name, matched, reason,
+                                                                  details)))
+        if matched:
+            log.debug("gdpa: %s:%s fused: %s", self.graph_name, node.name, details)
+        else:
+            log.debug("gdpa: %s:%s not fused: %s", self.graph_name, node.name, reason)
+
+    def _block_at(self, node: fx.Node) -> tuple[Optional[GdpaMatch], str]:
+        """The GDPA block whose second matmul is ``node``, or why there is none. The patterns visit anchors
+        last to first, so a block whose first matmul is another block's second matmul is refused here: the
+        earlier block is fused on its own (as it would be in graph order), never swallowed as a Q operand."""
         match, reason = None, "no pattern"
         for pattern in PATTERNS:
             match, reason = pattern.match(node)
             if match is not None:
                 break
-        if match is not None and ({match.scores, *match.recipe.nodes} & claimed):
+        if match is not None and self._fusable(match.scores):
+            return None, "its first matmul is the second matmul of another GDPA block, fused on its own"
+        return match, reason
+
+    def _fusable(self, node: fx.Node) -> bool:
+        if node not in self.fusable:
+            self.fusable[node] = None  # a cycle is impossible in a DAG; this only guards the recursion
+            if fxn.matmul_operands(node) is not None or fxn.einsum_operands(node) is not None:
+                self.fusable[node] = self._block_at(node)[0]
+        return self.fusable[node] is not None
+
+    def _check(self, pm_match: Match) -> bool:
+        node = pm_match.output_node()
+        match, reason = self._block_at(node)
+        if match is not None and ({match.scores, *match.recipe.nodes} & self.claimed):
             match, reason = None, "overlaps a GDPA block fused before it"
         if match is None:
-            reports.append(CandidateReport(graph_name, node.name, False, reason))
-            log.debug("gdpa: %s:%s not fused: %s", graph_name, node.name, reason)
-            continue
-        details = match.describe()
-        if not dry_run:
-            try:
-                _replace(gm.graph, match)
-            except Exception as e:  # the graph is unchanged; never break the user's compile
-                reason = f"rewrite failed ({type(e).__name__}: {e}); left unfused"
-                reports.append(CandidateReport(graph_name, node.name, False, reason))
-                log.debug("gdpa: %s:%s %s", graph_name, node.name, reason, exc_info=True)
-                continue
-            changed = True
-        reports.append(CandidateReport(graph_name, node.name, True, "matched", details))
-        log.debug("gdpa: %s:%s fused: %s", graph_name, node.name, details)
-        consumed_names.add(match.scores.name)
-        claimed.update({match.outer, match.scores, *match.recipe.nodes})
-    # A fused block's first matmul was visited (and reported as unpaired) before its block matched.
-    reports = [r for r in reports if r.matched or r.node not in consumed_names]
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
-    return reports
+            self._report(node, False, reason)
+            return False
+        if self.dry_run:
+            self._record(match)
+            return False
+        self.pending = match
+        return True
+
+    def _fuse(self, pm_match: Match, *args, **kwargs) -> None:
+        match, self.pending = self.pending, None
+        try:
+            _replace(self.gm.graph, match)
+        except Exception as e:  # the graph is unchanged; never break the user's compile
+            reason = f"rewrite failed ({type(e).__name__}: {e}); left unfused"
+            self._report(match.outer, False, reason)
+            log.debug("gdpa: %s:%s %s", self.graph_name, match.outer.name, reason, exc_info=True)
+            return
+        self._record(match)
+
+    def _record(self, match: GdpaMatch) -> None:
+        self._report(match.outer, True, "matched", match.describe())
+        self.consumed.add(match.scores.name)
+        self.claimed.update({match.outer, match.scores, *match.recipe.nodes})
 
 
 # ---- building the replacement ------------------------------------------------------------------------

@@ -73,3 +73,27 @@ def test_failing_pass_never_breaks_the_compile(monkeypatch):
     got = run(model, inputs, train=True, compile_with="gdpa")
     assert rewrites() == 0
     assert_fp32_close(got, eager, "compiled after the pass raised")
+
+
+@pytest.mark.parametrize("name", ["three_blocks", "stacked_chains_three"])
+def test_rewrites_are_inductor_pattern_matcher_replacements(name):
+    """The pass is an Inductor PatternMatcherPass: each rewrite is one pattern-matcher replacement (and a dry
+    run, which only reports, makes none)."""
+    from torch._dynamo.utils import counters
+
+    entry = ZOO_BY_NAME[name]
+    model, inputs = build(entry)
+    seen = {}
+
+    def backend(gm, example_inputs):
+        counters.clear()
+        dry = gdpa_inductor.patterns.rewrite.rewrite_gdpa(gm, example_inputs, dry_run=True)
+        seen["dry"] = (sum(r.matched for r in dry), counters["inductor"]["pattern_matcher_count"])
+        done = gdpa_inductor.patterns.rewrite.rewrite_gdpa(gm, example_inputs)
+        seen["real"] = (sum(r.matched for r in done), counters["inductor"]["pattern_matcher_count"])
+        return gm.forward
+
+    reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(*inputs)
+    assert seen == {"dry": (entry.rewrites, 0), "real": (entry.rewrites, entry.rewrites)}

@@ -308,6 +308,21 @@ def forward(self, L_self_modules_qkv_parameters_weight_ : torch.nn.parameter.Par
     reshape = transpose_4.reshape(2, 12, 32);  transpose_4 = None
     return (reshape,)""")
 
+    def test_stacked_chains_three(self):
+        self.assertExpectedInline(rewritten_code("stacked_chains_three"), """\
+def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_vs_0_ : torch.Tensor, L_vs_1_ : torch.Tensor, L_vs_2_ : torch.Tensor):
+    l_k_ = L_k_
+    l_q_ = L_q_
+    l_vs_0_ = L_vs_0_
+    l_vs_1_ = L_vs_1_
+    l_vs_2_ = L_vs_2_
+    attention_fwd_v1_default_1 = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_vs_0_, None, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_vs_0_ = None
+    mul_1 = attention_fwd_v1_default_1 * 0.25;  attention_fwd_v1_default_1 = None
+    silu = torch.nn.functional.silu(mul_1);  mul_1 = None
+    transpose_1 = l_vs_1_.transpose(-2, -1);  l_vs_1_ = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(silu, transpose_1, l_vs_2_, None, 'sigmoid', 0.25, 1.0, False, 0.01);  silu = transpose_1 = l_vs_2_ = None
+    return (attention_fwd_v1_default,)""")
+
     def test_padding_mask_before_gelu(self):
         self.assertExpectedInline(rewritten_code("padding_mask_before_gelu"), """\
 def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_valid_ : torch.Tensor, L_v_ : torch.Tensor):

@@ -427,6 +427,23 @@ class ThreeBlocks(nn.Module):
         return x + self.b3(x)
 
 
+class StackedChains(nn.Module):
+    """Blocks sharing a matmul: each block's output matmul P_i @ V_i is the next block's scores
+    (O_{i+1} = act(P_i @ V_i) @ V_{i+1}, V per sample). With ``depth`` = 2 only the first block is fused
+    (the second would need the first's output matmul as its Q Kᵀ); with 3, the first and the third."""
+
+    def __init__(self, depth=2):
+        super().__init__()
+        self.depth = depth
+        self.acts = (F.gelu, F.silu, torch.sigmoid)[:depth]
+
+    def forward(self, q, k, *vs):
+        out = q @ k.transpose(-2, -1)
+        for act, v in zip(self.acts, vs):
+            out = act(out * 0.25) @ v
+        return out
+
+
 class Checkpointed(nn.Module):
     """A GDPA block inside torch.utils.checkpoint (use_reentrant=False)."""
 
@@ -575,6 +592,11 @@ ZOO: list[ZooEntry] = [
     ZooEntry("gqa_blocked_repeat_interleave", GQA, qkv(2, 4, 12, 16, hkv=2), 1),
     ZooEntry("gqa_interleaved_repeat", lambda: GQA("interleaved", F.gelu), qkv(2, 4, 12, 16, hkv=2), 1),
     ZooEntry("three_blocks", ThreeBlocks, tensors((2, 12, 32)), 3),
+    ZooEntry("stacked_chains_two", StackedChains, tensors((2, 2, 12, 8), (2, 2, 10, 8), (2, 2, 10, 12),
+                                                          (2, 2, 12, 8)), 1),
+    ZooEntry("stacked_chains_three", lambda: StackedChains(3), tensors((2, 2, 12, 8), (2, 2, 10, 8),
+                                                                       (2, 2, 10, 12), (2, 2, 12, 9),
+                                                                       (2, 2, 9, 8)), 2),
     ZooEntry("checkpointed_block", Checkpointed, tensors((2, 12, 32)), 1),
     ZooEntry("causal_finfo_fill_before_silu", CausalFinfoBeforeSilu, qkv(2, 2, 16, 16), 1),
     ZooEntry("gpt2_causal_buffer_before_gelu", GPT2CausalBeforeGelu, tensors((2, 12, 32)), 1),
