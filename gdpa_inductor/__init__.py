@@ -1,15 +1,16 @@
 """gdpa_inductor: fused Generalized Dot-Product Attention for torch.compile.
 
-``gdpa_inductor.gdpa`` is the fused op; ``torch.compile(model, backend="gdpa")`` is the backend, which
-finds GDPA in unmodified models; ``gdpa_inductor.explain(model, *inputs)`` says what it fuses and why not.
+``gdpa_inductor.gdpa`` is the fused op (``gdpa_varlen`` its jagged form); ``torch.compile(model,
+backend="gdpa")`` is the backend, which finds GDPA in unmodified models; ``gdpa_inductor.explain(model,
+*inputs)`` says what it fuses and why not.
 """
 
 from .backend import install as _install_backend
 from .explain import ExplainReport, explain
-from .functional import gdpa
+from .functional import gdpa, gdpa_varlen
 from .kernels.activations import ACTIVATION_NAMES
 
 _install_backend()
 
 __version__ = "0.1.0"
-__all__ = ["ACTIVATION_NAMES", "ExplainReport", "__version__", "explain", "gdpa"]
+__all__ = ["ACTIVATION_NAMES", "ExplainReport", "__version__", "explain", "gdpa", "gdpa_varlen"]

@@ -25,6 +25,23 @@ def causal_keep_mask(nq: int, nk: int, device) -> torch.Tensor:
     return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(nk - nq)
 
 
+def band_keep_mask(nq: int, nk: int, causal: bool, window: tuple[int, int], device) -> torch.Tensor | None:
+    """keep[i, j] for the offset ``d = j - i - (nk - nq)`` from the bottom-right aligned diagonal: ``d <= 0``
+    when causal, ``-left <= d <= right`` for ``window = (left, right)`` (-1: unbounded on that side).
+    None when everything is kept."""
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if left < 0 and right < 0:
+        return None
+    keep = torch.ones(nq, nk, dtype=torch.bool, device=device)
+    if right >= 0:
+        keep = keep.tril(nk - nq + right)
+    if left >= 0:
+        keep = keep.triu(nk - nq - left)
+    return keep
+
+
 def _grouped_views(q, k, v, bias):
     """Views with the query heads split into (Hkv, group); k and v get a size-1 group dim."""
     h, hkv = q.shape[-3], k.shape[-3]
@@ -56,13 +73,15 @@ def gdpa_reference(
     post_scale: float = 1.0,
     causal: bool = False,
     negative_slope: float = 0.01,
+    window: tuple[int, int] = (-1, -1),
 ) -> torch.Tensor:
     act = get_activation(activation)
     qg, kg, vg, bg = _grouped_views(q, k, v, bias)
     s = _scores(qg, kg, bg, scale)
     p = act.torch_fn(s, negative_slope) * post_scale
-    if causal:
-        p = torch.where(causal_keep_mask(q.shape[-2], k.shape[-2], q.device), p, 0.0)
+    keep = band_keep_mask(q.shape[-2], k.shape[-2], causal, window, q.device)
+    if keep is not None:
+        p = torch.where(keep, p, 0.0)
     out = torch.matmul(p, vg).flatten(-4, -3)
     return out.to(v.dtype).contiguous()
 
@@ -79,6 +98,7 @@ def gdpa_reference_backward(
     causal: bool = False,
     negative_slope: float = 0.01,
     bias_requires_grad: bool = False,
+    window: tuple[int, int] = (-1, -1),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Returns (dq, dk, dv, dbias), each contiguous in its input's shape and dtype; dbias is None
     unless ``bias_requires_grad``."""
@@ -88,8 +108,8 @@ def gdpa_reference_backward(
     s = _scores(qg, kg, bg, scale)
     p = act.torch_fn(s, negative_slope) * post_scale
     ds = torch.matmul(dog, vg.transpose(-2, -1)) * act.torch_grad(s, negative_slope) * post_scale
-    if causal:
-        keep = causal_keep_mask(q.shape[-2], k.shape[-2], q.device)
+    keep = band_keep_mask(q.shape[-2], k.shape[-2], causal, window, q.device)
+    if keep is not None:
         p = torch.where(keep, p, 0.0)
         ds = torch.where(keep, ds, 0.0)
     dv = torch.matmul(p.transpose(-2, -1), dog).sum(-3)

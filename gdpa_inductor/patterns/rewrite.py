@@ -18,9 +18,6 @@ from typing import Any, Optional, Sequence
 
 import torch
 import torch.fx as fx
-
-from ..lowering import ops  # noqa: F401  (registers torch.ops.gdpa.*)
-from . import causal_mask
 from torch._inductor.pattern_matcher import (
     Arg,
     CallFunction,
@@ -30,6 +27,8 @@ from torch._inductor.pattern_matcher import (
     register_graph_pattern,
 )
 
+from ..lowering import ops  # noqa: F401  (registers torch.ops.gdpa.*)
+from . import causal_mask
 from . import fx_nodes as fxn
 from .softmax_free_attention import GdpaMatch, OperandPlan, SoftmaxFreeAttention
 

@@ -29,7 +29,14 @@ CASES = [
     for d in (64, 128)
     for act in ("gelu", "silu")
     for variant in ("plain", "causal", "bias")
-] + [("fp16", d, "gelu", "bias", 2048) for d in (64, 128)]
+] + [("fp16", d, "gelu", "bias", 2048) for d in (64, 128)] + [
+    # the varlen kernels (jagged q and kv): plain at long kv; HSTU's causal window at short kv
+    ("bf16", 128, "silu", "varlen", 2048),
+    ("bf16", 128, "silu", "varlen_window", 256),
+    ("bf16", 64, "gelu", "varlen_window", 512),
+]
+DENSE_KERNELS = {"gdpa_fwd_kernel", "gdpa_bwd_dkdv_kernel", "gdpa_bwd_dq_kernel"}
+VARLEN_KERNELS = {"gdpa_varlen_fwd_kernel", "gdpa_varlen_bwd_dkdv_kernel", "gdpa_varlen_bwd_dq_kernel"}
 BATCH, HEADS = 2, 4
 # Bytes of spill stores/loads per thread allowed per kernel. The tiles the launchers use are the fastest
 # measured on an H200 (docs/benchmarks.md), and several of them spill a little under this Triton's ptxas
@@ -57,7 +64,8 @@ def _compile_in_subprocess(case) -> dict:
 def test_sm90_compile(case, subtests):
     """One compile per case (seconds each); the properties are reported as separate subtests."""
     kernels = _compile_in_subprocess(case)
-    assert {"gdpa_fwd_kernel", "gdpa_bwd_dkdv_kernel", "gdpa_bwd_dq_kernel"} == set(kernels), sorted(kernels)
+    expected = VARLEN_KERNELS if case[3].startswith("varlen") else DENSE_KERNELS
+    assert expected == set(kernels), sorted(kernels)
     for name, k in kernels.items():
         with subtests.test(f"{name}: cubin for sm_90a"):
             assert k["cubin_bytes"] > 0, "no cubin"
@@ -75,15 +83,14 @@ def test_sm90_compile(case, subtests):
 
 def _compile_case(case) -> dict:
     """Runs in the subprocess: compiles every kernel the launchers start for ``case``; returns a report."""
-    import tempfile
 
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
     from triton.runtime.jit import JITFunction
 
-    from gdpa_inductor.kernels.triton import gdpa_bwd, gdpa_fwd, layout
+    from gdpa_inductor.kernels.triton import gdpa_bwd, gdpa_fwd, layout, varlen_bwd, varlen_fwd
+    from gdpa_inductor.kernels.triton.varlen_layout import jagged_side, with_tensor
 
     assert not layout.interpreting()
     dtype_name, d, activation, variant, seq_len = case
@@ -106,11 +113,12 @@ def _compile_case(case) -> dict:
     # The launchers choose TANH_APPROX from the tensors' device; the tensors here are CPU stand-ins for
     # CUDA ones.
     real_flags = layout.kernel_flags
-    for module in (gdpa_fwd, gdpa_bwd):
+    modules = (gdpa_fwd, gdpa_bwd, varlen_fwd, varlen_bwd)
+    for module in modules:
         module.kernel_flags = lambda dtype, device: real_flags(dtype, torch.device("cuda"))
 
     compiled = {}
-    for module in (gdpa_fwd, gdpa_bwd):
+    for module in modules:
         for kernel in vars(module).values():
             if isinstance(kernel, JITFunction) and kernel.__name__.endswith("_kernel"):
                 def compile_only(*args, grid, warmup, _kernel=kernel, **kwargs):
@@ -120,11 +128,29 @@ def _compile_case(case) -> dict:
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     gen = torch.Generator().manual_seed(0)
+    if variant.startswith("varlen"):
+        lengths = torch.tensor([seq_len, seq_len // 2, 1], dtype=torch.int32)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)])
+        total = int(cu[-1])
+        q, k, v, dout = (torch.randn(total, HEADS, d, generator=gen).to(dtype) for _ in range(4))
+        side = jagged_side(q, cu, seq_len)
+        params = (activation, d**-0.5, 1.0, variant == "varlen_window",
+                  (64, 0) if variant == "varlen_window" else (-1, -1), 0.01)
+        varlen_fwd.gdpa_varlen_fwd_triton(side, jagged_side(k, cu, seq_len), v, with_tensor(side, dout), *params)
+        varlen_bwd.gdpa_varlen_bwd_triton(with_tensor(side, dout), side, jagged_side(k, cu, seq_len), v, *params)
+        return _report(compiled, capability)
     q, k, v, dout = (torch.randn(BATCH, HEADS, seq_len, d, generator=gen).to(dtype) for _ in range(4))
     bias = torch.randn(BATCH, HEADS, seq_len, seq_len, generator=gen).to(dtype) if variant == "bias" else None
     args = (bias, activation, d**-0.5, 1.0, variant == "causal", 0.01)
     gdpa_fwd.gdpa_fwd_triton(q, k, v, *args)
     gdpa_bwd.gdpa_bwd_triton(dout, q, k, v, *args, bias is not None)
+    return _report(compiled, capability)
+
+
+def _report(compiled: dict, capability: int) -> dict:
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
     arch = sm_arch_from_capability(capability)
     report = {}

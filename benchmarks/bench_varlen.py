@@ -1,0 +1,165 @@
+"""Jagged GDPA: the varlen op vs the padded dense op vs Inductor on the padded module (Meta's jagged shapes).
+
+B = 1152 samples, H = 4, D = 128, bf16, self attention, lengths up to N in {256, 512, 1024, 2048} at
+"sparsity" 1.0 (every sample full) and 0.5 (lengths uniform in [1, N]). Providers, one process:
+- ``varlen``: ``gdpa_varlen`` on the jagged tokens (work follows the real tokens);
+- ``padded_lengths``: ``gdpa_varlen`` on the padded [B, N, H, D] batch with per-sample valid lengths
+  (``seqused``), what a padded model can be rewritten to;
+- ``padded``: the dense op ``gdpa`` on the padded [B, H, N, D] batch (every padded row and column computed);
+- ``inductor``: the padded module as users write it (``act(QKᵀ·s)·post·mask @ V`` with the validity mask),
+  compiled by Inductor. Its N×N intermediates do not fit at B=1152, so it runs on a slice of the batch and
+  its time is scaled to the whole batch (the padded work per sample is the same for every sample).
+Each provider is checked against the float64 reference on a few samples before timing. Times are medians
+(triton.testing.do_bench); ``--quick`` runs a small grid.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_varlen.py --out results/varlen   # .json, .csv, .png
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from gdpa_inductor import gdpa, gdpa_varlen
+from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference
+
+ACT, H, D = "gelu_tanh", 4, 128
+SCALE, POST = D**-0.5, 1.0
+INDUCTOR_SLICE = 64
+
+
+def lengths_for(batch: int, max_len: int, sparsity: float, gen: torch.Generator) -> torch.Tensor:
+    if sparsity >= 1.0:
+        return torch.full((batch,), max_len, dtype=torch.int32)
+    return torch.randint(1, max_len + 1, (batch,), generator=gen, dtype=torch.int32)
+
+
+def padded_module(q, k, v, valid):
+    """HSTU-style padded attention: [B, H, N, D] with a [B, N] validity mask."""
+    s = q @ k.transpose(-2, -1) * SCALE
+    p = F.gelu(s, approximate="tanh") * POST
+    mask = (valid[:, None, :, None] & valid[:, None, None, :]).to(p.dtype)
+    return (p * mask) @ v
+
+
+def timed(fn, backward: bool, inputs, dout) -> float:
+    def run():
+        out = fn()
+        if backward:
+            torch.autograd.grad(out, inputs, dout)
+
+    return triton.testing.do_bench(run, warmup=5, rep=60)
+
+
+def check_varlen(lengths, device) -> float:
+    """Relative error of the varlen op (bf16) vs the float64 reference on the first 8 samples."""
+    lens = lengths[:8]
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)]).to(device)
+    t = int(lens.sum())
+    q, k, v = (torch.randn(t, H, D, device=device, dtype=torch.float64) for _ in range(3))
+    got = gdpa_varlen(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cu, int(lens.max()), int(lens.max()),
+                      activation=ACT, scale=SCALE, post_scale=POST)
+    want = gdpa_varlen_reference(q, k, v, cu, cu, None, None, ACT, SCALE, POST, False, (-1, -1), 0.01)
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def bench_shape(batch: int, max_len: int, sparsity: float, device, gen) -> dict:
+    lengths = lengths_for(batch, max_len, sparsity, gen)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).to(device)
+    total = int(lengths.sum())
+    row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total,
+               varlen_rel_err=check_varlen(lengths, device))
+    mk = lambda *shape: torch.randn(*shape, device=device, dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    q, k, v = mk(total, H, D), mk(total, H, D), mk(total, H, D)
+    dout = torch.randn(total, H, D, device=device, dtype=torch.bfloat16)
+    used = lengths.to(device)
+    qp, kp, vp = mk(batch, max_len, H, D), mk(batch, max_len, H, D), mk(batch, max_len, H, D)
+    dp = torch.randn(batch, max_len, H, D, device=device, dtype=torch.bfloat16)
+    providers = {
+        "varlen": (lambda: gdpa_varlen(q, k, v, cu, cu, max_len, max_len, activation=ACT, scale=SCALE,
+                                       post_scale=POST), (q, k, v), dout, 1.0),
+        "padded_lengths": (lambda: gdpa_varlen(qp, kp, vp, None, None, max_len, max_len, activation=ACT, scale=SCALE,
+                                               post_scale=POST, seqused_q=used, seqused_k=used),
+                           (qp, kp, vp), dp, 1.0),
+        "padded": (lambda: gdpa(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2), activation=ACT,
+                                scale=SCALE, post_scale=POST), (qp, kp, vp), dp.transpose(1, 2), 1.0),
+    }
+    b_ind = min(batch, INDUCTOR_SLICE)
+    valid = torch.arange(max_len, device=device)[None, :] < used[:b_ind, None]
+    qi, ki, vi = (t[:b_ind].transpose(1, 2).detach().requires_grad_() for t in (qp, kp, vp))
+    compiled = torch.compile(padded_module)
+    providers["inductor"] = (lambda: compiled(qi, ki, vi, valid), (qi, ki, vi), dp[:b_ind].transpose(1, 2),
+                             batch / b_ind)
+    for name, (fn, inputs, d, factor) in providers.items():
+        for backward in (False, True):
+            key = f"{name}_{'fwd_bwd' if backward else 'fwd'}_ms"
+            row[key] = timed(fn, backward, inputs, d) * factor
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="results/varlen")
+    parser.add_argument("--quick", action="store_true", help="a small batch and two lengths")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    batch, lens = (128, (256, 1024)) if args.quick else (1152, (256, 512, 1024, 2048))
+    rows = []
+    for max_len in lens:
+        for sparsity in (1.0, 0.5):
+            row = bench_shape(batch, max_len, sparsity, device, gen)
+            rows.append(row)
+            torch.cuda.empty_cache()
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    for row in rows:
+        if row["sparsity"] < 1.0:
+            full = next(r for r in rows if r["max_len"] == row["max_len"] and r["sparsity"] == 1.0)
+            for what in ("fwd", "fwd_bwd"):
+                row[f"varlen_{what}_vs_own_full"] = row[f"varlen_{what}_ms"] / full[f"varlen_{what}_ms"]
+                row[f"padded_over_varlen_{what}"] = row[f"padded_{what}_ms"] / row[f"varlen_{what}_ms"]
+                row[f"inductor_over_varlen_{what}"] = row[f"inductor_{what}_ms"] / row[f"varlen_{what}_ms"]
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat(), command="python3 benchmarks/bench_varlen.py"
+                + (" --quick" if args.quick else ""), activation=ACT, heads=H, head_dim=D, dtype="bfloat16")
+    with open(f"{args.out}.json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    with open(f"{args.out}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, meta, f"{args.out}.png")
+
+
+def plot(rows, meta, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, what in zip(axes, ("fwd", "fwd_bwd")):
+        labels = [f"N={r['max_len']}\ns={r['sparsity']}" for r in rows]
+        x = range(len(rows))
+        width = 0.2
+        for i, name in enumerate(("varlen", "padded_lengths", "padded", "inductor")):
+            ax.bar([xi + (i - 1.5) * width for xi in x], [r[f"{name}_{what}_ms"] for r in rows], width, label=name)
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (lower is better)")
+        ax.set_title(f"{what.replace('_', '+')}: B={rows[0]['batch']}, H={H}, D={D}, {ACT}, bf16")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}: "
+                 f"{meta['command']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Pure-PyTorch varlen GDPA: the dense reference (``reference.py``) applied to each sample's rows.
+
+Layouts (FlashAttention's): a jagged side is ``[total, H, D]`` with int32 offsets ``cu_seqlens`` of length
+B + 1; a dense side (``cu_seqlens`` None) is ``[B or 1, N, H, D]``, a batch of 1 being shared by every
+sample (PMA's seed queries, a shared memory), optionally with per-sample valid lengths ``seqused`` (a
+padded batch: rows past the length take no part and get zeros). The output follows the query's layout.
+Reads the offsets on the host: this is the CPU path and the tests' oracle, not a fast path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .reference import gdpa_reference, gdpa_reference_backward
+
+
+def varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k) -> int:
+    if cu_seqlens_q is not None:
+        return cu_seqlens_q.numel() - 1
+    if cu_seqlens_k is not None:
+        return cu_seqlens_k.numel() - 1
+    return max(q.shape[0], k.shape[0])
+
+
+def varlen_out_shape(q, v, cu_seqlens_q, batch: int) -> tuple[int, ...]:
+    if cu_seqlens_q is not None:
+        return (q.shape[0], q.shape[1], v.shape[-1])
+    return (batch, q.shape[1], q.shape[2], v.shape[-1])
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Where each sample's rows are in one side's tensors."""
+
+    offsets: list[int] | None  # jagged
+    used: list[int] | None  # dense, padded
+
+    @staticmethod
+    def of(cu: torch.Tensor | None, seqused: torch.Tensor | None) -> "_Rows":
+        return _Rows(None if cu is None else cu.tolist(), None if seqused is None else seqused.tolist())
+
+    def index(self, x: torch.Tensor, z: int) -> tuple:
+        if self.offsets is not None:
+            return (slice(self.offsets[z], self.offsets[z + 1]),)
+        entry = z if x.shape[0] > 1 else 0
+        return (entry, slice(0, self.used[z] if self.used is not None else x.shape[1]))
+
+    def heads_first(self, x: torch.Tensor, z: int) -> torch.Tensor:
+        return x[self.index(x, z)].transpose(0, 1)
+
+
+def gdpa_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, activation, scale,
+                          post_scale, causal, window, negative_slope) -> torch.Tensor:
+    batch = varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
+    rq, rk = _Rows.of(cu_seqlens_q, seqused_q), _Rows.of(cu_seqlens_k, seqused_k)
+    out = v.new_zeros(varlen_out_shape(q, v, cu_seqlens_q, batch))
+    for z in range(batch):
+        qz, kz, vz = rq.heads_first(q, z), rk.heads_first(k, z), rk.heads_first(v, z)
+        if qz.shape[-2] and kz.shape[-2]:
+            oz = gdpa_reference(qz, kz, vz, None, activation, scale, post_scale, causal, negative_slope,
+                                window=window)
+            out[rq.index(out, z) if cu_seqlens_q is not None else (z, rq.index(q, z)[1])] = oz.transpose(0, 1)
+    return out
+
+
+def gdpa_varlen_reference_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, activation,
+                                   scale, post_scale, causal, window, negative_slope) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) in the inputs' shapes and dtypes; a dense side shared by the batch sums its samples."""
+    batch = varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
+    rq, rk = _Rows.of(cu_seqlens_q, seqused_q), _Rows.of(cu_seqlens_k, seqused_k)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    dq, dk, dv = (torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v))
+    for z in range(batch):
+        qz, kz, vz = rq.heads_first(q, z), rk.heads_first(k, z), rk.heads_first(v, z)
+        if not (qz.shape[-2] and kz.shape[-2]):
+            continue
+        do_index = rq.index(dout, z) if cu_seqlens_q is not None else (z, rq.index(q, z)[1])
+        gq, gk, gv, _ = gdpa_reference_backward(dout[do_index].transpose(0, 1), qz, kz, vz, None, activation,
+                                                scale, post_scale, causal, negative_slope, False, window=window)
+        dq[rq.index(q, z)] += gq.transpose(0, 1).to(acc)
+        dk[rk.index(k, z)] += gk.transpose(0, 1).to(acc)
+        dv[rk.index(v, z)] += gv.transpose(0, 1).to(acc)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -1,0 +1,248 @@
+"""Triton varlen GDPA backward: the dense backward's two kernels (``gdpa_bwd.py``) over per-sample rows.
+
+- dK/dV: one program per (key tile, kv head, sample), looping over its GQA group's query heads and over the
+  query tiles that see the key tile (causal and window bounds from ``varlen_bounds``).
+- dQ: one program per (query tile, head, sample), looping over the key tiles it sees.
+Programs past a sample's length exit; samples run longest first. A dense side shared by the batch (PMA's
+seed queries) gets a per-sample gradient buffer, summed afterwards (no atomics).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..activations import get_activation
+from .gdpa_bwd import default_bwd_configs
+from .layout import block_dim, fit_tile, kernel_flags
+from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span, query_span
+from .varlen_layout import VarlenSide, longest_first, with_tensor
+
+_RUNTIME_SIZES = ["HKV", "GROUP", "MAX_N", "LEFT", "RIGHT"]
+
+
+@triton.jit
+def _dkdv_tile(
+    dk, dv, k, v, q_base, do_base, offs_n, offs_d, offs_dv, start_m,
+    stride_qm, stride_qd, stride_dom, stride_dod, nq, nk, LEFT, RIGHT, scale, slope,
+    ACT_FN_AND_GRAD: tl.constexpr, MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    qt_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
+    do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod
+    if MASKED:
+        qt = tl.load(qt_ptrs, mask=(offs_m[None, :] < nq) & (offs_d[:, None] < D), other=0.0)
+        do = tl.load(do_ptrs, mask=(offs_m[:, None] < nq) & (offs_dv[None, :] < DV), other=0.0)
+    else:
+        qt = tl.load(qt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        do = tl.load(do_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
+    st = tl.dot(k, qt, input_precision=DOT_PRECISION) * scale
+    pt, dact = ACT_FN_AND_GRAD(st, slope, TANH_APPROX, PRECISE)
+    if MASKED:
+        keep = band_keep(offs_m[None, :], offs_n[:, None], nq, nk, LEFT, RIGHT)
+        pt = tl.where(keep, pt, 0.0)
+        dact = tl.where(keep, dact, 0.0)
+    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+    dst = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) * dact
+    dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=_RUNTIME_SIZES)
+def gdpa_varlen_bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV_, StartQ, LenQ, StartK, LenK, Order,
+    stride_qb, stride_qm, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_dob, stride_dom, stride_doh, stride_dod,
+    stride_dkb, stride_dkn, stride_dkh, stride_dkd,
+    stride_dvb, stride_dvn, stride_dvh, stride_dvd,
+    HKV, GROUP, MAX_N, LEFT, RIGHT, scale, post_scale, slope,
+    ACT_FN_AND_GRAD: tl.constexpr, RIGHT_BOUNDED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    num_n = tl.cdiv(MAX_N, BLOCK_N)
+    pid = tl.program_id(0)
+    pid_n = pid % num_n
+    rest = pid // num_n
+    hk = rest % HKV
+    z = tl.load(Order + rest // HKV).to(tl.int64)
+    nk = tl.load(LenK + z)
+    n0 = pid_n * BLOCK_N
+    if n0 < nk:
+        nq = tl.load(LenQ + z)
+        q_row0 = tl.load(StartQ + z).to(tl.int64)
+        k_row0 = tl.load(StartK + z).to(tl.int64)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        n_ok = offs_n < nk
+        k = tl.load(K + z * stride_kb + (k_row0 + offs_n[:, None]) * stride_kn + hk * stride_kh
+                    + offs_d[None, :] * stride_kd, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        v = tl.load(V + z * stride_vb + (k_row0 + offs_n[:, None]) * stride_vn + hk * stride_vh
+                    + offs_dv[None, :] * stride_vd, mask=n_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+        n_last = tl.minimum(n0 + BLOCK_N, nk) - 1
+        lo, full_lo, full_hi, hi = query_span(n0, n_last, nq, nk, LEFT, RIGHT, BLOCK_M)
+        for g in range(GROUP):
+            h = hk * GROUP + g
+            q_base = Q + z * stride_qb + q_row0 * stride_qm + h * stride_qh
+            do_base = DO + z * stride_dob + q_row0 * stride_dom + h * stride_doh
+            if RIGHT_BOUNDED:  # causal or a right window edge: masked query tiles before the complete ones
+                for start_m in range(lo, full_lo, BLOCK_M):
+                    dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, offs_n, offs_d, offs_dv, start_m,
+                                        stride_qm, stride_qd, stride_dom, stride_dod, nq, nk, LEFT, RIGHT,
+                                        scale, slope, ACT_FN_AND_GRAD, True, D, DV, BLOCK_M, TANH_APPROX,
+                                        PRECISE, DOT_PRECISION)
+            for start_m in range(full_lo, full_hi, BLOCK_M):
+                dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, offs_n, offs_d, offs_dv, start_m,
+                                    stride_qm, stride_qd, stride_dom, stride_dod, nq, nk, LEFT, RIGHT,
+                                    scale, slope, ACT_FN_AND_GRAD, False, D, DV, BLOCK_M, TANH_APPROX,
+                                    PRECISE, DOT_PRECISION)
+            for start_m in range(full_hi, hi, BLOCK_M):
+                dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, offs_n, offs_d, offs_dv, start_m,
+                                    stride_qm, stride_qd, stride_dom, stride_dod, nq, nk, LEFT, RIGHT,
+                                    scale, slope, ACT_FN_AND_GRAD, True, D, DV, BLOCK_M, TANH_APPROX,
+                                    PRECISE, DOT_PRECISION)
+        dk = dk * (scale * post_scale)
+        dv = dv * post_scale
+        tl.store(DK + z * stride_dkb + (k_row0 + offs_n[:, None]) * stride_dkn + hk * stride_dkh
+                 + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty),
+                 mask=n_ok[:, None] & (offs_d[None, :] < D))
+        tl.store(DV_ + z * stride_dvb + (k_row0 + offs_n[:, None]) * stride_dvn + hk * stride_dvh
+                 + offs_dv[None, :] * stride_dvd, dv.to(DV_.dtype.element_ty),
+                 mask=n_ok[:, None] & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _dq_tile(
+    dq, q, do, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd, stride_vn, stride_vd,
+    nq, nk, LEFT, RIGHT, scale, slope,
+    ACT_FN_AND_GRAD: tl.constexpr, MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_N: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    vt_ptrs = v_base + offs_n[None, :] * stride_vn + offs_dv[:, None] * stride_vd
+    if MASKED:
+        kt = tl.load(kt_ptrs, mask=(offs_n[None, :] < nk) & (offs_d[:, None] < D), other=0.0)
+        vt = tl.load(vt_ptrs, mask=(offs_n[None, :] < nk) & (offs_dv[:, None] < DV), other=0.0)
+    else:
+        kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        vt = tl.load(vt_ptrs, mask=offs_dv[:, None] < DV, other=0.0)
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * scale
+    p, dact = ACT_FN_AND_GRAD(s, slope, TANH_APPROX, PRECISE)
+    ds = tl.dot(do, vt, input_precision=DOT_PRECISION) * dact
+    if MASKED:
+        ds = tl.where(band_keep(offs_m[:, None], offs_n[None, :], nq, nk, LEFT, RIGHT), ds, 0.0)
+    return tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PRECISION)
+
+
+@triton.jit(do_not_specialize=_RUNTIME_SIZES)
+def gdpa_varlen_bwd_dq_kernel(
+    Q, K, V, DO, DQ, StartQ, LenQ, StartK, LenK, Order,
+    stride_qb, stride_qm, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_dob, stride_dom, stride_doh, stride_dod,
+    stride_dqb, stride_dqm, stride_dqh, stride_dqd,
+    HKV, GROUP, MAX_N, LEFT, RIGHT, scale, post_scale, slope,
+    ACT_FN_AND_GRAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    num_m = tl.cdiv(MAX_N, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_m
+    rest = pid // num_m
+    h = rest % (HKV * GROUP)
+    z = tl.load(Order + rest // (HKV * GROUP)).to(tl.int64)
+    nq = tl.load(LenQ + z)
+    m0 = pid_m * BLOCK_M
+    if m0 < nq:
+        nk = tl.load(LenK + z)
+        q_row0 = tl.load(StartQ + z).to(tl.int64)
+        k_row0 = tl.load(StartK + z).to(tl.int64)
+        hk = h // GROUP
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        m_ok = offs_m < nq
+        q = tl.load(Q + z * stride_qb + (q_row0 + offs_m[:, None]) * stride_qm + h * stride_qh
+                    + offs_d[None, :] * stride_qd, mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        do = tl.load(DO + z * stride_dob + (q_row0 + offs_m[:, None]) * stride_dom + h * stride_doh
+                     + offs_dv[None, :] * stride_dod, mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        k_base = K + z * stride_kb + k_row0 * stride_kn + hk * stride_kh
+        v_base = V + z * stride_vb + k_row0 * stride_vn + hk * stride_vh
+        m_last = tl.minimum(m0 + BLOCK_M, nq) - 1
+        lo, full_lo, full_hi, hi = key_span(m0, m_last, nq, nk, LEFT, RIGHT, BLOCK_N)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if LEFT_BOUNDED:
+            for start_n in range(lo, full_lo, BLOCK_N):
+                dq = _dq_tile(dq, q, do, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
+                              stride_vn, stride_vd, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN_AND_GRAD, True,
+                              D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
+        for start_n in range(full_lo, full_hi, BLOCK_N):
+            dq = _dq_tile(dq, q, do, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
+                          stride_vn, stride_vd, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN_AND_GRAD, False,
+                          D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            dq = _dq_tile(dq, q, do, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
+                          stride_vn, stride_vd, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN_AND_GRAD, True,
+                          D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
+        dq = dq * (scale * post_scale)
+        tl.store(DQ + z * stride_dqb + (q_row0 + offs_m[:, None]) * stride_dqm + h * stride_dqh
+                 + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
+                 mask=m_ok[:, None] & (offs_d[None, :] < D))
+
+
+def _grad_buffer(side: VarlenSide, like: torch.Tensor) -> tuple[VarlenSide, torch.Tensor]:
+    """(where the kernel writes, what to sum it into): a dense side shared by several samples gets one
+    slice per sample. Zero-filled: rows past a padded sample's length are never written."""
+    if not side.jagged and like.shape[0] == 1 and side.batch > 1:
+        full = torch.zeros((side.batch, *like.shape[1:]), dtype=torch.float32, device=like.device)
+        return with_tensor(side, full), full
+    buf = torch.zeros_like(like)
+    return with_tensor(side, buf), buf
+
+
+def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return buf.sum(0, keepdim=True).to(like.dtype) if buf.shape[0] != like.shape[0] else buf
+
+
+def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: torch.Tensor, activation: str,
+                           scale: float, post_scale: float, causal: bool, window: tuple[int, int],
+                           negative_slope: float, configs=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    h, d = q.tensor.shape[-2:]
+    hkv, dv_dim = v.shape[-2:]
+    left, right = band_limits(causal, window)
+    kv_cfg, q_cfg = configs or default_bwd_configs(d, dv_dim, v.dtype, k.max_len)
+    kv_cfg, q_cfg = fit_tile(kv_cfg, q.max_len, k.max_len), fit_tile(q_cfg, q.max_len, k.max_len)
+    order = longest_first(q.lengths, k.lengths)
+    dq_side, dq = _grad_buffer(q, q.tensor)
+    dk_side, dk = _grad_buffer(k, k.tensor)
+    dv_side, dv = _grad_buffer(k, v)
+    common = dict(
+        ACT_FN_AND_GRAD=get_activation(activation).triton_fn_and_grad, D=d, DV=dv_dim,
+        BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv_dim), **kernel_flags(v.dtype, v.device),
+    )
+    rows = (q.starts, q.lengths, k.starts, k.lengths, order)
+    strides = (*q.strides(), *k.strides(), *k.strides_of(v), *dout.strides())
+    scalars = (left, right, float(scale), float(post_scale), float(negative_slope))
+    gdpa_varlen_bwd_dkdv_kernel[(triton.cdiv(k.max_len, kv_cfg.block_n) * hkv * k.batch,)](
+        q.tensor, k.tensor, v, dout.tensor, dk_side.tensor, dv_side.tensor, *rows,
+        *strides, *dk_side.strides(), *dv_side.strides(), hkv, h // hkv, k.max_len, *scalars,
+        RIGHT_BOUNDED=right != UNBOUNDED, BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
+        num_warps=kv_cfg.num_warps, num_stages=kv_cfg.num_stages, **common,
+    )
+    gdpa_varlen_bwd_dq_kernel[(triton.cdiv(q.max_len, q_cfg.block_m) * h * q.batch,)](
+        q.tensor, k.tensor, v, dout.tensor, dq_side.tensor, *rows,
+        *strides, *dq_side.strides(), hkv, h // hkv, q.max_len, *scalars,
+        LEFT_BOUNDED=left != UNBOUNDED, BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n,
+        num_warps=q_cfg.num_warps, num_stages=q_cfg.num_stages, **common,
+    )
+    return _finish(dq, q.tensor), _finish(dk, k.tensor), _finish(dv, v)

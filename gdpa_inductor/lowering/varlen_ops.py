@@ -1,0 +1,123 @@
+"""The varlen GDPA custom ops, their fakes and their autograd.
+
+- ``gdpa::varlen_fwd_v1(q, k, v, cu_seqlens_q?, cu_seqlens_k?, seqused_q?, seqused_k?, max_seqlen_q,
+  max_seqlen_k, activation, scale, post_scale, causal, window_left, window_right, negative_slope) -> out``
+- ``gdpa::varlen_bwd_v1(dout, <the same>) -> (dq, dk, dv)``
+
+Layouts are described in ``kernels/reference_varlen.py``; a window side of -1 is unbounded. The autograd
+saves the inputs and the offsets only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.reference_varlen import (
+    gdpa_varlen_reference,
+    gdpa_varlen_reference_backward,
+    varlen_batch,
+    varlen_out_shape,
+)
+from .dispatch import select_impl
+
+
+def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
+    from ..kernels.triton.varlen_layout import dense_side, jagged_side
+
+    batch = varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
+    qs = (jagged_side(q, cu_seqlens_q, max_seqlen_q) if cu_seqlens_q is not None
+          else dense_side(q, batch, seqused_q))
+    ks = (jagged_side(k, cu_seqlens_k, max_seqlen_k) if cu_seqlens_k is not None
+          else dense_side(k, batch, seqused_k))
+    return batch, qs, ks
+
+
+@torch.library.custom_op("gdpa::varlen_fwd_v1", mutates_args=())
+def varlen_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    seqused_q: torch.Tensor | None,
+    seqused_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    activation: str,
+    scale: float,
+    post_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    negative_slope: float,
+) -> torch.Tensor:
+    rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
+    if select_impl(q, k, v, None, "varlen forward") != "triton":
+        return gdpa_varlen_reference(q, k, v, *rows, *params)
+    from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
+    from ..kernels.triton.varlen_layout import with_tensor
+
+    batch, qs, ks = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
+    # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
+    alloc = torch.zeros if seqused_q is not None else torch.empty
+    out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
+    gdpa_varlen_fwd_triton(qs, ks, v, with_tensor(qs, out), *params)
+    return out
+
+
+@varlen_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, *args):
+    return v.new_empty(varlen_out_shape(q, v, cu_seqlens_q, varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)))
+
+
+@torch.library.custom_op("gdpa::varlen_bwd_v1", mutates_args=())
+def varlen_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    seqused_q: torch.Tensor | None,
+    seqused_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    activation: str,
+    scale: float,
+    post_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    negative_slope: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
+    if select_impl(q, k, v, None, "varlen backward") != "triton":
+        return gdpa_varlen_reference_backward(dout, q, k, v, *rows, *params)
+    from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
+    from ..kernels.triton.varlen_layout import with_tensor
+
+    _, qs, ks = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
+    dq, dk, dv = gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, *params)
+    return dq, dk, dv
+
+
+@varlen_bwd.register_fake
+def _varlen_bwd_fake(dout, q, k, v, *args):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, used_q, used_k, *params = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, used_q, used_k)
+    ctx.params = params
+
+
+def _backward(ctx, dout):
+    q, k, v, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    dq, dk, dv = varlen_bwd(dout, q, k, v, cu_q, cu_k, used_q, used_k, *ctx.params)
+    return (dq, dk, dv) + (None,) * 13
+
+
+varlen_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,104 @@
+"""Argument checks for ``gdpa_varlen``: each error names the argument and the expectation."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .kernels.activations import get_activation
+from .validation import SUPPORTED_DTYPES, _check_real
+
+
+def _check_rows(name: str, x: torch.Tensor, cu, seqused, heads_name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor; got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{name}: expected dtype float16, bfloat16, float32 or float64; got {x.dtype}")
+    if cu is not None and x.dim() != 3:
+        raise ValueError(f"{name}: with cu_seqlens, expected [total, {heads_name}, head_dim]; got shape "
+                         f"{tuple(x.shape)}")
+    if cu is None and x.dim() != 4:
+        raise ValueError(f"{name}: without cu_seqlens, expected dense [B or 1, N, {heads_name}, head_dim]; got "
+                         f"shape {tuple(x.shape)}")
+
+
+def _check_index(name: str, t, device, length: int | None) -> None:
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+        raise ValueError(f"{name}: expected a 1-D int32 tensor; got "
+                         f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected the device of q ({device}); got {t.device}")
+    if length is not None and t.numel() != length:
+        raise ValueError(f"{name}: expected {length} entries (one per sample); got {t.numel()}")
+    if t.device.type == "cpu" and t.numel() and not torch.compiler.is_compiling() and int(t.min()) < 0:
+        raise ValueError(f"{name}: expected non-negative entries")
+
+
+def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, activation, scale,
+                      post_scale, window, negative_slope, seqused_q, seqused_k) -> tuple[int, int]:
+    """Returns the window as the op's (left, right), -1 meaning unbounded."""
+    _check_rows("q", q, cu_seqlens_q, seqused_q, "H")
+    _check_rows("k", k, cu_seqlens_k, seqused_k, "Hkv")
+    _check_rows("v", v, cu_seqlens_k, seqused_k, "Hkv")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected the device of q ({q.device}); got {t.device}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: expected the dtype of q ({q.dtype}); got {t.dtype}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k: expected head_dim {q.shape[-1]} (q's last dim); got {k.shape[-1]}")
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"v: expected {tuple(k.shape[:-1])} + (Dv,) (k's rows and heads); got {tuple(v.shape)}")
+    h, hkv = q.shape[-2], k.shape[-2]
+    if hkv == 0 or h % hkv:
+        raise ValueError(f"q: expected a head count divisible by k's {hkv} heads; got {h}")
+    batches = {name: cu.numel() - 1 for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+               if isinstance(cu, torch.Tensor)}
+    for name, x, cu in (("q", q, cu_seqlens_q), ("k", k, cu_seqlens_k)):
+        if cu is None and x.shape[0] != 1:
+            batches[name] = x.shape[0]
+    if len(set(batches.values())) > 1:
+        raise ValueError(f"cu_seqlens_q/cu_seqlens_k: expected one batch size for q and k; got {batches}")
+    batch = next(iter(batches.values()), 1)
+    _check_index("cu_seqlens_q", cu_seqlens_q, q.device, None)
+    _check_index("cu_seqlens_k", cu_seqlens_k, q.device, None)
+    for name, used, cu in (("seqused_q", seqused_q, cu_seqlens_q), ("seqused_k", seqused_k, cu_seqlens_k)):
+        if used is not None and cu is not None:
+            raise ValueError(f"{name}: only for a dense side (its cu_seqlens must be None)")
+        _check_index(name, used, q.device, batch)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"{name}: expected a non-negative int (the longest sequence); got {value!r}")
+    for name, cu, x, longest in (("cu_seqlens_q", cu_seqlens_q, q, max_seqlen_q),
+                                 ("cu_seqlens_k", cu_seqlens_k, k, max_seqlen_k)):
+        if cu is None or cu.device.type != "cpu" or torch.compiler.is_compiling():
+            continue
+        lengths = cu[1:] - cu[:-1]
+        if cu.numel() == 0 or int(cu[0]) != 0 or int(cu[-1]) != x.shape[0] or bool((lengths < 0).any()):
+            raise ValueError(f"{name}: expected non-decreasing offsets from 0 to {x.shape[0]} (rows of the "
+                             f"tensor); got {cu.tolist()[:8]}...")
+        if lengths.numel() and int(lengths.max()) > longest:
+            raise ValueError(f"max_seqlen: expected >= the longest sequence of {name} ({int(lengths.max())}); "
+                             f"got {longest}")
+    get_activation(activation)
+    _check_real("scale", scale)
+    _check_real("post_scale", post_scale)
+    _check_real("negative_slope", negative_slope)
+    return _window(window)
+
+
+def _window(window) -> tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if isinstance(window, numbers.Integral) and not isinstance(window, bool):
+        sides = (int(window), int(window))
+    elif isinstance(window, (tuple, list)) and len(window) == 2:
+        sides = tuple(-1 if w is None else w for w in window)
+    else:
+        raise ValueError(f"window: expected None, an int or a (left, right) pair; got {window!r}")
+    if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= -1 for w in sides):
+        raise ValueError(f"window: expected non-negative sizes (None or -1: unbounded); got {window!r}")
+    return int(sides[0]), int(sides[1])

@@ -1,0 +1,87 @@
+"""``gdpa_varlen``'s argument checks (each error names the argument) and jagged NestedTensors through
+``gdpa``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdpa_testing import randn, rel_err
+from varlen_testing import cu_of
+
+from gdpa_inductor import gdpa, gdpa_varlen
+
+
+def _jagged(gen, lengths=(3, 5), h=2, d=8):
+    t = sum(lengths)
+    return randn(gen, t, h, d), randn(gen, t, h, d), randn(gen, t, h, d), cu_of(list(lengths)), max(lengths)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda a: a.update(q=a["q"][None]), "q: with cu_seqlens, expected [total, H, head_dim]"),
+    (lambda a: a.update(cu_seqlens_k=None), "k: without cu_seqlens, expected dense"),
+    (lambda a: a.update(k=a["k"][..., :4]), "k: expected head_dim 8"),
+    (lambda a: a.update(v=a["v"][:-1]), "v: expected"),
+    (lambda a: a.update(q=a["q"].double()), "k: expected the dtype of q"),
+    (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].float()), "cu_seqlens_q: expected a 1-D int32 tensor"),
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 3, 7], dtype=torch.int32)),
+     "cu_seqlens_q: expected non-decreasing offsets from 0 to 8"),
+    (lambda a: a.update(cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32)), "expected one batch size"),
+    (lambda a: a.update(max_seqlen_q=4), "max_seqlen: expected >= the longest sequence of cu_seqlens_q (5)"),
+    (lambda a: a.update(max_seqlen_k=-1), "max_seqlen_k: expected a non-negative int"),
+    (lambda a: a.update(window=(2, 3, 4)), "window: expected None, an int or a (left, right) pair"),
+    (lambda a: a.update(window=-5), "window: expected non-negative sizes"),
+    (lambda a: a.update(activation="softmax"), "activation"),
+    (lambda a: a.update(seqused_q=torch.tensor([1, 2], dtype=torch.int32)), "seqused_q: only for a dense side"),
+])
+def test_bad_arguments_name_the_argument(change, message, gen):
+    q, k, v, cu, longest = _jagged(gen)
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+    change(args)
+    with pytest.raises(ValueError, match=None) as info:
+        gdpa_varlen(**args)
+    assert message in str(info.value), str(info.value)
+
+
+def test_nested_tensor_through_gdpa_matches_dense_per_sample(gen):
+    lengths = [3, 0, 6, 1]
+    h, d = 2, 8
+    per_sample = [[randn(gen, n, h, d, dtype=torch.float64) for n in lengths] for _ in range(3)]
+    nts = [torch.nested.nested_tensor(xs, layout=torch.jagged, requires_grad=True) for xs in per_sample]
+    out = gdpa(*(nt.transpose(1, 2) for nt in nts), activation="silu", scale=0.5, causal=True)
+    assert out.is_nested and out.shape[0] == len(lengths)
+    values = out.transpose(1, 2).values()
+    dout = torch.randn(values.shape, dtype=torch.float64, generator=gen)
+    grads = torch.autograd.grad(values, nts, dout)
+    rows = 0
+    for z, n in enumerate(lengths):
+        q, k, v = (per_sample[i][z].transpose(0, 1).requires_grad_() for i in range(3))
+        p = torch.nn.functional.silu(q @ k.mT * 0.5).tril()
+        want = (p @ v).transpose(0, 1)
+        assert rel_err(values[rows:rows + n], want) < 1e-12 if n else True
+        if n:
+            wq, wk, wv = torch.autograd.grad(want, (q, k, v), dout[rows:rows + n])
+            for g, w in zip(grads, (wq, wk, wv)):
+                assert rel_err(g.values()[rows:rows + n], w.transpose(0, 1)) < 1e-12
+        rows += n
+
+
+def test_nested_key_with_dense_seed_query_is_pma(gen):
+    lengths = [4, 0, 9]
+    h, d = 2, 8
+    seeds = randn(gen, 1, h, 5, d, dtype=torch.float64)
+    kv = [torch.nested.nested_tensor([randn(gen, n, h, d, dtype=torch.float64) for n in lengths],
+                                     layout=torch.jagged) for _ in range(2)]
+    out = gdpa(seeds, kv[0].transpose(1, 2), kv[1].transpose(1, 2), activation="relu")
+    assert out.shape == (3, h, 5, d)
+    rows = 0
+    for z, n in enumerate(lengths):
+        k, v = (x.values()[rows:rows + n].transpose(0, 1) for x in kv)
+        want = torch.relu(seeds[0] @ k.mT) @ v
+        assert rel_err(out[z], want) < 1e-12 if n else out[z].abs().sum() == 0
+        rows += n
+
+
+def test_nested_with_bias_is_refused(gen):
+    nt = torch.nested.nested_tensor([randn(gen, 3, 2, 8)], layout=torch.jagged).transpose(1, 2)
+    with pytest.raises(ValueError, match="bias: not supported with NestedTensor"):
+        gdpa(nt, nt, nt, bias=torch.zeros(1))
