@@ -9,8 +9,10 @@ B = 1152 samples, H = 4, D = 128, bf16, self attention, lengths up to N in {256,
 - ``inductor``: the padded module as users write it (``act(QKᵀ·s)·post·mask @ V`` with the validity mask),
   compiled by Inductor. Its N×N intermediates do not fit at B=1152, so it runs on a slice of the batch and
   its time is scaled to the whole batch (the padded work per sample is the same for every sample).
-Each provider is checked against the float64 reference on a few samples before timing. Times are medians
-(triton.testing.do_bench); ``--quick`` runs a small grid.
+The varlen op is checked against the float64 reference on 8 samples before timing. Each time is taken
+twice: launched from Python (triton.testing.do_bench: includes the host's per-call dispatch, ~0.3 ms for
+a custom op with autograd, which bounds the shortest calls) and replayed from a CUDA graph
+(do_bench_cudagraph: the GPU's time, as under torch.compile's CUDA graphs). ``--quick``: a small grid.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_varlen.py --out results/varlen   # .json, .csv, .png
 """
@@ -48,12 +50,16 @@ def padded_module(q, k, v, valid):
     return (p * mask) @ v
 
 
-def timed(fn, backward: bool, inputs, dout) -> float:
+def timed(fn, backward: bool, inputs, dout, graph: bool) -> float:
+    """Milliseconds per call: launched from Python as a user would (``graph=False``: the host's dispatch
+    cost included, which bounds short calls), or replayed from a CUDA graph (the GPU's time alone)."""
     def run():
         out = fn()
         if backward:
             torch.autograd.grad(out, inputs, dout)
 
+    if graph:
+        return triton.testing.do_bench_cudagraph(run, rep=60)
     return triton.testing.do_bench(run, warmup=5, rep=60)
 
 
@@ -98,8 +104,9 @@ def bench_shape(batch: int, max_len: int, sparsity: float, device, gen) -> dict:
                              batch / b_ind)
     for name, (fn, inputs, d, factor) in providers.items():
         for backward in (False, True):
-            key = f"{name}_{'fwd_bwd' if backward else 'fwd'}_ms"
-            row[key] = timed(fn, backward, inputs, d) * factor
+            for graph in (False, True):
+                key = f"{name}_{'fwd_bwd' if backward else 'fwd'}{'_graph' if graph else ''}_ms"
+                row[key] = timed(fn, backward, inputs, d, graph) * factor
     return row
 
 
@@ -121,7 +128,7 @@ def main():
     for row in rows:
         if row["sparsity"] < 1.0:
             full = next(r for r in rows if r["max_len"] == row["max_len"] and r["sparsity"] == 1.0)
-            for what in ("fwd", "fwd_bwd"):
+            for what in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
                 row[f"varlen_{what}_vs_own_full"] = row[f"varlen_{what}_ms"] / full[f"varlen_{what}_ms"]
                 row[f"padded_over_varlen_{what}"] = row[f"padded_{what}_ms"] / row[f"varlen_{what}_ms"]
                 row[f"inductor_over_varlen_{what}"] = row[f"inductor_{what}_ms"] / row[f"varlen_{what}_ms"]
@@ -143,8 +150,8 @@ def plot(rows, meta, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, what in zip(axes, ("fwd", "fwd_bwd")):
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    for ax, what in zip(axes.flat, ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph")):
         labels = [f"N={r['max_len']}\ns={r['sparsity']}" for r in rows]
         x = range(len(rows))
         width = 0.2
@@ -153,7 +160,8 @@ def plot(rows, meta, path):
         ax.set_xticks(list(x), labels, fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("ms (lower is better)")
-        ax.set_title(f"{what.replace('_', '+')}: B={rows[0]['batch']}, H={H}, D={D}, {ACT}, bf16")
+        title = what.replace("fwd_bwd", "fwd+bwd").replace("_graph", " (CUDA graph)")
+        ax.set_title(f"{title}: B={rows[0]['batch']}, H={H}, D={D}, {ACT}, bf16", fontsize=9)
         ax.legend(fontsize=8)
     fig.suptitle(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}: "
                  f"{meta['command']}", fontsize=9)

@@ -22,14 +22,11 @@ from .dispatch import select_impl
 
 
 def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
-    from ..kernels.triton.varlen_layout import dense_side, jagged_side
+    from ..kernels.triton.varlen_schedule import varlen_sides
 
     batch = varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
-    qs = (jagged_side(q, cu_seqlens_q, max_seqlen_q) if cu_seqlens_q is not None
-          else dense_side(q, batch, seqused_q))
-    ks = (jagged_side(k, cu_seqlens_k, max_seqlen_k) if cu_seqlens_k is not None
-          else dense_side(k, batch, seqused_k))
-    return batch, qs, ks
+    return batch, *varlen_sides(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                max_seqlen_k, batch)
 
 
 @torch.library.custom_op("gdpa::varlen_fwd_v1", mutates_args=())
@@ -58,11 +55,11 @@ def varlen_fwd(
     from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
     from ..kernels.triton.varlen_layout import with_tensor
 
-    batch, qs, ks = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
+    batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
     # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
     alloc = torch.zeros if seqused_q is not None else torch.empty
     out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
-    gdpa_varlen_fwd_triton(qs, ks, v, with_tensor(qs, out), *params)
+    gdpa_varlen_fwd_triton(qs, ks, v, with_tensor(qs, out), order, *params)
     return out
 
 
@@ -98,8 +95,8 @@ def varlen_bwd(
     from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
     from ..kernels.triton.varlen_layout import with_tensor
 
-    _, qs, ks = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-    dq, dk, dv = gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, *params)
+    _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
+    dq, dk, dv = gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, order, *params)
     return dq, dk, dv
 
 

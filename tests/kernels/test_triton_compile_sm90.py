@@ -90,7 +90,8 @@ def _compile_case(case) -> dict:
     from triton.runtime.jit import JITFunction
 
     from gdpa_inductor.kernels.triton import gdpa_bwd, gdpa_fwd, layout, varlen_bwd, varlen_fwd
-    from gdpa_inductor.kernels.triton.varlen_layout import jagged_side, with_tensor
+    from gdpa_inductor.kernels.triton.varlen_layout import with_tensor
+    from gdpa_inductor.kernels.triton.varlen_schedule import varlen_sides
 
     assert not layout.interpreting()
     dtype_name, d, activation, variant, seq_len = case
@@ -133,11 +134,11 @@ def _compile_case(case) -> dict:
         cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)])
         total = int(cu[-1])
         q, k, v, dout = (torch.randn(total, HEADS, d, generator=gen).to(dtype) for _ in range(4))
-        side = jagged_side(q, cu, seq_len)
+        side, kside, order = varlen_sides(q, k, cu, cu, None, None, seq_len, seq_len, lengths.numel())
         params = (activation, d**-0.5, 1.0, variant == "varlen_window",
                   (64, 0) if variant == "varlen_window" else (-1, -1), 0.01)
-        varlen_fwd.gdpa_varlen_fwd_triton(side, jagged_side(k, cu, seq_len), v, with_tensor(side, dout), *params)
-        varlen_bwd.gdpa_varlen_bwd_triton(with_tensor(side, dout), side, jagged_side(k, cu, seq_len), v, *params)
+        varlen_fwd.gdpa_varlen_fwd_triton(side, kside, v, with_tensor(side, dout), order, *params)
+        varlen_bwd.gdpa_varlen_bwd_triton(with_tensor(side, dout), side, kside, v, order, *params)
         return _report(compiled, capability)
     q, k, v, dout = (torch.randn(BATCH, HEADS, seq_len, d, generator=gen).to(dtype) for _ in range(4))
     bias = torch.randn(BATCH, HEADS, seq_len, seq_len, generator=gen).to(dtype) if variant == "bias" else None

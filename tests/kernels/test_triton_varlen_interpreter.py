@@ -81,3 +81,30 @@ def test_fp16_within_twice_eager_error(layout, gen):
     eager = eager_half(case, torch.float16, causal=True, window=(6, 0))
     for name, a, e, b in zip(("out", "dq", "dk", "dv"), got, eager, want):
         assert rel_err(a, b) <= 2 * rel_err(e, b) + 1e-6, f"{name}: {rel_err(a, b):.3g} vs eager {rel_err(e, b):.3g}"
+
+
+@pytest.mark.parametrize("batch", [1, 5, 300])
+@pytest.mark.parametrize("modes", [("jagged", "jagged"), ("full", "jagged"), ("jagged", "full"), ("padded", "padded")])
+def test_schedule_kernel_matches_torch(modes, batch, gen, monkeypatch):
+    """The one-launch schedule (rows of both sides, samples by decreasing work, ties in index order) equals
+    the torch-op fallback, with many equal lengths and zeros."""
+    from gdpa_inductor.kernels.triton import varlen_schedule
+
+    lengths = [torch.randint(0, 6, (batch,), generator=gen, dtype=torch.int32) * 7 for _ in range(2)]
+    args = []
+    for mode, lens, heads in zip(modes, lengths, (4, 2)):
+        total = int(lens.sum())
+        if mode == "jagged":
+            args.append((torch.zeros(total, heads, 8), torch.cat([torch.zeros(1, dtype=torch.int32),
+                                                                  lens.cumsum(0).to(torch.int32)]), None))
+        else:
+            dense = torch.zeros(1 if mode == "full" else batch, 35, heads, 8)
+            args.append((dense, None, lens if mode == "padded" else None))
+    (q, cu_q, used_q), (k, cu_k, used_k) = args
+    call = (q, k, cu_q, cu_k, used_q, used_k, 35, 35, batch)
+    qs, ks, order = varlen_schedule.varlen_sides(*call)
+    monkeypatch.setattr(varlen_schedule, "MAX_SORT", 0)
+    qt, kt, order_t = varlen_schedule.varlen_sides(*call)
+    for a, b in ((qs.starts, qt.starts), (qs.lengths, qt.lengths), (ks.starts, kt.starts),
+                 (ks.lengths, kt.lengths), (order, order_t)):
+        assert torch.equal(a, b), (a, b)

@@ -14,12 +14,21 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
-from .gdpa_bwd import default_bwd_configs
+from .gdpa_bwd import BwdConfig, default_bwd_configs
 from .layout import block_dim, fit_tile, kernel_flags
 from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span, query_span
-from .varlen_layout import VarlenSide, longest_first, with_tensor
+from .varlen_layout import VarlenSide, with_tensor
 
 _RUNTIME_SIZES = ["HKV", "GROUP", "MAX_N", "LEFT", "RIGHT"]
+
+
+def default_varlen_bwd_configs(d: int, dv: int, dtype: torch.dtype, max_kv_len: int) -> tuple[BwdConfig, BwdConfig]:
+    """(dK/dV, dQ) tiles. Measured on an H200 (bf16, D=128, B=1152): with sequences up to 512, 32x64 dK/dV
+    and 64x64 dQ tiles with 4 warps beat the dense kernel's (1.22 vs 1.37 ms at max 256, sparsity 0.5;
+    3.05 vs 3.26 ms at max 512)."""
+    if dtype != torch.float32 and max(d, dv) <= 128 and max_kv_len <= 512:
+        return BwdConfig(32, 64, 4, 2), BwdConfig(64, 64, 4, 2)
+    return default_bwd_configs(d, dv, dtype, max_kv_len)
 
 
 @triton.jit
@@ -71,11 +80,11 @@ def gdpa_varlen_bwd_dkdv_kernel(
     hk = rest % HKV
     z = tl.load(Order + rest // HKV).to(tl.int64)
     nk = tl.load(LenK + z)
+    nq = tl.load(LenQ + z)
+    q_row0 = tl.load(StartQ + z).to(tl.int64)
+    k_row0 = tl.load(StartK + z).to(tl.int64)
     n0 = pid_n * BLOCK_N
     if n0 < nk:
-        nq = tl.load(LenQ + z)
-        q_row0 = tl.load(StartQ + z).to(tl.int64)
-        k_row0 = tl.load(StartK + z).to(tl.int64)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
@@ -162,11 +171,11 @@ def gdpa_varlen_bwd_dq_kernel(
     h = rest % (HKV * GROUP)
     z = tl.load(Order + rest // (HKV * GROUP)).to(tl.int64)
     nq = tl.load(LenQ + z)
+    nk = tl.load(LenK + z)
+    q_row0 = tl.load(StartQ + z).to(tl.int64)
+    k_row0 = tl.load(StartK + z).to(tl.int64)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
-        nk = tl.load(LenK + z)
-        q_row0 = tl.load(StartQ + z).to(tl.int64)
-        k_row0 = tl.load(StartK + z).to(tl.int64)
         hk = h // GROUP
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
@@ -214,15 +223,14 @@ def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return buf.sum(0, keepdim=True).to(like.dtype) if buf.shape[0] != like.shape[0] else buf
 
 
-def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: torch.Tensor, activation: str,
-                           scale: float, post_scale: float, causal: bool, window: tuple[int, int],
+def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: torch.Tensor, order: torch.Tensor,
+                           activation: str, scale: float, post_scale: float, causal: bool, window: tuple[int, int],
                            negative_slope: float, configs=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     h, d = q.tensor.shape[-2:]
     hkv, dv_dim = v.shape[-2:]
     left, right = band_limits(causal, window)
-    kv_cfg, q_cfg = configs or default_bwd_configs(d, dv_dim, v.dtype, k.max_len)
+    kv_cfg, q_cfg = configs or default_varlen_bwd_configs(d, dv_dim, v.dtype, k.max_len)
     kv_cfg, q_cfg = fit_tile(kv_cfg, q.max_len, k.max_len), fit_tile(q_cfg, q.max_len, k.max_len)
-    order = longest_first(q.lengths, k.lengths)
     dq_side, dq = _grad_buffer(q, q.tensor)
     dk_side, dk = _grad_buffer(k, k.tensor)
     dv_side, dv = _grad_buffer(k, v)

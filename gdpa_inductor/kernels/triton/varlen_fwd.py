@@ -15,12 +15,21 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
-from .gdpa_fwd import default_fwd_config
+from .gdpa_fwd import FwdConfig, default_fwd_config
 from .layout import block_dim, fit_tile, kernel_flags
 from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span
-from .varlen_layout import VarlenSide, longest_first
+from .varlen_layout import VarlenSide
 
 _RUNTIME_SIZES = ["H", "GROUP", "MAX_NQ", "LEFT", "RIGHT"]
+
+
+def default_varlen_fwd_config(d: int, dv: int, dtype: torch.dtype, max_kv_len: int) -> FwdConfig:
+    """Measured on an H200 (bf16, D=128, B=1152, gelu_tanh): with sequences up to 512, most samples span
+    only a few key tiles and 32-key tiles waste less on each sample's ragged last tile (0.37 vs 0.48 ms at
+    max 256, sparsity 0.5; 0.88 vs 1.05 ms at max 512); longer ones use the dense kernel's tiles."""
+    if dtype != torch.float32 and max(d, dv) <= 128 and max_kv_len <= 512:
+        return FwdConfig(128, 32, 4, 2)
+    return default_fwd_config(d, dv, dtype, max_kv_len)
 
 
 @triton.jit
@@ -64,12 +73,13 @@ def gdpa_varlen_fwd_kernel(
     rest = pid // num_m
     h = rest % H
     z = tl.load(Order + rest // H).to(tl.int64)
+    # issued together: a short program would otherwise wait on a chain of dependent loads
     nq = tl.load(LenQ + z)
+    nk = tl.load(LenK + z)
+    q_row0 = tl.load(StartQ + z).to(tl.int64)
+    k_row0 = tl.load(StartK + z).to(tl.int64)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
-        nk = tl.load(LenK + z)
-        q_row0 = tl.load(StartQ + z).to(tl.int64)
-        k_row0 = tl.load(StartK + z).to(tl.int64)
         hk = h // GROUP
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
@@ -102,15 +112,14 @@ def gdpa_varlen_fwd_kernel(
         tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < nq) & (offs_dv[None, :] < DV))
 
 
-def gdpa_varlen_fwd_triton(q: VarlenSide, k: VarlenSide, v: torch.Tensor, out: VarlenSide, activation: str,
-                           scale: float, post_scale: float, causal: bool, window: tuple[int, int],
+def gdpa_varlen_fwd_triton(q: VarlenSide, k: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
+                           activation: str, scale: float, post_scale: float, causal: bool, window: tuple[int, int],
                            negative_slope: float, config=None) -> None:
     """Writes the forward into ``out.tensor`` (rows past a sample's length are left as they are)."""
     h, d = q.tensor.shape[-2:]
     hkv, dv = v.shape[-2:]
     left, right = band_limits(causal, window)
-    cfg = fit_tile(config or default_fwd_config(d, dv, v.dtype, k.max_len), q.max_len, k.max_len)
-    order = longest_first(q.lengths, k.lengths)
+    cfg = fit_tile(config or default_varlen_fwd_config(d, dv, v.dtype, k.max_len), q.max_len, k.max_len)
     grid = (triton.cdiv(q.max_len, cfg.block_m) * h * q.batch,)
     gdpa_varlen_fwd_kernel[grid](
         q.tensor, k.tensor, v, out.tensor, q.starts, q.lengths, k.starts, k.lengths, order,
