@@ -78,11 +78,12 @@ def gdpa_varlen_bwd_dkdv_kernel(
     pid_n = pid % num_n
     rest = pid // num_n
     hk = rest % HKV
-    z = tl.load(Order + rest // HKV).to(tl.int64)
-    nk = tl.load(LenK + z)
-    nq = tl.load(LenQ + z)
-    q_row0 = tl.load(StartQ + z).to(tl.int64)
-    k_row0 = tl.load(StartK + z).to(tl.int64)
+    rank = rest // HKV
+    z = tl.load(Order + rank).to(tl.int64)
+    nk = tl.load(LenK + rank)
+    nq = tl.load(LenQ + rank)
+    q_row0 = tl.load(StartQ + rank).to(tl.int64)
+    k_row0 = tl.load(StartK + rank).to(tl.int64)
     n0 = pid_n * BLOCK_N
     if n0 < nk:
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -169,11 +170,12 @@ def gdpa_varlen_bwd_dq_kernel(
     pid_m = pid % num_m
     rest = pid // num_m
     h = rest % (HKV * GROUP)
-    z = tl.load(Order + rest // (HKV * GROUP)).to(tl.int64)
-    nq = tl.load(LenQ + z)
-    nk = tl.load(LenK + z)
-    q_row0 = tl.load(StartQ + z).to(tl.int64)
-    k_row0 = tl.load(StartK + z).to(tl.int64)
+    rank = rest // (HKV * GROUP)
+    z = tl.load(Order + rank).to(tl.int64)
+    nq = tl.load(LenQ + rank)
+    nk = tl.load(LenK + rank)
+    q_row0 = tl.load(StartQ + rank).to(tl.int64)
+    k_row0 = tl.load(StartK + rank).to(tl.int64)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
         hk = h // GROUP

@@ -72,12 +72,13 @@ def gdpa_varlen_fwd_kernel(
     pid_m = pid % num_m
     rest = pid // num_m
     h = rest % H
-    z = tl.load(Order + rest // H).to(tl.int64)
-    # issued together: a short program would otherwise wait on a chain of dependent loads
-    nq = tl.load(LenQ + z)
-    nk = tl.load(LenK + z)
-    q_row0 = tl.load(StartQ + z).to(tl.int64)
-    k_row0 = tl.load(StartK + z).to(tl.int64)
+    rank = rest // H
+    z = tl.load(Order + rank).to(tl.int64)
+    # rank-ordered rows: the five loads are independent (a short program would otherwise wait on a chain)
+    nq = tl.load(LenQ + rank)
+    nk = tl.load(LenK + rank)
+    q_row0 = tl.load(StartQ + rank).to(tl.int64)
+    k_row0 = tl.load(StartK + rank).to(tl.int64)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
         hk = h // GROUP

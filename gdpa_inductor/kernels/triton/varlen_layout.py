@@ -16,8 +16,8 @@ import torch
 @dataclass(frozen=True)
 class VarlenSide:
     tensor: torch.Tensor
-    starts: torch.Tensor  # int32 [B]
-    lengths: torch.Tensor  # int32 [B]
+    starts: torch.Tensor  # int32 [B], in the schedule's rank order (varlen_schedule)
+    lengths: torch.Tensor  # int32 [B], in the same order
     max_len: int
     batch: int
     jagged: bool
