@@ -27,7 +27,7 @@ from torch._inductor.pattern_matcher import (
     register_graph_pattern,
 )
 
-from ..lowering import ops  # noqa: F401  (registers torch.ops.gdpa.*)
+from ..lowering import ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
 from . import causal_mask
 from . import fx_nodes as fxn
 from .softmax_free_attention import GdpaMatch, OperandPlan, SoftmaxFreeAttention
@@ -246,16 +246,34 @@ def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> Optional[fx.Node]:
     return total
 
 
+def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node) -> fx.Node:
+    """The block over a padded batch with a length mask: the varlen op reads [B, N, H, D] views and the
+    valid lengths (clamped to N, as ``arange(N) < lengths`` is), and never visits the padding."""
+    r, plan = m.recipe, m.lengths
+    n = fxn.example(k).shape[-2]
+    lengths = b.emit("method", "clamp", (plan.lengths, 0, n))
+    lengths = b.emit("method", "to", (lengths, torch.int32))
+    qt, kt, vt = (b.emit("method", "transpose", (x, 1, 2)) for x in (q, k, v))
+    out = b.emit("function", torch.ops.gdpa.varlen_fwd_v1.default,
+                 (qt, kt, vt, None, None, lengths if plan.rows else None, lengths if plan.cols else None, 0, 0,
+                  r.activation, float(r.scale), float(r.post_scale), bool(r.causal), -1, -1,
+                  float(r.negative_slope)))
+    return b.emit("method", "transpose", (out, 1, 2))
+
+
 def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
     r = m.recipe
     dtype = m.compute_dtype
     q = _operand(b, m.q, dtype, r.pre_factors)
     k = _operand(b, m.k, dtype)
     v = _operand(b, m.v, dtype)
-    bias = _bias(b, m, dtype)
-    out = b.emit("function", torch.ops.gdpa.attention_fwd_v1.default,
-                 (q, k, v, bias, r.activation, float(r.scale), float(r.post_scale), bool(r.causal),
-                  float(r.negative_slope)))
+    if m.lengths is not None:
+        out = _varlen_padded(b, m, q, k, v)
+    else:
+        bias = _bias(b, m, dtype)
+        out = b.emit("function", torch.ops.gdpa.attention_fwd_v1.default,
+                     (q, k, v, bias, r.activation, float(r.scale), float(r.post_scale), bool(r.causal),
+                      float(r.negative_slope)))
     for value, divide in r.post_factors:
         out = b.emit("function", operator.truediv if divide else operator.mul, (out, value))
     if m.out_permute is not None:

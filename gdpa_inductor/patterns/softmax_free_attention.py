@@ -24,6 +24,7 @@ from ..lowering.dispatch import TRITON_MAX_HEAD_DIM
 from . import fx_nodes as fxn
 from .causal_mask import REAL_INPUTS
 from .chain import ChainMismatch, ChainRecipe, _chain_input, read_chain
+from .length_mask import LengthMask, length_mask
 
 FUSABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The reason given for a matmul with no matmul feeding it through an elementwise chain (most matmuls).
@@ -56,6 +57,9 @@ class GdpaMatch:
     out_permute: Optional[list[int]] = None
     kind: str = "attention"
     notes: list[str] = field(default_factory=list)
+    # Set when every mask is a padding length mask: the rewrite then uses the varlen op with per-sample
+    # valid lengths (padding skipped) instead of a dense -finfo.max bias.
+    lengths: Optional[LengthMask] = None
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -69,8 +73,16 @@ class GdpaMatch:
             dtype=str(self.compute_dtype).replace("torch.", ""), scale=r.scale, post_scale=r.post_scale,
             scale_factors=len(r.pre_factors), post_factors=len(r.post_factors),
             bias=len([t for t in r.bias_terms if isinstance(t[0], fx.Node)]) > 0 or any(
-                not isinstance(t[0], fx.Node) for t in r.bias_terms), mask=r.mask_note,
+                not isinstance(t[0], fx.Node) for t in r.bias_terms), mask=self._mask_note(),
         )
+
+    def _mask_note(self) -> str:
+        if self.lengths is None:
+            return self.recipe.mask_note
+        skipped = " and ".join(w for w, on in (("query rows", self.lengths.rows), ("key columns", self.lengths.cols))
+                               if on)
+        causal = "causal + " if self.recipe.causal else ""
+        return f"{causal}padding length mask: padded {skipped} skipped (varlen op, per-sample lengths)"
 
 
 class SoftmaxFreeAttention:
@@ -102,6 +114,7 @@ class SoftmaxFreeAttention:
         if not ok:
             return None, reason
         m.kind = _kind(m)
+        m.lengths = _length_plan(m)
         return m, "matched"
 
     def check(self, m: GdpaMatch) -> tuple[bool, str]:
@@ -307,6 +320,33 @@ def _is_shared_weight(node: fx.Node) -> bool:
     if cur.op == "get_attr":
         return True
     return isinstance(REAL_INPUTS.get(cur), torch.nn.Parameter)
+
+
+def _length_plan(m: GdpaMatch) -> Optional[LengthMask]:
+    """The padding length mask when the varlen op computes this block exactly: every mask a length mask of
+    one lengths tensor, no bias, 4-D operands whose batch is the lengths' (or 1 for the query), and with
+    causal, both rows and columns masked (per-sample square, where the alignments agree)."""
+    r = m.recipe
+    if not r.dense_masks or r.bias_terms:
+        return None
+    scores = fxn.example(m.scores)
+    found = [length_mask(mask, keep, scores) for mask, keep in r.dense_masks]
+    if any(f is None for f in found) or len({f.lengths for f in found}) != 1:
+        return None
+    plan = LengthMask(found[0].lengths, any(f.rows for f in found), any(f.cols for f in found))
+    q, k, v = m.q.example(), m.k.example(), m.v.example()
+    if min(q.dim(), k.dim(), v.dim()) != 4 or m.out_permute is not None:
+        return None
+    if fxn.example(plan.lengths).device != q.device:
+        return None
+    b = fxn.example(plan.lengths).shape[0]
+    if not (_static_eq(k.shape[0], b) and _static_eq(v.shape[0], b)):
+        return None
+    if not (_static_eq(q.shape[0], b) or (_static_eq(q.shape[0], 1) and not plan.rows)):
+        return None
+    if r.causal and not (plan.rows and plan.cols):
+        return None
+    return plan
 
 
 def _kind(m: GdpaMatch) -> str:

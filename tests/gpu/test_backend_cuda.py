@@ -18,11 +18,13 @@ from zoo import ZOO_BY_NAME, build  # noqa: E402
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 # Styles whose fused path differs most from eager: bias + causal + /N, a dense mask as a -max bias,
-# PMA's broadcast seed, blocked-GQA peeling, einsum, a learned temperature, a causal buffer.
+# PMA's broadcast seed, blocked-GQA peeling, einsum, a learned temperature, a causal buffer, length masks.
 MODELS = [
     "hstu_silu_relbias_causal", "padding_mask_before_gelu", "padding_mask_after_silu", "pma_seed_expand",
     "gqa_blocked_repeat_interleave", "einsum_heads_in_equation_sigmoid", "param_temperature_gelu",
     "gpt2_causal_buffer_before_gelu", "sigmoid_attention_log_n_bias",
+    # padded batches whose length masks become the varlen op's per-sample lengths
+    "padded_lengths_key_mask_gelu", "hstu_padded_lengths_causal_silu",
 ]
 FLOOR = 2e-3
 

@@ -323,6 +323,58 @@ def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_vs_0_ : torch.Tens
     attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(silu, transpose_1, l_vs_2_, None, 'sigmoid', 0.25, 1.0, False, 0.01);  silu = transpose_1 = l_vs_2_ = None
     return (attention_fwd_v1_default,)""")
 
+    def test_padded_lengths_key_mask_gelu(self):
+        self.assertExpectedInline(rewritten_code("padded_lengths_key_mask_gelu"), """\
+def forward(self, L_k_ : torch.Tensor, L_lengths_ : torch.Tensor, L_q_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_k_ = L_k_
+    l_lengths_ = L_lengths_
+    l_q_ = L_q_
+    l_v_ = L_v_
+    clamp = l_lengths_.clamp(0, 12);  l_lengths_ = None
+    to = clamp.to(torch.int32);  clamp = None
+    transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
+    transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
+    transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
+    varlen_fwd_v1_default = torch.ops.gdpa.varlen_fwd_v1.default(transpose_1, transpose_2, transpose_3, None, None, None, to, 0, 0, 'gelu', 0.25, 1.0, False, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
+    transpose_4 = varlen_fwd_v1_default.transpose(1, 2);  varlen_fwd_v1_default = None
+    return (transpose_4,)""")
+
+    def test_hstu_padded_lengths_causal_silu(self):
+        self.assertExpectedInline(rewritten_code("hstu_padded_lengths_causal_silu"), """\
+def forward(self, L_q_ : torch.Tensor, L_lengths_ : torch.Tensor, L_k_ : torch.Tensor, L_self_buffers_tril_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_lengths_ = L_lengths_
+    l_k_ = L_k_
+    l_self_buffers_tril_ = L_self_buffers_tril_
+    l_v_ = L_v_
+    clamp = l_lengths_.clamp(0, 12);  l_lengths_ = None
+    to = clamp.to(torch.int32);  clamp = None
+    transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
+    transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
+    transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
+    varlen_fwd_v1_default = torch.ops.gdpa.varlen_fwd_v1.default(transpose_1, transpose_2, transpose_3, None, None, to, to, 0, 0, 'silu', 1.0, 0.08333333333333333, True, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
+    transpose_4 = varlen_fwd_v1_default.transpose(1, 2);  varlen_fwd_v1_default = None
+    return (transpose_4,)""")
+
+    def test_right_aligned_padding_silu(self):
+        self.assertExpectedInline(rewritten_code("right_aligned_padding_silu"), """\
+def forward(self, L_k_ : torch.Tensor, L_lengths_ : torch.Tensor, L_q_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_k_ = L_k_
+    l_lengths_ = L_lengths_
+    l_q_ = L_q_
+    l_v_ = L_v_
+    arange = torch.arange(12, device = device(type='cpu'))
+    getitem = arange[(None, slice(None, None, None))];  arange = None
+    getitem_1 = l_lengths_[(slice(None, None, None), None)];  l_lengths_ = None
+    sub = 12 - getitem_1;  getitem_1 = None
+    valid = getitem >= sub;  getitem = sub = None
+    getitem_2 = valid[(slice(None, None, None), None, None, slice(None, None, None))];  valid = None
+    invert = ~getitem_2;  getitem_2 = None
+    where = torch.where(invert, -3.4028234663852886e+38, 0.0);  invert = None
+    to = where.to(torch.float32);  where = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, to, 'silu', 1.0, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = to = None
+    return (attention_fwd_v1_default,)""")
+
     def test_padding_mask_before_gelu(self):
         self.assertExpectedInline(rewritten_code("padding_mask_before_gelu"), """\
 def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_valid_ : torch.Tensor, L_v_ : torch.Tensor):

@@ -730,6 +730,49 @@ class PaddingMaskAfterSilu(nn.Module):
         return (F.silu(q @ k.transpose(-2, -1)) / n * valid) @ v
 
 
+class PaddedLengthsKeyMask(nn.Module):
+    """A padded batch whose key mask is built from the lengths (``arange < lengths``): the padding is skipped."""
+
+    def forward(self, q, k, v, lengths):
+        valid = torch.arange(k.shape[-2], device=k.device)[None, :] < lengths[:, None]
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        s = s.masked_fill(~valid[:, None, None, :], -torch.finfo(s.dtype).max)
+        return F.gelu(s) @ v
+
+
+class HSTUPaddedLengths(nn.Module):
+    """HSTU's padded reference: silu / N, a causal float tril, and a query-and-key validity mask from the
+    lengths multiplied in after the activation."""
+
+    def __init__(self, n=12):
+        super().__init__()
+        self.register_buffer("tril", torch.tril(torch.ones(n, n)))
+
+    def forward(self, q, k, v, lengths):
+        n = q.shape[-2]
+        valid = torch.arange(n, device=q.device).unsqueeze(0) < lengths.unsqueeze(1)
+        mask = valid.unsqueeze(1).unsqueeze(-1) & valid[:, None, None, :]
+        p = F.silu(q @ k.transpose(-2, -1)) / n * self.tril[:n, :n]
+        p = torch.where(mask, p, 0.0)
+        return p @ v
+
+
+class RightAlignedPadding(nn.Module):
+    """Padding at the front (``arange >= N - lengths``): not a length mask the op reads, so a dense bias."""
+
+    def forward(self, q, k, v, lengths):
+        n = k.shape[-2]
+        valid = torch.arange(n, device=k.device)[None, :] >= n - lengths[:, None]
+        s = q @ k.transpose(-2, -1)
+        s = s.masked_fill(~valid[:, None, None, :], -torch.finfo(s.dtype).max)
+        return F.silu(s) @ v
+
+
+def _lengths_inputs(gen):
+    q, k, v = qkv(2, 2, 12, 16)(gen)
+    return q, k, v, torch.tensor([7, 12])
+
+
 def _padding_inputs(gen):
     q, k, v = qkv(2, 2, 12, 16)(gen)
     valid = torch.rand(2, 1, 1, 12, generator=gen) < 0.7
@@ -765,6 +808,9 @@ NEGATIVE: list[ZooEntry] = [
 # Non-causal boolean masks are fused as an additive -finfo.max bias (exact for these activations).
 ZOO += [
     ZooEntry("padding_mask_before_gelu", PaddingMask, _padding_inputs, 1),
+    ZooEntry("padded_lengths_key_mask_gelu", PaddedLengthsKeyMask, _lengths_inputs, 1),
+    ZooEntry("hstu_padded_lengths_causal_silu", HSTUPaddedLengths, _lengths_inputs, 1),
+    ZooEntry("right_aligned_padding_silu", RightAlignedPadding, _lengths_inputs, 1),
     ZooEntry("padding_mask_after_silu", PaddingMaskAfterSilu, _padding_inputs, 1),
 ]
 ZOO_BY_NAME = {e.name: e for e in ZOO}
