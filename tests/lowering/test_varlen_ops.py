@@ -61,3 +61,21 @@ def test_dispatch_logs_the_reason(gen, caplog, monkeypatch):
         varlen_ops.varlen_fwd(*_args(case, torch.float64))
     assert any("varlen forward: reference (dtype torch.float64" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_gradients_are_contiguous_for_strided_inputs(backend, gen, monkeypatch):
+    """A padded model hands the op [B, N, H, D] views of [B, H, N, D] tensors: the real gradients must have
+    the fake's (contiguous) strides, or Inductor's stride assertions fail."""
+    if backend == "triton" and not INTERPRETING:
+        pytest.skip("needs TRITON_INTERPRET=1 on CPU")
+    monkeypatch.setattr(config, "backend", backend)
+    case = make_case("padded", gen)
+    args = list(_args(case, torch.float32))
+    args[:3] = [t.detach().transpose(1, 2).contiguous().transpose(1, 2) for t in args[:3]]
+    out = FWD(*args)
+    dout = torch.randn(out.shape, generator=gen).transpose(1, 2).contiguous().transpose(1, 2)
+    grads = BWD(dout, *args)
+    for g, x in zip(grads, args[:3]):
+        assert g.shape == x.shape and g.is_contiguous(), (g.shape, g.stride())
+    torch.library.opcheck(BWD, (dout, *args))

@@ -217,7 +217,7 @@ def _grad_buffer(side: VarlenSide, like: torch.Tensor) -> tuple[VarlenSide, torc
     if not side.jagged and like.shape[0] == 1 and side.batch > 1:
         full = torch.zeros((side.batch, *like.shape[1:]), dtype=torch.float32, device=like.device)
         return with_tensor(side, full), full
-    buf = torch.zeros_like(like)
+    buf = torch.zeros(like.shape, dtype=like.dtype, device=like.device)  # contiguous, as the op's fake says
     return with_tensor(side, buf), buf
 
 
