@@ -6,9 +6,12 @@ B = 1152 samples, H = 4, D = 128, bf16, self attention, lengths up to N in {256,
 - ``padded_lengths``: ``gdpa_varlen`` on the padded [B, N, H, D] batch with per-sample valid lengths
   (``seqused``), what a padded model can be rewritten to;
 - ``padded``: the dense op ``gdpa`` on the padded [B, H, N, D] batch (every padded row and column computed);
-- ``inductor``: the padded module as users write it (``act(QKᵀ·s)·post·mask @ V`` with the validity mask),
-  compiled by Inductor. Its N×N intermediates do not fit at B=1152, so it runs on a slice of the batch and
-  its time is scaled to the whole batch (the padded work per sample is the same for every sample).
+- ``inductor``: the padded module as users write it (``where(mask, act(QKᵀ·s)·post, 0) @ V`` with the
+  validity mask built from the lengths), compiled by Inductor. Its N×N intermediates do not fit at B=1152,
+  so it runs on a slice of the batch and its time is scaled to the whole batch (the padded work per sample
+  is the same for every sample);
+- ``backend_gdpa``: that module compiled with ``backend="gdpa"`` at the full batch (the length mask
+  becomes the varlen op's per-sample lengths; ``backend_rewrites`` counts the rewrite).
 The varlen op is checked against the float64 reference on 8 samples before timing. Each time is taken
 twice: launched from Python (triton.testing.do_bench: includes the host's per-call dispatch, ~0.3 ms for
 a custom op with autograd, which bounds the shortest calls) and replayed from a CUDA graph
@@ -42,12 +45,14 @@ def lengths_for(batch: int, max_len: int, sparsity: float, gen: torch.Generator)
     return torch.randint(1, max_len + 1, (batch,), generator=gen, dtype=torch.int32)
 
 
-def padded_module(q, k, v, valid):
-    """HSTU-style padded attention: [B, H, N, D] with a [B, N] validity mask."""
-    s = q @ k.transpose(-2, -1) * SCALE
-    p = F.gelu(s, approximate="tanh") * POST
-    mask = (valid[:, None, :, None] & valid[:, None, None, :]).to(p.dtype)
-    return (p * mask) @ v
+def padded_module(q, k, v, lengths):
+    """HSTU-style padded attention as a user writes it: [B, H, N, D] with a validity mask built from the
+    lengths, applied after the activation."""
+    n = q.shape[-2]
+    valid = torch.arange(n, device=q.device)[None, :] < lengths[:, None]
+    mask = valid[:, None, :, None] & valid[:, None, None, :]
+    p = F.gelu(q @ k.transpose(-2, -1) * SCALE, approximate="tanh") * POST
+    return torch.where(mask, p, 0.0) @ v
 
 
 def timed(fn, backward: bool, inputs, dout, graph: bool) -> float:
@@ -97,11 +102,17 @@ def bench_shape(batch: int, max_len: int, sparsity: float, device, gen) -> dict:
                                 scale=SCALE, post_scale=POST), (qp, kp, vp), dp.transpose(1, 2), 1.0),
     }
     b_ind = min(batch, INDUCTOR_SLICE)
-    valid = torch.arange(max_len, device=device)[None, :] < used[:b_ind, None]
     qi, ki, vi = (t[:b_ind].transpose(1, 2).detach().requires_grad_() for t in (qp, kp, vp))
     compiled = torch.compile(padded_module)
-    providers["inductor"] = (lambda: compiled(qi, ki, vi, valid), (qi, ki, vi), dp[:b_ind].transpose(1, 2),
+    providers["inductor"] = (lambda: compiled(qi, ki, vi, used[:b_ind]), (qi, ki, vi), dp[:b_ind].transpose(1, 2),
                              batch / b_ind)
+    # The same module through backend="gdpa": its length mask becomes the varlen op's per-sample lengths.
+    qb, kb, vb = (t.transpose(1, 2) for t in (qp, kp, vp))
+    torch._dynamo.utils.counters.clear()
+    via_backend = torch.compile(padded_module, backend="gdpa")
+    via_backend(qb, kb, vb, used)
+    row["backend_rewrites"] = torch._dynamo.utils.counters["gdpa"]["rewrites"]
+    providers["backend_gdpa"] = (lambda: via_backend(qb, kb, vb, used), (qp, kp, vp), dp.transpose(1, 2), 1.0)
     for name, (fn, inputs, d, factor) in providers.items():
         for backward in (False, True):
             for graph in (False, True):
@@ -132,6 +143,8 @@ def main():
                 row[f"varlen_{what}_vs_own_full"] = row[f"varlen_{what}_ms"] / full[f"varlen_{what}_ms"]
                 row[f"padded_over_varlen_{what}"] = row[f"padded_{what}_ms"] / row[f"varlen_{what}_ms"]
                 row[f"inductor_over_varlen_{what}"] = row[f"inductor_{what}_ms"] / row[f"varlen_{what}_ms"]
+            for what in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
+                row[f"inductor_over_backend_gdpa_{what}"] = row[f"inductor_{what}_ms"] / row[f"backend_gdpa_{what}_ms"]
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.date.today().isoformat(), command="python3 benchmarks/bench_varlen.py"
                 + (" --quick" if args.quick else ""), activation=ACT, heads=H, head_dim=D, dtype="bfloat16")
@@ -154,9 +167,9 @@ def plot(rows, meta, path):
     for ax, what in zip(axes.flat, ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph")):
         labels = [f"N={r['max_len']}\ns={r['sparsity']}" for r in rows]
         x = range(len(rows))
-        width = 0.2
-        for i, name in enumerate(("varlen", "padded_lengths", "padded", "inductor")):
-            ax.bar([xi + (i - 1.5) * width for xi in x], [r[f"{name}_{what}_ms"] for r in rows], width, label=name)
+        width = 0.16
+        for i, name in enumerate(("varlen", "padded_lengths", "backend_gdpa", "padded", "inductor")):
+            ax.bar([xi + (i - 2) * width for xi in x], [r[f"{name}_{what}_ms"] for r in rows], width, label=name)
         ax.set_xticks(list(x), labels, fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("ms (lower is better)")

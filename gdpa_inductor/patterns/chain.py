@@ -41,6 +41,7 @@ class ChainRecipe:
     # Other boolean masks, (mask node, True if it marks the kept entries), fused as an additive
     # -finfo.max bias: exact for activations with act(-max) = act'(-max) = 0 (checked at the end).
     dense_masks: list[tuple[fx.Node, bool]] = field(default_factory=list)
+    masks_inexact_as_bias: Optional[str] = None  # why the dense masks cannot be a -finfo.max bias
     nodes: list[fx.Node] = field(default_factory=list)  # the chain, from P back to S (exclusive)
 
 
@@ -141,7 +142,9 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
         i += 1
     if recipe.dense_masks and not _fill_zeroes_activation(-torch.finfo(dtype).max, recipe.activation,
                                                           recipe.negative_slope, dtype):
-        raise ChainMismatch(
+        # Decided by the pattern: a padding length mask is skipped (exact for any activation), any other
+        # mask would be a -finfo.max bias, which is not exact here.
+        recipe.masks_inexact_as_bias = (
             f"a non-causal mask with {recipe.activation}: only fused as a -finfo.max bias, which is not exact "
             "for this activation"
         )

@@ -115,6 +115,8 @@ class SoftmaxFreeAttention:
             return None, reason
         m.kind = _kind(m)
         m.lengths = _length_plan(m)
+        if m.lengths is None and recipe.masks_inexact_as_bias:
+            return None, recipe.masks_inexact_as_bias
         return m, "matched"
 
     def check(self, m: GdpaMatch) -> tuple[bool, str]:

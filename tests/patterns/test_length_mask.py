@@ -75,3 +75,38 @@ def test_causal_with_key_mask_only_stays_dense():
     report = gdpa_inductor.explain(fn, *_inputs())
     assert report.fused[0].details["mask"].startswith("causal"), str(report)
     assert "padding length mask" not in report.fused[0].details["mask"]
+
+
+@pytest.mark.parametrize("before_activation", [True, False], ids=["fill_before", "where_after"])
+def test_length_mask_with_gelu_tanh(before_activation):
+    """gelu_tanh's derivative overflows at -finfo.max, so a padding mask cannot be a -max bias for it. A
+    length mask applied after the activation is skipped instead, which is exact (outputs and gradients equal
+    eager's); a -max fill before it is still refused (the pass requires act and act' to vanish at a fill)."""
+    def fn(q, k, v, lengths):
+        n = k.shape[-2]
+        valid = torch.arange(n, device=q.device)[None, :] < lengths[:, None]
+        mask = valid[:, None, :, None] & valid[:, None, None, :]
+        s = q @ k.transpose(-2, -1) * 0.25
+        if before_activation:
+            return F.gelu(s.masked_fill(~mask, -torch.finfo(s.dtype).max), approximate="tanh") @ v
+        return torch.where(mask, F.gelu(s, approximate="tanh"), 0.0) @ v
+
+    report = gdpa_inductor.explain(fn, *_inputs())
+    if before_activation:
+        assert not report.fused and any("does not give exactly 0" in c.reason for c in report.rejected), str(report)
+        return
+    assert len(report.fused) == 1 and "padding length mask" in report.fused[0].details["mask"], str(report)
+
+    def run(f):
+        q, k, v, lengths = _inputs()
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = f(q, k, v, lengths)
+        out.backward(torch.cos(out.detach()))
+        return [out.detach(), q.grad, k.grad, v.grad]
+
+    eager = run(fn)
+    torch._dynamo.reset()
+    got = run(torch.compile(fn, backend="gdpa"))
+    torch._dynamo.reset()
+    for g, e in zip(got, eager):
+        assert torch.isfinite(g).all() and torch.allclose(g, e, rtol=1e-5, atol=1e-6), (g - e).abs().max()

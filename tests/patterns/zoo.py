@@ -801,7 +801,7 @@ NEGATIVE: list[ZooEntry] = [
     ZooEntry("neg_cumsum_in_chain", CumsumInChain, qkv(2, 2, 12, 16), 0, reason="cumsum"),
     ZooEntry("neg_abs_in_chain", AbsInChain, qkv(2, 2, 12, 16), 0, reason="abs"),
     ZooEntry("neg_neg_inf_before_silu", NegInfBeforeSilu, qkv(2, 2, 12, 16), 0, reason="does not give exactly 0"),
-    ZooEntry("neg_padding_mask_gelu_tanh", PaddingMaskTanhGelu, _padding_inputs, 0, reason="not exact"),
+    ZooEntry("neg_padding_mask_gelu_tanh", PaddingMaskTanhGelu, _padding_inputs, 0, reason="exact"),
     ZooEntry("neg_float64", Float64Attention, _f64(qkv(2, 2, 12, 16)), 0, reason="float64"),
 ]
 
