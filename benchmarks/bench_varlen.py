@@ -115,7 +115,9 @@ def bench_shape(batch: int, max_len: int, sparsity: float, device, gen) -> dict:
     providers["backend_gdpa"] = (lambda: via_backend(qb, kb, vb, used), (qp, kp, vp), dp.transpose(1, 2), 1.0)
     for name, (fn, inputs, d, factor) in providers.items():
         for backward in (False, True):
-            for graph in (False, True):
+            # A backend-compiled backward does not capture into a CUDA graph here (the stream capture is
+            # invalidated by an op on the legacy stream): launch-timed only.
+            for graph in (False, True) if name != "backend_gdpa" else (False,):
                 key = f"{name}_{'fwd_bwd' if backward else 'fwd'}{'_graph' if graph else ''}_ms"
                 row[key] = timed(fn, backward, inputs, d, graph) * factor
     return row
@@ -143,7 +145,7 @@ def main():
                 row[f"varlen_{what}_vs_own_full"] = row[f"varlen_{what}_ms"] / full[f"varlen_{what}_ms"]
                 row[f"padded_over_varlen_{what}"] = row[f"padded_{what}_ms"] / row[f"varlen_{what}_ms"]
                 row[f"inductor_over_varlen_{what}"] = row[f"inductor_{what}_ms"] / row[f"varlen_{what}_ms"]
-            for what in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
+            for what in ("fwd", "fwd_bwd"):
                 row[f"inductor_over_backend_gdpa_{what}"] = row[f"inductor_{what}_ms"] / row[f"backend_gdpa_{what}_ms"]
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.date.today().isoformat(), command="python3 benchmarks/bench_varlen.py"
@@ -169,7 +171,8 @@ def plot(rows, meta, path):
         x = range(len(rows))
         width = 0.16
         for i, name in enumerate(("varlen", "padded_lengths", "backend_gdpa", "padded", "inductor")):
-            ax.bar([xi + (i - 2) * width for xi in x], [r[f"{name}_{what}_ms"] for r in rows], width, label=name)
+            times = [r.get(f"{name}_{what}_ms", float("nan")) for r in rows]
+            ax.bar([xi + (i - 2) * width for xi in x], times, width, label=name)
         ax.set_xticks(list(x), labels, fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("ms (lower is better)")
