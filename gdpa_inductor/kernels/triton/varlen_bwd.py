@@ -18,6 +18,7 @@ from .gdpa_bwd import BwdConfig, default_bwd_configs
 from .layout import block_dim, fit_tile, kernel_flags
 from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span, query_span
 from .varlen_layout import VarlenSide, with_tensor
+from .varlen_schedule import program_work
 
 _RUNTIME_SIZES = ["HKV", "GROUP", "MAX_N", "LEFT", "RIGHT"]
 
@@ -73,17 +74,7 @@ def gdpa_varlen_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    num_n = tl.cdiv(MAX_N, BLOCK_N)
-    pid = tl.program_id(0)
-    pid_n = pid % num_n
-    rest = pid // num_n
-    hk = rest % HKV
-    rank = rest // HKV
-    z = tl.load(Order + rank).to(tl.int64)
-    nk = tl.load(LenK + rank)
-    nq = tl.load(LenQ + rank)
-    q_row0 = tl.load(StartQ + rank).to(tl.int64)
-    k_row0 = tl.load(StartK + rank).to(tl.int64)
+    pid_n, hk, z, nq, nk, q_row0, k_row0 = program_work(MAX_N, BLOCK_N, HKV, Order, StartQ, LenQ, StartK, LenK)
     n0 = pid_n * BLOCK_N
     if n0 < nk:
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -165,17 +156,8 @@ def gdpa_varlen_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    num_m = tl.cdiv(MAX_N, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = pid % num_m
-    rest = pid // num_m
-    h = rest % (HKV * GROUP)
-    rank = rest // (HKV * GROUP)
-    z = tl.load(Order + rank).to(tl.int64)
-    nq = tl.load(LenQ + rank)
-    nk = tl.load(LenK + rank)
-    q_row0 = tl.load(StartQ + rank).to(tl.int64)
-    k_row0 = tl.load(StartK + rank).to(tl.int64)
+    pid_m, h, z, nq, nk, q_row0, k_row0 = program_work(MAX_N, BLOCK_M, HKV * GROUP, Order, StartQ, LenQ, StartK,
+                                                       LenK)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
         hk = h // GROUP

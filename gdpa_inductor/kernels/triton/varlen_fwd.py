@@ -19,6 +19,7 @@ from .gdpa_fwd import FwdConfig, default_fwd_config
 from .layout import block_dim, fit_tile, kernel_flags
 from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span
 from .varlen_layout import VarlenSide
+from .varlen_schedule import program_work
 
 _RUNTIME_SIZES = ["H", "GROUP", "MAX_NQ", "LEFT", "RIGHT"]
 
@@ -67,18 +68,7 @@ def gdpa_varlen_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    num_m = tl.cdiv(MAX_NQ, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = pid % num_m
-    rest = pid // num_m
-    h = rest % H
-    rank = rest // H
-    z = tl.load(Order + rank).to(tl.int64)
-    # rank-ordered rows: the five loads are independent (a short program would otherwise wait on a chain)
-    nq = tl.load(LenQ + rank)
-    nk = tl.load(LenK + rank)
-    q_row0 = tl.load(StartQ + rank).to(tl.int64)
-    k_row0 = tl.load(StartK + rank).to(tl.int64)
+    pid_m, h, z, nq, nk, q_row0, k_row0 = program_work(MAX_NQ, BLOCK_M, H, Order, StartQ, LenQ, StartK, LenK)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
         hk = h // GROUP

@@ -61,6 +61,23 @@ def varlen_schedule_kernel(
     tl.store(LenK + z, lk, mask=ok)
 
 
+@triton.jit
+def program_work(MAX_N, BLOCK: tl.constexpr, HEADS, Order, StartQ, LenQ, StartK, LenK):
+    """What program ``program_id(0)`` of a varlen kernel does: (tile index, head, sample, nq, nk, first
+    query row, first key row). Tiles of one (sample, head) are adjacent, samples in the schedule's rank
+    order; the five per-sample loads are independent of each other (rank-ordered rows)."""
+    num_tiles = tl.cdiv(MAX_N, BLOCK)
+    pid = tl.program_id(0)
+    rest = pid // num_tiles
+    rank = rest // HEADS
+    z = tl.load(Order + rank).to(tl.int64)
+    nq = tl.load(LenQ + rank)
+    nk = tl.load(LenK + rank)
+    q_row0 = tl.load(StartQ + rank).to(tl.int64)
+    k_row0 = tl.load(StartK + rank).to(tl.int64)
+    return pid % num_tiles, rest % HEADS, z, nq, nk, q_row0, k_row0
+
+
 def _mode(cu, used) -> int:
     return _JAGGED if cu is not None else (_PADDED if used is not None else _FULL)
 
