@@ -109,6 +109,8 @@ def varlen_sides(q, k, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int,
             sq, lq, sk, lk, order, batch, q.shape[1] if cu_q is None else 0, k.shape[1] if cu_k is None else 0,
             Q_MODE=_mode(cu_q, used_q), K_MODE=_mode(cu_k, used_k), INDEX_BITS=_INDEX_BITS,
             BLOCK=triton.next_power_of_2(batch),
+            # the single program's sort: 20 vs 29 us with 16 warps vs 4 at B=1152 (H200)
+            num_warps=16 if batch >= 1024 else 4,
         )
     else:
         sq, lq = _torch_rows(q, cu_q, used_q, batch)
