@@ -126,7 +126,7 @@ def _jagged_rows(t: torch.Tensor, name: str):
 def _gdpa_nested(query, key, value, activation, scale, post_scale, bias, causal, negative_slope):
     if bias is not None:
         raise ValueError("bias: not supported with NestedTensor inputs (use gdpa_varlen's window/causal)")
-    if not (key.is_nested and value.is_nested) and any(not t.is_nested for t in (key, value)):
+    if key.is_nested != value.is_nested:
         raise ValueError("key/value: expected both NestedTensors or both dense")
     if query.is_nested:
         q, cu_q, max_q = _jagged_rows(query, "query")

@@ -85,3 +85,25 @@ def test_nested_with_bias_is_refused(gen):
     nt = torch.nested.nested_tensor([randn(gen, 3, 2, 8)], layout=torch.jagged).transpose(1, 2)
     with pytest.raises(ValueError, match="bias: not supported with NestedTensor"):
         gdpa(nt, nt, nt, bias=torch.zeros(1))
+
+
+def test_nested_query_with_dense_per_sample_kv_is_pffn(gen):
+    """Jagged tokens against dense per-sample weights [B, H, dff, D] (PFFN), no copies."""
+    lengths = [3, 0, 6]
+    h, d, dff = 2, 8, 5
+    q = torch.nested.nested_tensor([randn(gen, n, h, d, dtype=torch.float64) for n in lengths], layout=torch.jagged)
+    k, v = (randn(gen, len(lengths), h, dff, d, dtype=torch.float64) for _ in range(2))
+    out = gdpa(q.transpose(1, 2), k, v, activation="gelu")
+    values = out.transpose(1, 2).values()
+    rows = 0
+    for z, n in enumerate(lengths):
+        qz = q.values()[rows:rows + n].transpose(0, 1)
+        want = torch.nn.functional.gelu(qz @ k[z].mT) @ v[z]
+        assert n == 0 or rel_err(values[rows:rows + n].transpose(0, 1), want) < 1e-12
+        rows += n
+
+
+def test_nested_key_with_dense_value_is_refused(gen):
+    kv = torch.nested.nested_tensor([randn(gen, 3, 2, 8)], layout=torch.jagged).transpose(1, 2)
+    with pytest.raises(ValueError, match="key/value: expected both NestedTensors or both dense"):
+        gdpa(kv, kv, torch.zeros(1, 2, 3, 8))
