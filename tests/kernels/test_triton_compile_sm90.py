@@ -3,7 +3,8 @@ wgmma, tanh.approx used for the half-precision activations, and register spills 
 
 Each case runs in a subprocess without TRITON_INTERPRET (the interpreter replaces every @triton.jit
 function, so nothing could be compiled in this process). The subprocess is this file run as a script. It
-drives the package's own launchers (gdpa_fwd_triton, gdpa_bwd_triton) on CPU tensors of a typical shape,
+drives the package's own launchers (gdpa_fwd_triton, gdpa_bwd_triton, and the varlen ones, whose sample
+schedule is built by its torch fallback on CPU tensors) on CPU tensors of a typical shape,
 with a stand-in driver that reports an sm_90 target, and turns each kernel launch into a compile-only
 warmup: the kernels are therefore compiled with exactly the block sizes, warps, stages, flags and argument
 specializations (16-byte alignment, unit strides) that a real launch on an H100 would use. The register
