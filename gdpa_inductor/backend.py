@@ -19,21 +19,35 @@ from .patterns.rewrite import rewrite_gdpa
 log = logging.getLogger("gdpa_inductor")
 
 
-def gdpa_backend(gm: torch.fx.GraphModule, example_inputs, *, inner: str = "inductor"):
+def gdpa_backend(gm: torch.fx.GraphModule, example_inputs, *, inner: str = "inductor", mode: str | None = None,
+                 options: dict | None = None):
     """Rewrites GDPA subgraphs, then compiles with Inductor (``inner="aot_eager"`` runs AOT autograd
-    without Inductor: used by tests that check the rewrite's numerics cheaply)."""
+    without Inductor: used by tests that check the rewrite's numerics cheaply).
+
+    ``mode`` and ``options`` are ``torch.compile``'s, passed on to Inductor as ``backend="inductor"`` takes
+    them (``mode="max-autotune"``, ``options={"triton.cudagraphs": True}``, ...).
+    """
     rewrites = 0
     try:
         rewrites = sum(r.matched for r in rewrite_gdpa(gm, example_inputs))
     except Exception:  # a bug in the pass must never break the user's compile: compile unfused
         log.exception("gdpa: the GDPA pass failed; compiling the graph unchanged")
-    compiled = _compile(gm, example_inputs, inner)
+    compiled = _compile(gm, example_inputs, inner, inductor_config_patches(mode, options))
     # Counted once the compile returned: Dynamo may restart a backend call (and discard its graph).
     counters["gdpa"]["rewrites"] += rewrites
     return compiled
 
 
-def _compile(gm, example_inputs, inner: str):
+def inductor_config_patches(mode: str | None, options: dict | None) -> dict:
+    """Inductor's config for ``torch.compile(mode=..., options=...)``, as its own backend derives it."""
+    from torch._inductor import list_mode_options
+
+    patches = dict(list_mode_options(mode)) if mode else {}
+    patches.update(options or {})
+    return patches
+
+
+def _compile(gm, example_inputs, inner: str, config_patches: dict):
     if inner == "aot_eager":
         from torch._dynamo.backends.common import aot_autograd
         from torch._functorch.aot_autograd import make_boxed_compiler
@@ -44,7 +58,7 @@ def _compile(gm, example_inputs, inner: str):
         return aot_autograd(fw_compiler=make_boxed_compiler(nop))(gm, example_inputs)
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs)
+    return compile_fx(gm, example_inputs, config_patches=config_patches or None)
 
 
 def install() -> None:

@@ -10,12 +10,12 @@ GPU times a training step against backend="inductor".
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .backend_comparison import compare_backends
 from .explain import explain
 
 
@@ -46,25 +46,12 @@ class DemoRecModel(nn.Module):
         # PMA pooling with learned seed queries
         pk, pv = self.pool_kv(x).view(b, n, 2, h, hd).permute(2, 0, 3, 1, 4).unbind(0)
         seeds = self.seed.expand(b, -1, -1, -1)
-        pooled = F.gelu(seeds @ pk.transpose(-2, -1) * hd**-0.5, approximate="tanh") @ pv
+        pooled = F.gelu(seeds @ pk.transpose(-2, -1) * hd**-0.5, approximate="tanh") / n @ pv
         return self.out(pooled.transpose(1, 2).reshape(b, -1))
 
 
-def _step(model, x, user):
-    loss = model(x, user).float().square().mean()
-    loss.backward()
-    return loss.detach()
-
-
-def _time_step(model, x, user, iters=20):
-    for _ in range(3):
-        _step(model, x, user)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        _step(model, x, user)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e3
+def _loss(model, batch):
+    return model(*batch).float().square().mean()
 
 
 def _rel(a, b):
@@ -99,24 +86,24 @@ def main(argv=None):
 
     print("compiling with backend='gdpa' (Inductor compiles the rest; seconds on CPU)...", flush=True)
     torch._dynamo.reset()
-    loss_c = _step(torch.compile(model, backend="gdpa"), x, user)
+    loss_c = _loss(torch.compile(model, backend="gdpa"), (x, user))
+    loss_c.backward()
     grads_c = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    loss_e = _step(model, x, user)
+    loss_e = _loss(model, (x, user))
+    loss_e.backward()
     worst = max(_rel(a, p.grad) for a, p in zip(grads_c, model.parameters()))
+    model.zero_grad()
     print(f"check vs eager: loss {loss_c.item():.6g} vs {loss_e.item():.6g}; worst gradient rel. error {worst:.1e}")
     if not gpu:
         print("CPU: the fused op ran its pure-PyTorch reference path; timing needs a GPU (skipped).")
         return
 
-    print("timing one training step (forward + backward), 20 iterations after warm-up...", flush=True)
-    model.zero_grad()
-    torch._dynamo.reset()
-    t_inductor = _time_step(torch.compile(model, backend="inductor"), x, user)
-    torch._dynamo.reset()
-    t_gdpa = _time_step(torch.compile(model, backend="gdpa"), x, user)
-    print(f"| backend | step ms |\n|---|---|\n| inductor | {t_inductor:.2f} |\n| gdpa | {t_gdpa:.2f} |\n"
-          f"speed-up: {t_inductor / t_gdpa:.2f}x")
+    print("training step (forward, backward, SGD), backend='inductor' vs backend='gdpa':", flush=True)
+    comparison = compare_backends(model, [(x, user)] * 3, _loss)
+    print(comparison)
+    for name, us in comparison.runs["gdpa"].gdpa_kernels.items():
+        print(f"  fused kernel {name}: {us / 1e3:.2f} ms per step")
 
 
 if __name__ == "__main__":

@@ -69,3 +69,33 @@ def test_compile_matmul_gelu_matmul(dynamo, gen):
     q, k, v = (randn(gen, 2, 2, n, 16) for n in (10, 14, 14))
     out = torch.compile(model, backend="gdpa", fullgraph=True)(q, k, v)
     torch.testing.assert_close(out, model(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_mode_and_options_reach_inductor(monkeypatch):
+    """``torch.compile(mode=..., options=...)`` with backend="gdpa" configures Inductor as backend="inductor"
+    would (a backend that rejected them would fail the user's compile with a TypeError)."""
+    from torch._inductor import compile_fx as compile_fx_module
+
+    from gdpa_inductor.backend import gdpa_backend, inductor_config_patches
+
+    assert inductor_config_patches("max-autotune", {"fallback_random": True}) == {
+        "max_autotune": True, "triton.cudagraphs": True, "coordinate_descent_tuning": True, "fallback_random": True}
+    assert inductor_config_patches(None, None) == {}
+    seen = []
+    monkeypatch.setattr(compile_fx_module, "compile_fx",
+                        lambda gm, inputs, config_patches=None: seen.append(config_patches) or gm.forward)
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    gdpa_backend(gm, [torch.ones(2)], mode="reduce-overhead", options={"fallback_random": True})
+    assert seen == [{"triton.cudagraphs": True, "fallback_random": True}]
+
+
+@requires_entry_point
+def test_compile_with_mode_runs(dynamo, gen):
+    def model(q, k, v):
+        return F.silu(q @ k.transpose(-2, -1) * 0.25) @ v
+
+    q, k, v = (randn(gen, 2, 2, n, 16) for n in (10, 14, 14))
+    before = torch._dynamo.utils.counters["gdpa"]["rewrites"]
+    out = torch.compile(model, backend="gdpa", mode="max-autotune-no-cudagraphs")(q, k, v)
+    torch.testing.assert_close(out, model(q, k, v), rtol=1e-5, atol=1e-5)
+    assert torch._dynamo.utils.counters["gdpa"]["rewrites"] == before + 1

@@ -59,6 +59,8 @@ def _kind(node, n) -> Optional[str]:
         return _kind(node.args[0], n)
     if fxn.fn_or_method(node, (operator.eq, torch.eq), ("eq",)) and node.args[1] == 1:
         return _kind(node.args[0], n)
+    if (operand := _one_minus_operand(node)) is not None:  # HSTU: 1.0 - triu_mask.to(dtype), the complement
+        return _flip(_kind(operand, n))
     if fxn.fn_or_method(node, (torch.tril, torch.triu), ("tril", "triu")):
         if not _is_ones(node.args[0]):
             return None
@@ -69,9 +71,23 @@ def _kind(node, n) -> Optional[str]:
         if not is_tril and diagonal == 1:
             return "drop"
         return None
+    if (value := _buffer_value(node)) is not None:
+        return _triangle_kind(value)
     if node.op == "call_function" and node.target is operator.getitem:
-        return _sliced_buffer_kind(node, n)
+        return _kind(node.args[0], n) if _top_left_slice(node.args[1]) else None
     return _arange_compare_kind(node)
+
+
+def _one_minus_operand(node: fx.Node) -> Optional[fx.Node]:
+    """x when ``node`` is ``1 - x``: ``operator.sub(1, x)``, ``torch.sub(1, x)``, ``torch.rsub(x, 1)``,
+    ``x.__rsub__(1)``; else None. (With x a {0, 1} mask, 1 - x is its complement.)"""
+    if len(node.args) != 2 or node.kwargs:
+        return None
+    if fxn.fn_or_method(node, (operator.sub, torch.sub)) and node.args[0] == 1:
+        return node.args[1] if isinstance(node.args[1], fx.Node) else None
+    if fxn.fn_or_method(node, (torch.rsub,), ("__rsub__", "rsub")) and node.args[1] == 1:
+        return node.args[0] if isinstance(node.args[0], fx.Node) else None
+    return None
 
 
 def _only_adds_leading_dims(node: fx.Node) -> bool:
@@ -84,29 +100,42 @@ def _is_ones(node) -> bool:
     return isinstance(node, fx.Node) and fxn.fn_or_method(node, (torch.ones, torch.ones_like), ())
 
 
-def _sliced_buffer_kind(node: fx.Node, n) -> Optional[str]:
-    """buffer[..., :n, :n] of a lower-triangular buffer (GPT-2 style)."""
-    base, index = node.args
-    value = REAL_INPUTS.get(base)
-    if value is None and base.op == "get_attr":
-        value = _get_attr(base)
-    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+def _buffer_value(node: fx.Node) -> Optional[torch.Tensor]:
+    """The value of a module buffer read by the graph (a lifted input or a get_attr), else None. A parameter's
+    value changes as it trains: never taken as a mask's."""
+    value = REAL_INPUTS.get(node)
+    if value is None and node.op == "get_attr":
+        value = _get_attr(node)
+    if not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter) or value.dim() < 2:
         return None
+    return value
+
+
+def _triangle_kind(value: torch.Tensor) -> Optional[str]:
+    """"keep" for a lower-triangular {0, 1} square (tril of ones), "drop" for its complement (triu(ones, 1)),
+    the same square in every leading index."""
+    squares = value.reshape(-1, *value.shape[-2:])
+    square = squares[0]
+    if square.shape[-1] != square.shape[-2] or (squares != square).any() or not ((square == 0) | (square == 1)).all():
+        return None
+    tril = torch.ones_like(square, dtype=torch.bool).tril()
+    if torch.equal(square != 0, tril):
+        return "keep"
+    if torch.equal(square != 0, ~tril):
+        return "drop"
+    return None
+
+
+def _top_left_slice(index) -> bool:
+    """x[:a, :b] / x[..., :a, :b] / x[0, :a, :b]: a top-left corner of the last two dims, which keeps a causal
+    (top-left aligned) mask causal."""
     index = index if isinstance(index, tuple) else (index,)
+    if len(index) < 2:
+        return False
     for i in index[:-2]:
         if not (isinstance(i, slice) and i == slice(None, None, None)) and i != 0:
-            return None
-    if len(index) < 2:
-        return None
-    for s in index[-2:]:
-        if not (isinstance(s, slice) and s.start in (None, 0) and s.step in (None, 1)):
-            return None
-    square = value.reshape(-1, *value.shape[-2:])[0]
-    if square.shape[-1] != square.shape[-2] or (value.reshape(-1, *value.shape[-2:]) != square).any():
-        return None
-    if not torch.equal(square != 0, torch.ones_like(square, dtype=torch.bool).tril()):
-        return None
-    return "keep"
+            return False
+    return all(isinstance(s, slice) and s.start in (None, 0) and s.step in (None, 1) for s in index[-2:])
 
 
 def _get_attr(node: fx.Node):
@@ -147,7 +176,7 @@ _COMPARE = {operator.ge: "ge", operator.le: "le", operator.gt: "gt", operator.lt
 
 def _arange_compare_kind(node: fx.Node) -> Optional[str]:
     op = _COMPARE.get(node.target) if node.op == "call_function" else (
-        node.target if node.op == "call_method" and node.target in ("ge", "le", "gt", "lt") else None
+        fxn.method_name(node) if fxn.method_name(node) in ("ge", "le", "gt", "lt") else None
     )
     if op is None:
         return None

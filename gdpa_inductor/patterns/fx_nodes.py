@@ -18,11 +18,21 @@ import torch.nn.functional as F
 aten = torch.ops.aten
 
 
+# Dynamo records a Python comparison on a tensor as the function (``operator.eq``) or, in some versions (torch
+# 2.11 for ``buffer[...] == 0``), as the dunder method: both are read as the named method.
+_DUNDER_METHODS = {"__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge"}
+
+
+def method_name(node: fx.Node) -> Optional[str]:
+    """A call_method's name, with comparison dunders read as their plain method; None for other nodes."""
+    return _DUNDER_METHODS.get(node.target, node.target) if node.op == "call_method" else None
+
+
 def fn_or_method(node: fx.Node, functions: tuple = (), methods: tuple = ()) -> bool:
     if node.op == "call_function":
         return node.target in functions
     if node.op == "call_method":
-        return node.target in methods
+        return method_name(node) in methods
     return False
 
 
@@ -47,7 +57,7 @@ def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
 
 MATMUL_FUNCTIONS = (operator.matmul, torch.matmul, torch.bmm, torch.Tensor.matmul, torch.Tensor.bmm)
 MATMUL_METHODS = ("matmul", "bmm", "__matmul__")
-EINSUM_FUNCTIONS = (torch.einsum, torch.functional.einsum)
+EINSUM_FUNCTIONS = tuple(dict.fromkeys((torch.einsum, torch.functional.einsum)))  # one object today: anchor it once
 
 
 def matmul_operands(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:

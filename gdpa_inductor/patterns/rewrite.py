@@ -67,12 +67,24 @@ _ANCHORS = (
 )
 
 
+def _module_state(placeholder: fx.Node) -> bool:
+    """Is this graph input a module's parameter or buffer? Only those values may be read at compile time (a
+    causal buffer, a parameter); a tensor the caller passes can differ on the next call without a recompile.
+    Graphs not from Dynamo (no source recorded) keep every input, as they have no later calls."""
+    grapharg = placeholder.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    if source is None:
+        return grapharg is None
+    name = source.name() if callable(source.name) else source.name
+    return "._buffers[" in name or "._parameters[" in name
+
+
 def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run: bool = False,
                  graph_name: str = "graph") -> list[CandidateReport]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     causal_mask.REAL_INPUTS.clear()
     causal_mask.REAL_INPUTS.update(
-        {p: x for p, x in zip(placeholders, example_inputs) if isinstance(x, torch.Tensor)}
+        {p: x for p, x in zip(placeholders, example_inputs) if isinstance(x, torch.Tensor) and _module_state(p)}
     )
     try:
         reports = _GdpaPass(gm, dry_run, graph_name).run()

@@ -35,6 +35,9 @@ CASES = [
     ("bf16", 128, "silu", "varlen", 2048),
     ("bf16", 128, "silu", "varlen_window", 256),
     ("bf16", 64, "gelu", "varlen_window", 512),
+    # fp32 keeps fp32 accuracy: no tanh.approx (its ~2^-11 error is a bf16-sized error)
+    ("fp32", 64, "gelu_tanh", "plain", 256),
+    ("fp32", 64, "silu", "plain", 256),
 ]
 DENSE_KERNELS = {"gdpa_fwd_kernel", "gdpa_bwd_dkdv_kernel", "gdpa_bwd_dq_kernel"}
 VARLEN_KERNELS = {"gdpa_varlen_fwd_kernel", "gdpa_varlen_bwd_dkdv_kernel", "gdpa_varlen_bwd_dq_kernel"}
@@ -71,6 +74,12 @@ def test_sm90_compile(case, subtests):
         with subtests.test(f"{name}: cubin for sm_90a"):
             assert k["cubin_bytes"] > 0, "no cubin"
             assert k["target"] == "sm_90a"
+        if case[0] == "fp32":
+            # The fp32 path is for accuracy: IEEE dots (no TF32, so no wgmma) on the half-precision tiles,
+            # which spill there; what is checked is that no approximate special function is used.
+            with subtests.test(f"{name}: no tanh.approx in fp32"):
+                assert k["tanh_approx"] == 0, f"{case[2]} in fp32 must not use tanh.approx.f32"
+            continue
         with subtests.test(f"{name}: wgmma"):
             assert k["wgmma"] > 0, "no wgmma.mma_async in the PTX: the matmuls are not on Hopper's tensor-core path"
         with subtests.test(f"{name}: tanh.approx"):
@@ -128,7 +137,7 @@ def _compile_case(case) -> dict:
 
                 kernel.run = compile_only
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
     gen = torch.Generator().manual_seed(0)
     if variant.startswith("varlen"):
         lengths = torch.tensor([seq_len, seq_len // 2, 1], dtype=torch.int32)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from harness import assert_fp32_close, reset, rewrites, run
-from zoo import ZOO_BY_NAME, build
+from zoo import NEGATIVE, ZOO_BY_NAME, build
 
 import gdpa_inductor.backend
 import gdpa_inductor.patterns.rewrite
@@ -97,3 +97,15 @@ def test_rewrites_are_inductor_pattern_matcher_replacements(name):
     with torch.no_grad():
         torch.compile(model, backend=backend)(*inputs)
     assert seen == {"dry": (entry.rewrites, 0), "real": (entry.rewrites, entry.rewrites)}
+
+
+def test_caller_mask_values_are_not_baked_in():
+    """A mask argument that happens to be lower-triangular on the first call: the next call, with another mask
+    and no recompile, must still be computed with that other mask."""
+    model, (q, k, v, tril) = build(next(e for e in NEGATIVE if e.name == "neg_tril_mask_argument"))
+    reset()
+    compiled = torch.compile(model, backend="gdpa")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v, tril), model(q, k, v, tril))
+        other = (torch.rand(16, 16, generator=torch.Generator().manual_seed(1)) < 0.5).float()
+        torch.testing.assert_close(compiled(q, k, v, other), model(q, k, v, other))

@@ -387,3 +387,13 @@ def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_valid_ : torch.Ten
     to = where.to(torch.float32);  where = None
     attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, to, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = to = None
     return (attention_fwd_v1_default,)""")
+
+    def test_hstu_one_minus_triu_buffer(self):
+        self.assertExpectedInline(rewritten_code("hstu_one_minus_triu_buffer"), """\
+def forward(self, L_q_ : torch.Tensor, L_self_buffers_attn_mask_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_self_buffers_attn_mask_ = L_self_buffers_attn_mask_
+    l_k_ = L_k_
+    l_v_ = L_v_
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, None, 'silu', 1.0, 0.0625, True, 0.01);  l_q_ = l_k_ = l_v_ = None
+    return (attention_fwd_v1_default,)""")

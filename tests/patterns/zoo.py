@@ -551,6 +551,34 @@ class HSTUFloatTrilMask(nn.Module):
         return torch.einsum("bhnm,bhmd->bhnd", p, v)
 
 
+class HSTUOneMinusTriuBuffer(nn.Module):
+    """generative-recommenders' spelling: a bool ``triu(ones, 1)`` buffer of invalid pairs, turned into the
+    multiplier ``1.0 - mask.to(dtype)`` (the causal complement), sliced to N and multiplied after silu / N."""
+
+    def __init__(self, max_n=24):
+        super().__init__()
+        self.register_buffer("_attn_mask", torch.triu(torch.ones(max_n, max_n, dtype=torch.bool), diagonal=1))
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        invalid_attn_mask = 1.0 - self._attn_mask.to(q.dtype)
+        p = F.silu(q @ k.transpose(-2, -1)) / n * invalid_attn_mask[:n, :n].unsqueeze(0).unsqueeze(0)
+        return p @ v
+
+
+class TrilMaskArgument(nn.Module):
+    """A {0, 1} mask passed by the caller: lower-triangular in this call, but nothing says it will be in the
+    next (no recompile follows a change of values), so it must not become the causal flag."""
+
+    def forward(self, q, k, v, mask):
+        n = q.shape[-2]
+        return (F.silu(q @ k.transpose(-2, -1)) * mask[:n, :n]) @ v
+
+
+def _tril_mask_inputs(gen):
+    return (*qkv(2, 2, 12, 16)(gen), torch.tril(torch.ones(16, 16)))
+
+
 class GdpaThenSoftmaxReadout(nn.Module):
     """A GDPA block whose output is directly the query of a softmax read-out over a memory (no projection
     in between). One GDPA block (gelu); the softmax read-out must stay unfused."""
@@ -605,6 +633,7 @@ ZOO: list[ZooEntry] = [
     ZooEntry("causal_where_arange_silu", CausalWhereArange, qkv(2, 2, 12, 16), 1),
     ZooEntry("relu_neg_inf_fill_before", ReluNegInfBefore, qkv(2, 2, 12, 16), 1),
     ZooEntry("hstu_float_tril_mask_unsqueezed", HSTUFloatTrilMask, qkv(2, 2, 16, 16), 1),
+    ZooEntry("hstu_one_minus_triu_buffer", HSTUOneMinusTriuBuffer, qkv(2, 2, 16, 16), 1),
 ]
 
 # Checked by its own test (the count alone cannot tell which subgraph was fused).
@@ -823,4 +852,6 @@ class IntCastInChain(nn.Module):
         return F.relu(q @ k.transpose(-2, -1) * 4.0).to(torch.int32).to(q.dtype) @ v
 
 
+NEGATIVE.append(ZooEntry("neg_tril_mask_argument", TrilMaskArgument, _tril_mask_inputs, 0,
+                         reason="neither a scalar nor a boolean mask"))
 NEGATIVE.append(ZooEntry("neg_int_cast_in_chain", IntCastInChain, qkv(2, 2, 12, 16), 0, reason="unsupported op to "))
