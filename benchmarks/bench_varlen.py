@@ -77,7 +77,9 @@ def check_varlen(lengths, device) -> float:
     q, k, v = (torch.randn(t, H, D, device=device, dtype=torch.float64) for _ in range(3))
     got = gdpa_varlen(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cu, int(lens.max()), int(lens.max()),
                       activation=ACT, scale=SCALE, post_scale=POST)
-    want = gdpa_varlen_reference(q, k, v, cu, cu, None, None, ACT, SCALE, POST, False, (-1, -1), 0.01)
+    longest = int(lens.max())
+    want = gdpa_varlen_reference(q, k, v, None, cu, cu, None, None, longest, longest, ACT, SCALE, POST, False,
+                                 (-1, -1), 0.01)
     return ((got.double() - want).norm() / want.norm()).item()
 
 

@@ -76,6 +76,7 @@ def gdpa_varlen(
     negative_slope: float = 0.01,
     seqused_q: torch.Tensor | None = None,
     seqused_k: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GDPA over a jagged batch (FlashAttention's varlen layout); the work follows the real tokens.
 
@@ -93,18 +94,22 @@ def gdpa_varlen(
             ``max_attn_len`` is ``causal=True, window=(max_attn_len, 0)``.
         seqused_q, seqused_k: for a dense side, per-sample valid lengths (a padded batch): rows past them
             take no part, cost nothing, and get zero outputs and gradients.
+        bias: added before the activation, broadcastable to ``[B, H, max_seqlen_q, max_seqlen_k]`` (a dense
+            side's N for its max_seqlen) and indexed by the sample and the positions within it: sample z
+            reads ``bias[z, :, :n_q(z), :n_k(z)]`` (a relative position bias ``[H, N, N]`` shared by the
+            samples, or a padded batch's own ``[B, H, N, N]``). Gets a gradient when it requires one.
 
     Returns:
         ``[total_q, H, Dv]`` (jagged queries) or ``[B, Nq, H, Dv]`` (dense queries), in v's dtype. Samples
-        with no queries or no keys give zeros (and zero gradients). Differentiable in q, k and v.
+        with no queries or no keys give zeros (and zero gradients). Differentiable in q, k, v and bias.
     """
     left, right = check_varlen_args(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, activation=activation,
         scale=1.0 if scale is None else scale, post_scale=post_scale, window=window,
-        negative_slope=negative_slope, seqused_q=seqused_q, seqused_k=seqused_k,
+        negative_slope=negative_slope, seqused_q=seqused_q, seqused_k=seqused_k, bias=bias,
     )
     return varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
+        q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
         activation, 1.0 if scale is None else float(scale), float(post_scale), bool(causal), left, right,
         float(negative_slope),
     )

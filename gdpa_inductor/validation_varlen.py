@@ -7,6 +7,7 @@ import numbers
 import torch
 
 from .kernels.activations import get_activation
+from .kernels.reference_varlen import bias_shape
 from .validation import SUPPORTED_DTYPES, _check_real
 
 
@@ -38,7 +39,7 @@ def _check_index(name: str, t, device, length: int | None) -> None:
 
 
 def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, activation, scale,
-                      post_scale, window, negative_slope, seqused_q, seqused_k) -> tuple[int, int]:
+                      post_scale, window, negative_slope, seqused_q, seqused_k, bias=None) -> tuple[int, int]:
     """Returns the window as the op's (left, right), -1 meaning unbounded."""
     _check_rows("q", q, cu_seqlens_q, seqused_q, "H")
     _check_rows("k", k, cu_seqlens_k, seqused_k, "Hkv")
@@ -83,11 +84,27 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         if lengths.numel() and int(lengths.max()) > longest:
             raise ValueError(f"max_seqlen: expected >= the longest sequence of {name} ({int(lengths.max())}); "
                              f"got {longest}")
+    if bias is not None:
+        _check_bias(bias, q, bias_shape(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, batch))
     get_activation(activation)
     _check_real("scale", scale)
     _check_real("post_scale", post_scale)
     _check_real("negative_slope", negative_slope)
     return _window(window)
+
+
+def _check_bias(bias, q, full: tuple[int, ...]) -> None:
+    if not isinstance(bias, torch.Tensor):
+        raise ValueError(f"bias: expected a tensor or None; got {type(bias).__name__}")
+    if bias.device != q.device or bias.dtype != q.dtype:
+        raise ValueError(f"bias: expected q's device and dtype ({q.device}, {q.dtype}); "
+                         f"got {bias.device}, {bias.dtype}")
+    try:
+        if bias.dim() > 4 or torch.broadcast_shapes(bias.shape, full) != torch.Size(full):
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(f"bias: expected a shape broadcastable to [B, H, max_seqlen_q, max_seqlen_k] = {list(full)} "
+                         f"(a dense side's N for its max_seqlen); got {list(bias.shape)}") from None
 
 
 def _window(window) -> tuple[int, int]:

@@ -32,6 +32,11 @@ def _jagged(gen, lengths=(3, 5), h=2, d=8):
     (lambda a: a.update(window=-5), "window: expected non-negative sizes"),
     (lambda a: a.update(activation="softmax"), "activation"),
     (lambda a: a.update(seqused_q=torch.tensor([1, 2], dtype=torch.int32)), "seqused_q: only for a dense side"),
+    (lambda a: a.update(bias=torch.zeros(2, 5, 6)),
+     "bias: expected a shape broadcastable to [B, H, max_seqlen_q, max_seqlen_k] = [2, 2, 5, 5]"),
+    (lambda a: a.update(bias=torch.zeros(1, 1, 2, 2, 5, 5)), "bias: expected a shape broadcastable"),
+    (lambda a: a.update(bias=torch.zeros(2, 5, 5, dtype=torch.float64)), "bias: expected q's device and dtype"),
+    (lambda a: a.update(bias=[[0.0]]), "bias: expected a tensor or None"),
 ])
 def test_bad_arguments_name_the_argument(change, message, gen):
     q, k, v, cu, longest = _jagged(gen)

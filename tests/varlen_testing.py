@@ -80,8 +80,13 @@ def oracle(case: VarlenCase, activation="silu", scale=0.3, post_scale=0.7, causa
     kw = case.kwargs
     left, right = (window, window) if isinstance(window, int) else (window or (None, None))
 
-    def forward(q, k, v):
+    def forward(q, k, v, bias=None):
+        """``bias`` broadcasts to [B, H, longest q, longest k] and is read at each sample's own positions."""
         outs = []
+        if bias is not None:
+            extent = [x.shape[1] if cu is None else max(lens)
+                      for x, cu, lens in ((q, kw["cu_seqlens_q"], case.lq), (k, kw["cu_seqlens_k"], case.lk))]
+            bias = bias.expand(len(case.lq), q.shape[-2], *extent)
         for z in range(len(case.lq)):
             qz = _sample_rows(q, kw["cu_seqlens_q"], z, case.lq[z], q.shape[1] if q.dim() == 4 else None)
             kz = _sample_rows(k, kw["cu_seqlens_k"], z, case.lk[z], k.shape[1] if k.dim() == 4 else None)
@@ -100,7 +105,10 @@ def oracle(case: VarlenCase, activation="silu", scale=0.3, post_scale=0.7, causa
                 keep &= dpos >= -left
             if right is not None and right >= 0:
                 keep &= dpos <= right
-            p = EAGER_ACTIVATIONS[activation](qh @ kh.transpose(-2, -1) * scale, negative_slope) * post_scale
+            s = qh @ kh.transpose(-2, -1) * scale
+            if bias is not None:
+                s = s + bias[z, :, :nq, :nk]
+            p = EAGER_ACTIVATIONS[activation](s, negative_slope) * post_scale
             oz = (p.masked_fill(~keep, 0.0) @ vh).transpose(0, 1)
             if q.dim() == 4:  # dense queries: rows past the sample's length are zeros
                 full = oz.new_zeros(q.shape[1], *oz.shape[1:])
@@ -110,3 +118,13 @@ def oracle(case: VarlenCase, activation="silu", scale=0.3, post_scale=0.7, causa
         return torch.cat(outs)
 
     return forward
+
+
+def bias_for(case: VarlenCase, gen, shared: bool, h=4) -> torch.Tensor:
+    """A float64 bias for ``case``: [H, longest q, longest k] shared by the samples (a relative position bias)
+    or [B, H, longest q, longest k], one per sample."""
+    kw = case.kwargs
+    nq = case.q.shape[1] if kw["cu_seqlens_q"] is None else kw["max_seqlen_q"]
+    nk = case.k.shape[1] if kw["cu_seqlens_k"] is None else kw["max_seqlen_k"]
+    shape = (h, nq, nk) if shared else (len(case.lq), h, nq, nk)
+    return randn(gen, *shape, dtype=torch.float64) * 0.5

@@ -1,11 +1,12 @@
 """The varlen GDPA custom ops, their fakes and their autograd.
 
-- ``gdpa::varlen_fwd_v1(q, k, v, cu_seqlens_q?, cu_seqlens_k?, seqused_q?, seqused_k?, max_seqlen_q,
+- ``gdpa::varlen_fwd_v2(q, k, v, bias?, cu_seqlens_q?, cu_seqlens_k?, seqused_q?, seqused_k?, max_seqlen_q,
   max_seqlen_k, activation, scale, post_scale, causal, window_left, window_right, negative_slope) -> out``
-- ``gdpa::varlen_bwd_v1(dout, <the same>) -> (dq, dk, dv)``
+- ``gdpa::varlen_bwd_v2(dout, <the same>, bias_requires_grad) -> (dq, dk, dv, dbias)``
 
-Layouts are described in ``kernels/reference_varlen.py``; a window side of -1 is unbounded. The autograd
-saves the inputs and the offsets only.
+Layouts and the bias's indexing are described in ``kernels/reference_varlen.py``; a window side of -1 is
+unbounded. dbias is an empty tensor when no bias gradient is asked for. The autograd saves the inputs and
+the offsets only.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
                                 max_seqlen_k, batch)
 
 
-@torch.library.custom_op("gdpa::varlen_fwd_v1", mutates_args=())
+@torch.library.custom_op("gdpa::varlen_fwd_v2", mutates_args=())
 def varlen_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    bias: torch.Tensor | None,
     cu_seqlens_q: torch.Tensor | None,
     cu_seqlens_k: torch.Tensor | None,
     seqused_q: torch.Tensor | None,
@@ -50,8 +52,8 @@ def varlen_fwd(
 ) -> torch.Tensor:
     rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
-    if select_impl(q, k, v, None, "varlen forward") != "triton":
-        return gdpa_varlen_reference(q, k, v, *rows, *params)
+    if select_impl(q, k, v, bias, "varlen forward") != "triton":
+        return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
     from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
     from ..kernels.triton.varlen_layout import with_tensor
 
@@ -59,21 +61,22 @@ def varlen_fwd(
     # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
     alloc = torch.zeros if seqused_q is not None else torch.empty
     out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
-    gdpa_varlen_fwd_triton(qs, ks, v, with_tensor(qs, out), order, *params)
+    gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params)
     return out
 
 
 @varlen_fwd.register_fake
-def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, *args):
+def _varlen_fwd_fake(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, *args):
     return v.new_empty(varlen_out_shape(q, v, cu_seqlens_q, varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)))
 
 
-@torch.library.custom_op("gdpa::varlen_bwd_v1", mutates_args=())
+@torch.library.custom_op("gdpa::varlen_bwd_v2", mutates_args=())
 def varlen_bwd(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    bias: torch.Tensor | None,
     cu_seqlens_q: torch.Tensor | None,
     cu_seqlens_k: torch.Tensor | None,
     seqused_q: torch.Tensor | None,
@@ -87,34 +90,41 @@ def varlen_bwd(
     window_left: int,
     window_right: int,
     negative_slope: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    bias_requires_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
-    if select_impl(q, k, v, None, "varlen backward") != "triton":
-        return gdpa_varlen_reference_backward(dout, q, k, v, *rows, *params)
-    from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
-    from ..kernels.triton.varlen_layout import with_tensor
+    if select_impl(q, k, v, bias, "varlen backward") != "triton":
+        dq, dk, dv, dbias = gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k,
+                                                           *params, bias_requires_grad)
+    else:
+        from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
+        from ..kernels.triton.varlen_layout import with_tensor
 
-    _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-    dq, dk, dv = gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, order, *params)
-    return dq, dk, dv
+        _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
+        dq, dk, dv, dbias = gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, order, *params,
+                                                   bias_requires_grad)
+    return dq, dk, dv, dbias if dbias is not None else q.new_empty(0)
 
 
 @varlen_bwd.register_fake
-def _varlen_bwd_fake(dout, q, k, v, *args):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _varlen_bwd_fake(dout, q, k, v, bias, *args):
+    bias_requires_grad = args[-1]
+    dbias = bias.new_empty(bias.shape) if bias is not None and bias_requires_grad else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, used_q, used_k, *params = inputs
-    ctx.save_for_backward(q, k, v, cu_q, cu_k, used_q, used_k)
+    q, k, v, bias, cu_q, cu_k, used_q, used_k, *params = inputs
+    ctx.save_for_backward(q, k, v, bias, cu_q, cu_k, used_q, used_k)
     ctx.params = params
 
 
 def _backward(ctx, dout):
-    q, k, v, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
-    dq, dk, dv = varlen_bwd(dout, q, k, v, cu_q, cu_k, used_q, used_k, *ctx.params)
-    return (dq, dk, dv) + (None,) * 13
+    q, k, v, bias, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dbias = varlen_bwd(dout, q, k, v, bias, cu_q, cu_k, used_q, used_k, *ctx.params, bias_grad)
+    return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 13
 
 
 varlen_fwd.register_autograd(_backward, setup_context=_setup_context)

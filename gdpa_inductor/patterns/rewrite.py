@@ -231,7 +231,8 @@ def _operand(b: _Builder, plan: OperandPlan, dtype: torch.dtype, factors=()) -> 
     return n
 
 
-def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> Optional[fx.Node]:
+def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype, with_masks: bool = True) -> Optional[fx.Node]:
+    """The bias terms summed, plus (``with_masks``) each dense mask as a ``-finfo.max`` term."""
     total: Optional[fx.Node] = None
     constant = 0.0
     for term, sign in m.recipe.bias_terms:
@@ -242,7 +243,7 @@ def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> Optional[fx.Node]:
                 total = b.emit("function", operator.add if sign > 0 else operator.sub, (total, term))
         else:
             constant += sign * term
-    for mask, keep_form in m.recipe.dense_masks:
+    for mask, keep_form in m.recipe.dense_masks if with_masks else ():
         big = -torch.finfo(dtype).max
         term = b.emit("function", torch.where, (mask, 0.0, big) if keep_form else (mask, big, 0.0))
         term = b.emit("method", "to", (term, dtype))
@@ -258,16 +259,18 @@ def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> Optional[fx.Node]:
     return total
 
 
-def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node) -> fx.Node:
+def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node, dtype: torch.dtype) -> fx.Node:
     """The block over a padded batch with a length mask: the varlen op reads [B, N, H, D] views and the
-    valid lengths (clamped to N, as ``arange(N) < lengths`` is), and never visits the padding."""
+    valid lengths (clamped to N, as ``arange(N) < lengths`` is), and never visits the padding. A bias keeps
+    its padded [.., N, N] coordinates, which are the varlen op's per-sample ones."""
     r, plan = m.recipe, m.lengths
+    bias = _bias(b, m, dtype, with_masks=False)
     n = fxn.example(k).shape[-2]
     lengths = b.emit("method", "clamp", (plan.lengths, 0, n))
     lengths = b.emit("method", "to", (lengths, torch.int32))
     qt, kt, vt = (b.emit("method", "transpose", (x, 1, 2)) for x in (q, k, v))
-    out = b.emit("function", torch.ops.gdpa.varlen_fwd_v1.default,
-                 (qt, kt, vt, None, None, lengths if plan.rows else None, lengths if plan.cols else None, 0, 0,
+    out = b.emit("function", torch.ops.gdpa.varlen_fwd_v2.default,
+                 (qt, kt, vt, bias, None, None, lengths if plan.rows else None, lengths if plan.cols else None, 0, 0,
                   r.activation, float(r.scale), float(r.post_scale), bool(r.causal), -1, -1,
                   float(r.negative_slope)))
     return b.emit("method", "transpose", (out, 1, 2))
@@ -280,7 +283,7 @@ def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
     k = _operand(b, m.k, dtype)
     v = _operand(b, m.v, dtype)
     if m.lengths is not None:
-        out = _varlen_padded(b, m, q, k, v)
+        out = _varlen_padded(b, m, q, k, v, dtype)
     else:
         bias = _bias(b, m, dtype)
         out = b.emit("function", torch.ops.gdpa.attention_fwd_v1.default,

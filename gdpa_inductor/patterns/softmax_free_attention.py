@@ -326,10 +326,11 @@ def _is_shared_weight(node: fx.Node) -> bool:
 
 def _length_plan(m: GdpaMatch) -> Optional[LengthMask]:
     """The padding length mask when the varlen op computes this block exactly: every mask a length mask of
-    one lengths tensor, no bias, 4-D operands whose batch is the lengths' (or 1 for the query), and with
-    causal, both rows and columns masked (per-sample square, where the alignments agree)."""
+    one lengths tensor (a bias is read at its padded coordinates), 4-D operands whose batch is the lengths'
+    (or 1 for the query), and with causal, both rows and columns masked (per-sample square, where the
+    alignments agree)."""
     r = m.recipe
-    if not r.dense_masks or r.bias_terms:
+    if not r.dense_masks:
         return None
     scores = fxn.example(m.scores)
     found = [length_mask(mask, keep, scores) for mask, keep in r.dense_masks]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from varlen_testing import LAYOUTS, MASKS, make_case, oracle
+from varlen_testing import LAYOUTS, MASKS, bias_for, make_case, oracle
 
 from gdpa_inductor import gdpa_varlen
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES
@@ -24,23 +24,28 @@ def _rel(x, ref):
     return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
-def check(case, dtype, **params):
+def check(case, dtype, bias=None, **params):
     params = dict(activation="silu", scale=case.q.shape[-1] ** -0.5, post_scale=0.5) | params
     forward = oracle(case, **params)
     results = {}
+
+    def leaves(dt):
+        b = [] if bias is None else [bias.detach().to(dt).requires_grad_()]
+        return (*case.inputs(dt), *b)
+
     for name, dt in (("ref", torch.float64), ("eager", dtype)):
-        q, k, v = case.inputs(dt)
-        out = forward(q, k, v)
+        inputs = leaves(dt)
+        out = forward(*inputs)
         dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(5), device="cuda",
                            dtype=torch.float64).to(dt)
-        results[name] = (out, *torch.autograd.grad(out, (q, k, v), dout))
-    q, k, v = case.inputs(dtype)
-    out = gdpa_varlen(q, k, v, **case.kwargs, **params)
+        results[name] = (out, *torch.autograd.grad(out, inputs, dout))
+    q, k, v, *b = leaves(dtype)
+    out = gdpa_varlen(q, k, v, **case.kwargs, **params, bias=b[0] if b else None)
     dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(5), device="cuda",
                        dtype=torch.float64).to(dtype)
-    got = (out, *torch.autograd.grad(out, (q, k, v), dout))
+    got = (out, *torch.autograd.grad(out, (q, k, v, *b), dout))
     bad = []
-    for name, g, e, r in zip(("out", "dq", "dk", "dv"), got, results["eager"], results["ref"]):
+    for name, g, e, r in zip(("out", "dq", "dk", "dv", "dbias"), got, results["eager"], results["ref"]):
         err, eager_err = _rel(g, r), _rel(e, r)
         if not err <= 2 * eager_err + FLOOR:
             bad.append(f"{name}: {err:.3g} > 2 x eager {eager_err:.3g}")
@@ -61,6 +66,26 @@ def test_layouts_masks(layout, mask, dtype, cuda_gen):
                      lq=[300, 0, 1, 129, 17, 64], lk=[257, 3, 0, 129, 1, 500]).to("cuda")
     check(case, dtype, causal=causal, window=None if window is None else tuple(
         w * 16 if w is not None else None for w in window))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_bias", "per_sample_bias"])
+@pytest.mark.parametrize("layout", ["self", "padded", "pma"])
+def test_bias_with_gradient(layout, shared, dtype, cuda_gen):
+    """HSTU's relative bias (shared by the samples) or a per-sample bias, causal with a window, and dBias."""
+    case = make_case(layout, cuda_gen, h=4, hkv=2, d=128, dv=128,
+                     lq=[300, 0, 1, 129, 17, 64], lk=[300, 0, 1, 129, 17, 64]).to("cuda")
+    bias = bias_for(case, cuda_gen, shared).to("cuda")
+    check(case, dtype, bias=bias, causal=layout != "pma", window=(96, 0) if layout != "pma" else None)
+
+
+def test_bias_grouped_atomic_gradient(cuda_gen, monkeypatch):
+    """A shared bias whose per-sample gradient slices exceed the budget: samples add into fewer slices."""
+    from gdpa_inductor.kernels.triton import varlen_bwd
+
+    monkeypatch.setattr(varlen_bwd, "FULL_GRAD_BUFFER_BYTES", 2 * 4 * 300 * 300 * 4)  # 2 slices for 6 samples
+    case = make_case("padded", cuda_gen, h=4, hkv=4, d=128, dv=128, lq=[300, 0, 1, 129, 17, 64]).to("cuda")
+    check(case, torch.bfloat16, bias=bias_for(case, cuda_gen, True).to("cuda"), causal=True)
 
 
 @pytest.mark.parametrize("activation", ACTIVATION_NAMES)

@@ -35,6 +35,8 @@ CASES = [
     ("bf16", 128, "silu", "varlen", 2048),
     ("bf16", 128, "silu", "varlen_window", 256),
     ("bf16", 64, "gelu", "varlen_window", 512),
+    ("bf16", 128, "silu", "varlen_bias", 256),
+    ("bf16", 128, "silu", "varlen_bias", 1024),
     # fp32 keeps fp32 accuracy: no tanh.approx (its ~2^-11 error is a bf16-sized error)
     ("fp32", 64, "gelu_tanh", "plain", 256),
     ("fp32", 64, "silu", "plain", 256),
@@ -147,8 +149,14 @@ def _compile_case(case) -> dict:
         side, kside, order = varlen_sides(q, k, cu, cu, None, None, seq_len, seq_len, lengths.numel())
         params = (activation, d**-0.5, 1.0, variant == "varlen_window",
                   (64, 0) if variant == "varlen_window" else (-1, -1), 0.01)
-        varlen_fwd.gdpa_varlen_fwd_triton(side, kside, v, with_tensor(side, dout), order, *params)
-        varlen_bwd.gdpa_varlen_bwd_triton(with_tensor(side, dout), side, kside, v, order, *params)
+        # a relative bias shared by the samples, with its gradient: one slice per sample (plain stores) at long
+        # kv; at short kv a one-byte budget forces the grouped, atomic dBias path
+        bias = torch.randn(HEADS, seq_len, seq_len, generator=gen).to(dtype) if variant == "varlen_bias" else None
+        if seq_len <= 256:
+            varlen_bwd.FULL_GRAD_BUFFER_BYTES = 1
+        varlen_fwd.gdpa_varlen_fwd_triton(side, kside, v, bias, with_tensor(side, dout), order, *params)
+        varlen_bwd.gdpa_varlen_bwd_triton(with_tensor(side, dout), side, kside, v, bias, order, *params,
+                                          bias is not None)
         return _report(compiled, capability)
     q, k, v, dout = (torch.randn(BATCH, HEADS, seq_len, d, generator=gen).to(dtype) for _ in range(4))
     bias = torch.randn(BATCH, HEADS, seq_len, seq_len, generator=gen).to(dtype) if variant == "bias" else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gdpa_testing import rel_err, requires_interpreter
-from varlen_testing import LAYOUTS, MASKS, make_case, oracle
+from varlen_testing import LAYOUTS, MASKS, bias_for, make_case, oracle
 
 from gdpa_inductor import config, gdpa_varlen
 
@@ -25,15 +25,18 @@ def _triton_path():
     config.backend = saved
 
 
-def run_both(case, dtype, **params):
+def run_both(case, dtype, bias=None, **params):
+    """(out, dq, dk, dv[, dbias]) of the op in ``dtype`` and of the float64 oracle."""
     params = PARAMS | params
     q64, k64, v64 = case.inputs(torch.float64)
-    want = oracle(case, **params)(q64, k64, v64)
+    b64 = [] if bias is None else [bias.detach().double().requires_grad_()]
+    want = oracle(case, **params)(q64, k64, v64, *b64)
     dout = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    want_grads = torch.autograd.grad(want, (q64, k64, v64), dout)
+    want_grads = torch.autograd.grad(want, (q64, k64, v64, *b64), dout)
     q, k, v = case.inputs(dtype)
-    got = gdpa_varlen(q, k, v, **case.kwargs, **params)
-    got_grads = torch.autograd.grad(got, (q, k, v), dout.to(dtype))
+    b = [] if bias is None else [bias.detach().to(dtype).requires_grad_()]
+    got = gdpa_varlen(q, k, v, **case.kwargs, **params, bias=b[0] if b else None)
+    got_grads = torch.autograd.grad(got, (q, k, v, *b), dout.to(dtype))
     return (got, *got_grads), (want, *want_grads)
 
 
@@ -81,6 +84,23 @@ def test_fp16_within_twice_eager_error(layout, gen):
     eager = eager_half(case, torch.float16, causal=True, window=(6, 0))
     for name, a, e, b in zip(("out", "dq", "dk", "dv"), got, eager, want):
         assert rel_err(a, b) <= 2 * rel_err(e, b) + 1e-6, f"{name}: {rel_err(a, b):.3g} vs eager {rel_err(e, b):.3g}"
+
+
+@pytest.mark.parametrize("shared,grouped", [(True, False), (True, True), (False, False)],
+                         ids=["shared_bias", "shared_bias_grouped_atomic", "per_sample_bias"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fp32_bias_and_its_gradient(layout, shared, grouped, gen, monkeypatch):
+    """A bias read at each sample's own positions, causal with a window, and dBias: one buffer slice per sample,
+    or (a budget of one sample's slice) every sample adding into one slice with atomics."""
+    from gdpa_inductor.kernels.triton import varlen_bwd
+
+    if grouped:
+        monkeypatch.setattr(varlen_bwd, "FULL_GRAD_BUFFER_BYTES", 1)
+    case = make_case(layout, gen)
+    got, want = run_both(case, torch.float32, bias=bias_for(case, gen, shared), causal=True, window=(6, 0))
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dbias"), got, want):
+        assert a.shape == b.shape, name
+        assert rel_err(a, b) <= 1e-5, f"{name}: {rel_err(a, b):.3g}"
 
 
 @pytest.mark.parametrize("batch", [1, 5, 300])

@@ -11,17 +11,26 @@ from gdpa_testing import INTERPRETING
 from varlen_testing import LAYOUTS, make_case
 
 from gdpa_inductor import config
+from gdpa_inductor.kernels.reference_varlen import bias_shape, varlen_batch
 from gdpa_inductor.lowering import varlen_ops
 
-FWD = torch.ops.gdpa.varlen_fwd_v1.default
-BWD = torch.ops.gdpa.varlen_bwd_v1.default
+FWD = torch.ops.gdpa.varlen_fwd_v2.default
+BWD = torch.ops.gdpa.varlen_bwd_v2.default
 
 
-def _args(case, dtype, causal=True, window=(3, -1)):
+def _bias(case, q, k, gen, shared: bool):
+    """A relative-position-like bias shared by the samples ([H, max_q, max_k]) or one per sample."""
+    kw = case.kwargs
+    full = bias_shape(q, k, kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["max_seqlen_q"], kw["max_seqlen_k"],
+                      varlen_batch(q, k, kw["cu_seqlens_q"], kw["cu_seqlens_k"]))
+    return torch.randn(full[1:] if shared else full, generator=gen, dtype=q.dtype)
+
+
+def _args(case, dtype, causal=True, window=(3, -1), bias=None):
     kw = case.kwargs
     q, k, v = case.inputs(dtype)
-    return (q, k, v, kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["seqused_q"], kw["seqused_k"], kw["max_seqlen_q"],
-            kw["max_seqlen_k"], "silu", 0.3, 0.7, causal, *window, 0.01)
+    return (q, k, v, bias, kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["seqused_q"], kw["seqused_k"],
+            kw["max_seqlen_q"], kw["max_seqlen_k"], "silu", 0.3, 0.7, causal, *window, 0.01)
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
@@ -41,7 +50,23 @@ def test_opcheck_bwd(layout, gen, monkeypatch):
     args = _args(case, torch.float64)
     out = FWD(*args)
     dout = torch.randn(out.shape, dtype=torch.float64, generator=gen)
-    torch.library.opcheck(BWD, (dout, *[a.detach() if isinstance(a, torch.Tensor) else a for a in args]))
+    torch.library.opcheck(BWD, (dout, *[a.detach() if isinstance(a, torch.Tensor) else a for a in args], False))
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_bias", "per_sample_bias"])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_opcheck_with_bias(layout, backend, shared, gen, monkeypatch):
+    """Forward with a bias, and the autograd registration with the bias's gradient (opcheck's test_aot_dispatch
+    runs the backward through it)."""
+    if backend == "triton" and not INTERPRETING:
+        pytest.skip("needs TRITON_INTERPRET=1 on CPU")
+    monkeypatch.setattr(config, "backend", backend)
+    dtype = torch.float64 if backend == "reference" else torch.float32
+    case = make_case(layout, gen)
+    q, k, _ = case.inputs(dtype)
+    bias = _bias(case, q, k, gen, shared).requires_grad_()
+    torch.library.opcheck(FWD, _args(case, dtype, bias=bias))
 
 
 def test_fake_matches_real_shapes(gen):
@@ -75,7 +100,7 @@ def test_gradients_are_contiguous_for_strided_inputs(backend, gen, monkeypatch):
     args[:3] = [t.detach().transpose(1, 2).contiguous().transpose(1, 2) for t in args[:3]]
     out = FWD(*args)
     dout = torch.randn(out.shape, generator=gen).transpose(1, 2).contiguous().transpose(1, 2)
-    grads = BWD(dout, *args)
+    grads = BWD(dout, *args, False)
     for g, x in zip(grads, args[:3]):
         assert g.shape == x.shape and g.is_contiguous(), (g.shape, g.stride())
-    torch.library.opcheck(BWD, (dout, *args))
+    torch.library.opcheck(BWD, (dout, *args, False))

@@ -335,8 +335,8 @@ def forward(self, L_k_ : torch.Tensor, L_lengths_ : torch.Tensor, L_q_ : torch.T
     transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
     transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
     transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
-    varlen_fwd_v1_default = torch.ops.gdpa.varlen_fwd_v1.default(transpose_1, transpose_2, transpose_3, None, None, None, to, 0, 0, 'gelu', 0.25, 1.0, False, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
-    transpose_4 = varlen_fwd_v1_default.transpose(1, 2);  varlen_fwd_v1_default = None
+    varlen_fwd_v2_default = torch.ops.gdpa.varlen_fwd_v2.default(transpose_1, transpose_2, transpose_3, None, None, None, None, to, 0, 0, 'gelu', 0.25, 1.0, False, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
+    transpose_4 = varlen_fwd_v2_default.transpose(1, 2);  varlen_fwd_v2_default = None
     return (transpose_4,)""")
 
     def test_hstu_padded_lengths_causal_silu(self):
@@ -352,8 +352,8 @@ def forward(self, L_q_ : torch.Tensor, L_lengths_ : torch.Tensor, L_k_ : torch.T
     transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
     transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
     transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
-    varlen_fwd_v1_default = torch.ops.gdpa.varlen_fwd_v1.default(transpose_1, transpose_2, transpose_3, None, None, to, to, 0, 0, 'silu', 1.0, 0.08333333333333333, True, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
-    transpose_4 = varlen_fwd_v1_default.transpose(1, 2);  varlen_fwd_v1_default = None
+    varlen_fwd_v2_default = torch.ops.gdpa.varlen_fwd_v2.default(transpose_1, transpose_2, transpose_3, None, None, None, to, to, 0, 0, 'silu', 1.0, 0.08333333333333333, True, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
+    transpose_4 = varlen_fwd_v2_default.transpose(1, 2);  varlen_fwd_v2_default = None
     return (transpose_4,)""")
 
     def test_right_aligned_padding_silu(self):
@@ -397,3 +397,22 @@ def forward(self, L_q_ : torch.Tensor, L_self_buffers_attn_mask_ : torch.Tensor,
     l_v_ = L_v_
     attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, None, 'silu', 1.0, 0.0625, True, 0.01);  l_q_ = l_k_ = l_v_ = None
     return (attention_fwd_v1_default,)""")
+
+    def test_hstu_padded_lengths_relbias(self):
+        self.assertExpectedInline(rewritten_code("hstu_padded_lengths_relbias"), """\
+def forward(self, L_q_ : torch.Tensor, L_lengths_ : torch.Tensor, L_k_ : torch.Tensor, L_self_parameters_rab_ : torch.nn.parameter.Parameter, L_self_buffers_tril_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_lengths_ = L_lengths_
+    l_k_ = L_k_
+    l_self_parameters_rab_ = L_self_parameters_rab_
+    l_self_buffers_tril_ = L_self_buffers_tril_
+    l_v_ = L_v_
+    getitem_1 = l_self_parameters_rab_[(slice(None, None, None), slice(None, 12, None), slice(None, 12, None))];  l_self_parameters_rab_ = None
+    clamp = l_lengths_.clamp(0, 12);  l_lengths_ = None
+    to = clamp.to(torch.int32);  clamp = None
+    transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
+    transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
+    transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
+    varlen_fwd_v2_default = torch.ops.gdpa.varlen_fwd_v2.default(transpose_1, transpose_2, transpose_3, getitem_1, None, None, to, to, 0, 0, 'silu', 1.0, 0.08333333333333333, True, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = getitem_1 = to = None
+    transpose_4 = varlen_fwd_v2_default.transpose(1, 2);  varlen_fwd_v2_default = None
+    return (transpose_4,)""")

@@ -786,6 +786,23 @@ class HSTUPaddedLengths(nn.Module):
         return p @ v
 
 
+class HSTUPaddedLengthsRelBias(nn.Module):
+    """HSTU's padded reference with its relative attention bias (a learned [H, N, N] table shared by the
+    batch): silu(S + rab) / N, causal, and the query-and-key validity mask from the lengths."""
+
+    def __init__(self, n=12, h=2):
+        super().__init__()
+        self.rab = nn.Parameter(torch.randn(h, n, n) * 0.1)
+        self.register_buffer("tril", torch.tril(torch.ones(n, n)))
+
+    def forward(self, q, k, v, lengths):
+        n = q.shape[-2]
+        valid = torch.arange(n, device=q.device).unsqueeze(0) < lengths.unsqueeze(1)
+        mask = valid.unsqueeze(1).unsqueeze(-1) & valid[:, None, None, :]
+        p = F.silu(q @ k.transpose(-2, -1) + self.rab[:, :n, :n]) / n * self.tril[:n, :n]
+        return torch.where(mask, p, 0.0) @ v
+
+
 class RightAlignedPadding(nn.Module):
     """Padding at the front (``arange >= N - lengths``): not a length mask the op reads, so a dense bias."""
 
@@ -839,6 +856,7 @@ ZOO += [
     ZooEntry("padding_mask_before_gelu", PaddingMask, _padding_inputs, 1),
     ZooEntry("padded_lengths_key_mask_gelu", PaddedLengthsKeyMask, _lengths_inputs, 1),
     ZooEntry("hstu_padded_lengths_causal_silu", HSTUPaddedLengths, _lengths_inputs, 1),
+    ZooEntry("hstu_padded_lengths_relbias", HSTUPaddedLengthsRelBias, _lengths_inputs, 1),
     ZooEntry("right_aligned_padding_silu", RightAlignedPadding, _lengths_inputs, 1),
     ZooEntry("padding_mask_after_silu", PaddingMaskAfterSilu, _padding_inputs, 1),
 ]

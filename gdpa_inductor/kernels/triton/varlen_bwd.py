@@ -15,8 +15,9 @@ import triton.language as tl
 
 from ..activations import get_activation
 from .gdpa_bwd import BwdConfig, default_bwd_configs
-from .layout import block_dim, fit_tile, kernel_flags
+from .layout import FULL_GRAD_BUFFER_BYTES, block_dim, fit_tile, kernel_flags
 from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span, query_span
+from .varlen_fwd import bias_view
 from .varlen_layout import VarlenSide, with_tensor
 from .varlen_schedule import program_work
 
@@ -34,9 +35,11 @@ def default_varlen_bwd_configs(d: int, dv: int, dtype: torch.dtype, max_kv_len: 
 
 @triton.jit
 def _dkdv_tile(
-    dk, dv, k, v, q_base, do_base, offs_n, offs_d, offs_dv, start_m,
-    stride_qm, stride_qd, stride_dom, stride_dod, nq, nk, LEFT, RIGHT, scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
+    stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
+    nq, nk, LEFT, RIGHT, scale, post_scale, slope,
+    ACT_FN_AND_GRAD: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    DB_ATOMIC: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -49,6 +52,10 @@ def _dkdv_tile(
         qt = tl.load(qt_ptrs, mask=offs_d[:, None] < D, other=0.0)
         do = tl.load(do_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
     st = tl.dot(k, qt, input_precision=DOT_PRECISION) * scale
+    in_sample = (offs_n[:, None] < nk) & (offs_m[None, :] < nq)
+    if HAS_BIAS:
+        st += tl.load(b_base + offs_n[:, None] * stride_bn + offs_m[None, :] * stride_bm, mask=in_sample,
+                      other=0.0).to(tl.float32)
     pt, dact = ACT_FN_AND_GRAD(st, slope, TANH_APPROX, PRECISE)
     if MASKED:
         keep = band_keep(offs_m[None, :], offs_n[:, None], nq, nk, LEFT, RIGHT)
@@ -56,21 +63,30 @@ def _dkdv_tile(
         dact = tl.where(keep, dact, 0.0)
     dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
     dst = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) * dact
+    if BIAS_GRAD:  # dBias = dS: written where the sample has scores; padding stays 0
+        db_ptrs = db_base + offs_n[:, None] * stride_dbn + offs_m[None, :] * stride_dbm
+        if DB_ATOMIC:
+            tl.atomic_add(db_ptrs, dst * post_scale, mask=in_sample, sem="relaxed")
+        else:
+            tl.store(db_ptrs, (dst * post_scale).to(db_base.dtype.element_ty), mask=in_sample)
     dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def gdpa_varlen_bwd_dkdv_kernel(
-    Q, K, V, DO, DK, DV_, StartQ, LenQ, StartK, LenK, Order,
+    Q, K, V, Bias, DO, DK, DV_, DBias, StartQ, LenQ, StartK, LenK, Order,
     stride_qb, stride_qm, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bm, stride_bn,
     stride_dob, stride_dom, stride_doh, stride_dod,
     stride_dkb, stride_dkn, stride_dkh, stride_dkd,
     stride_dvb, stride_dvn, stride_dvh, stride_dvd,
-    HKV, GROUP, MAX_N, LEFT, RIGHT, scale, post_scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, RIGHT_BOUNDED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    stride_dbb, stride_dbh, stride_dbm, stride_dbn,
+    HKV, GROUP, MAX_N, LEFT, RIGHT, DB_GROUPS, scale, post_scale, slope,
+    ACT_FN_AND_GRAD: tl.constexpr, RIGHT_BOUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    DB_ATOMIC: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -93,22 +109,27 @@ def gdpa_varlen_bwd_dkdv_kernel(
             h = hk * GROUP + g
             q_base = Q + z * stride_qb + q_row0 * stride_qm + h * stride_qh
             do_base = DO + z * stride_dob + q_row0 * stride_dom + h * stride_doh
+            b_base = Bias + z * stride_bb + h * stride_bh
+            db_base = DBias + (z % DB_GROUPS) * stride_dbb + h * stride_dbh
             if RIGHT_BOUNDED:  # causal or a right window edge: masked query tiles before the complete ones
                 for start_m in range(lo, full_lo, BLOCK_M):
-                    dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, offs_n, offs_d, offs_dv, start_m,
-                                        stride_qm, stride_qd, stride_dom, stride_dod, nq, nk, LEFT, RIGHT,
-                                        scale, slope, ACT_FN_AND_GRAD, True, D, DV, BLOCK_M, TANH_APPROX,
-                                        PRECISE, DOT_PRECISION)
+                    dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv,
+                                        start_m, stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn,
+                                        stride_dbm, stride_dbn, nq, nk, LEFT, RIGHT, scale, post_scale, slope,
+                                        ACT_FN_AND_GRAD, True, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
+                                        TANH_APPROX, PRECISE, DOT_PRECISION)
             for start_m in range(full_lo, full_hi, BLOCK_M):
-                dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, offs_n, offs_d, offs_dv, start_m,
-                                    stride_qm, stride_qd, stride_dom, stride_dod, nq, nk, LEFT, RIGHT,
-                                    scale, slope, ACT_FN_AND_GRAD, False, D, DV, BLOCK_M, TANH_APPROX,
-                                    PRECISE, DOT_PRECISION)
+                dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv,
+                                    start_m, stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn,
+                                    stride_dbm, stride_dbn, nq, nk, LEFT, RIGHT, scale, post_scale, slope,
+                                    ACT_FN_AND_GRAD, False, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
+                                    TANH_APPROX, PRECISE, DOT_PRECISION)
             for start_m in range(full_hi, hi, BLOCK_M):
-                dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, offs_n, offs_d, offs_dv, start_m,
-                                    stride_qm, stride_qd, stride_dom, stride_dod, nq, nk, LEFT, RIGHT,
-                                    scale, slope, ACT_FN_AND_GRAD, True, D, DV, BLOCK_M, TANH_APPROX,
-                                    PRECISE, DOT_PRECISION)
+                dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv,
+                                    start_m, stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn,
+                                    stride_dbm, stride_dbn, nq, nk, LEFT, RIGHT, scale, post_scale, slope,
+                                    ACT_FN_AND_GRAD, True, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
+                                    TANH_APPROX, PRECISE, DOT_PRECISION)
         dk = dk * (scale * post_scale)
         dv = dv * post_scale
         tl.store(DK + z * stride_dkb + (k_row0 + offs_n[:, None]) * stride_dkn + hk * stride_dkh
@@ -121,9 +142,9 @@ def gdpa_varlen_bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_tile(
-    dq, q, do, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd, stride_vn, stride_vd,
-    nq, nk, LEFT, RIGHT, scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd, stride_vn, stride_vd,
+    stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
+    ACT_FN_AND_GRAD: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_N: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -136,6 +157,9 @@ def _dq_tile(
         kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
         vt = tl.load(vt_ptrs, mask=offs_dv[:, None] < DV, other=0.0)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * scale
+    if HAS_BIAS:
+        s += tl.load(b_base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn,
+                     mask=(offs_m[:, None] < nq) & (offs_n[None, :] < nk), other=0.0).to(tl.float32)
     p, dact = ACT_FN_AND_GRAD(s, slope, TANH_APPROX, PRECISE)
     ds = tl.dot(do, vt, input_precision=DOT_PRECISION) * dact
     if MASKED:
@@ -145,14 +169,16 @@ def _dq_tile(
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def gdpa_varlen_bwd_dq_kernel(
-    Q, K, V, DO, DQ, StartQ, LenQ, StartK, LenK, Order,
+    Q, K, V, Bias, DO, DQ, StartQ, LenQ, StartK, LenK, Order,
     stride_qb, stride_qm, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bm, stride_bn,
     stride_dob, stride_dom, stride_doh, stride_dod,
     stride_dqb, stride_dqm, stride_dqh, stride_dqd,
     HKV, GROUP, MAX_N, LEFT, RIGHT, scale, post_scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    ACT_FN_AND_GRAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr,
+    DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -171,22 +197,23 @@ def gdpa_varlen_bwd_dq_kernel(
                      + offs_dv[None, :] * stride_dod, mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         k_base = K + z * stride_kb + k_row0 * stride_kn + hk * stride_kh
         v_base = V + z * stride_vb + k_row0 * stride_vn + hk * stride_vh
+        b_base = Bias + z * stride_bb + h * stride_bh
         m_last = tl.minimum(m0 + BLOCK_M, nq) - 1
         lo, full_lo, full_hi, hi = key_span(m0, m_last, nq, nk, LEFT, RIGHT, BLOCK_N)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         if LEFT_BOUNDED:
             for start_n in range(lo, full_lo, BLOCK_N):
-                dq = _dq_tile(dq, q, do, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
-                              stride_vn, stride_vd, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN_AND_GRAD, True,
-                              D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
+                dq = _dq_tile(dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn,
+                              stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
+                              ACT_FN_AND_GRAD, True, HAS_BIAS, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         for start_n in range(full_lo, full_hi, BLOCK_N):
-            dq = _dq_tile(dq, q, do, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
-                          stride_vn, stride_vd, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN_AND_GRAD, False,
-                          D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
+            dq = _dq_tile(dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn,
+                          stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
+                          ACT_FN_AND_GRAD, False, HAS_BIAS, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         for start_n in range(full_hi, hi, BLOCK_N):
-            dq = _dq_tile(dq, q, do, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
-                          stride_vn, stride_vd, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN_AND_GRAD, True,
-                          D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
+            dq = _dq_tile(dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn,
+                          stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
+                          ACT_FN_AND_GRAD, True, HAS_BIAS, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         dq = dq * (scale * post_scale)
         tl.store(DQ + z * stride_dqb + (q_row0 + offs_m[:, None]) * stride_dqm + h * stride_dqh
                  + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
@@ -207,9 +234,31 @@ def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return buf.sum(0, keepdim=True).to(like.dtype) if buf.shape[0] != like.shape[0] else buf
 
 
-def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: torch.Tensor, order: torch.Tensor,
-                           activation: str, scale: float, post_scale: float, causal: bool, window: tuple[int, int],
-                           negative_slope: float, configs=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class _BiasGrad:
+    """Where the dK/dV kernel writes dBias = dS. A bias per sample gets a buffer of its full [B, H, max_q, max_k]
+    shape (each entry written once). A bias shared by the samples (a relative position bias) gets G slices,
+    sample z adding into slice z % G: one slice per sample (plain stores) when that fits in the budget,
+    else as many as fit, with low-contention atomics, instead of every sample adding into one [H, max_q,
+    max_k] tensor. Zero-filled: scores outside a sample (padding, zero-length samples) have no gradient."""
+
+    def __init__(self, bias: torch.Tensor, b4: torch.Tensor):
+        batch, per_sample = b4.shape[0], b4[0].numel() * 4
+        self.shared = b4.stride(0) == 0 and batch > 1
+        self.groups = max(1, min(batch, FULL_GRAD_BUFFER_BYTES // per_sample)) if self.shared else batch
+        self.atomic = self.groups < batch
+        self.buf = torch.zeros((self.groups, *b4.shape[1:]), dtype=torch.float32, device=b4.device)
+        self.bias = bias
+
+    def result(self) -> torch.Tensor:
+        buf = self.buf.sum(0, keepdim=True) if self.shared else self.buf
+        return buf.sum_to_size(self.bias.shape).to(self.bias.dtype)
+
+
+def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: torch.Tensor,
+                           bias: torch.Tensor | None, order: torch.Tensor, activation: str, scale: float,
+                           post_scale: float, causal: bool, window: tuple[int, int], negative_slope: float,
+                           bias_requires_grad: bool, configs=None) -> tuple:
+    """(dq, dk, dv, dbias or None)."""
     h, d = q.tensor.shape[-2:]
     hkv, dv_dim = v.shape[-2:]
     left, right = band_limits(causal, window)
@@ -222,19 +271,26 @@ def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: to
         ACT_FN_AND_GRAD=get_activation(activation).triton_fn_and_grad, D=d, DV=dv_dim,
         BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv_dim), **kernel_flags(v.dtype, v.device),
     )
+    b4, b_strides = bias_view(bias, q, k)
+    db = _BiasGrad(bias, b4) if b4 is not None and bias_requires_grad else None
     rows = (q.starts, q.lengths, k.starts, k.lengths, order)
-    strides = (*q.strides(), *k.strides(), *k.strides_of(v), *dout.strides())
-    scalars = (left, right, float(scale), float(post_scale), float(negative_slope))
+    strides = (*q.strides(), *k.strides(), *k.strides_of(v), *b_strides, *dout.strides())
+    scalars = (float(scale), float(post_scale), float(negative_slope))
+    bias_arg = b4 if b4 is not None else v
     gdpa_varlen_bwd_dkdv_kernel[(triton.cdiv(k.max_len, kv_cfg.block_n) * hkv * k.batch,)](
-        q.tensor, k.tensor, v, dout.tensor, dk_side.tensor, dv_side.tensor, *rows,
-        *strides, *dk_side.strides(), *dv_side.strides(), hkv, h // hkv, k.max_len, *scalars,
-        RIGHT_BOUNDED=right != UNBOUNDED, BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
+        q.tensor, k.tensor, v, bias_arg, dout.tensor, dk_side.tensor, dv_side.tensor,
+        db.buf if db is not None else v, *rows, *strides, *dk_side.strides(), *dv_side.strides(),
+        *(db.buf.stride() if db is not None else (0, 0, 0, 0)), hkv, h // hkv, k.max_len, left, right,
+        db.groups if db is not None else 1, *scalars,
+        RIGHT_BOUNDED=right != UNBOUNDED, HAS_BIAS=b4 is not None, BIAS_GRAD=db is not None,
+        DB_ATOMIC=db is not None and db.atomic, BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
         num_warps=kv_cfg.num_warps, num_stages=kv_cfg.num_stages, **common,
     )
     gdpa_varlen_bwd_dq_kernel[(triton.cdiv(q.max_len, q_cfg.block_m) * h * q.batch,)](
-        q.tensor, k.tensor, v, dout.tensor, dq_side.tensor, *rows,
-        *strides, *dq_side.strides(), hkv, h // hkv, q.max_len, *scalars,
-        LEFT_BOUNDED=left != UNBOUNDED, BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n,
+        q.tensor, k.tensor, v, bias_arg, dout.tensor, dq_side.tensor, *rows,
+        *strides, *dq_side.strides(), hkv, h // hkv, q.max_len, left, right, *scalars,
+        LEFT_BOUNDED=left != UNBOUNDED, HAS_BIAS=b4 is not None, BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n,
         num_warps=q_cfg.num_warps, num_stages=q_cfg.num_stages, **common,
     )
-    return _finish(dq, q.tensor), _finish(dk, k.tensor), _finish(dv, v)
+    dbias = db.result() if db is not None else None
+    return _finish(dq, q.tensor), _finish(dk, k.tensor), _finish(dv, v), dbias

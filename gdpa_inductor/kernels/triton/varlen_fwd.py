@@ -36,10 +36,10 @@ def default_varlen_fwd_config(d: int, dv: int, dtype: torch.dtype, max_kv_len: i
 
 @triton.jit
 def _fwd_tile(
-    acc, q, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd, stride_vn, stride_vd,
-    nq, nk, LEFT, RIGHT, scale, slope,
-    ACT_FN: tl.constexpr, MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd, stride_vn, stride_vd,
+    stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
+    ACT_FN: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_N: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
@@ -51,6 +51,9 @@ def _fwd_tile(
         kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
         v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * scale
+    if HAS_BIAS:
+        s += tl.load(b_base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn,
+                     mask=(offs_m[:, None] < nq) & (offs_n[None, :] < nk), other=0.0).to(tl.float32)
     p = ACT_FN(s, slope, TANH_APPROX, PRECISE)
     if MASKED:
         p = tl.where(band_keep(offs_m[:, None], offs_n[None, :], nq, nk, LEFT, RIGHT), p, 0.0)
@@ -59,13 +62,14 @@ def _fwd_tile(
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def gdpa_varlen_fwd_kernel(
-    Q, K, V, Out, StartQ, LenQ, StartK, LenK, Order,
+    Q, K, V, Bias, Out, StartQ, LenQ, StartK, LenK, Order,
     stride_qb, stride_qm, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bm, stride_bn,
     stride_ob, stride_om, stride_oh, stride_od,
     H, GROUP, MAX_NQ, LEFT, RIGHT, scale, post_scale, slope,
-    ACT_FN: tl.constexpr, LEFT_BOUNDED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    ACT_FN: tl.constexpr, LEFT_BOUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -81,22 +85,26 @@ def gdpa_varlen_fwd_kernel(
                     mask=(offs_m[:, None] < nq) & (offs_d[None, :] < D), other=0.0)
         k_base = K + z * stride_kb + k_row0 * stride_kn + hk * stride_kh
         v_base = V + z * stride_vb + k_row0 * stride_vn + hk * stride_vh
+        b_base = Bias + z * stride_bb + h * stride_bh
 
         m_last = tl.minimum(m0 + BLOCK_M, nq) - 1
         lo, full_lo, full_hi, hi = key_span(m0, m_last, nq, nk, LEFT, RIGHT, BLOCK_N)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         if LEFT_BOUNDED:  # only a window's left edge puts masked tiles before the complete ones
             for start_n in range(lo, full_lo, BLOCK_N):
-                acc = _fwd_tile(acc, q, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
-                                stride_vn, stride_vd, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN, True, D, DV,
+                acc = _fwd_tile(acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn,
+                                stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale,
+                                slope, ACT_FN, True, HAS_BIAS, D, DV,
                                 BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         for start_n in range(full_lo, full_hi, BLOCK_N):
-            acc = _fwd_tile(acc, q, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
-                            stride_vn, stride_vd, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN, False, D, DV,
+            acc = _fwd_tile(acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
+                            stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN,
+                            False, HAS_BIAS, D, DV,
                             BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         for start_n in range(full_hi, hi, BLOCK_N):
-            acc = _fwd_tile(acc, q, k_base, v_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
-                            stride_vn, stride_vd, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN, True, D, DV,
+            acc = _fwd_tile(acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
+                            stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN,
+                            True, HAS_BIAS, D, DV,
                             BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         acc = acc * post_scale
         o_ptrs = (Out + z * stride_ob + q_row0 * stride_om + h * stride_oh
@@ -104,20 +112,29 @@ def gdpa_varlen_fwd_kernel(
         tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < nq) & (offs_dv[None, :] < DV))
 
 
-def gdpa_varlen_fwd_triton(q: VarlenSide, k: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
-                           activation: str, scale: float, post_scale: float, causal: bool, window: tuple[int, int],
-                           negative_slope: float, config=None) -> None:
+def bias_view(bias: torch.Tensor | None, q: VarlenSide, k: VarlenSide) -> tuple[torch.Tensor | None, tuple]:
+    """The bias as ``[B, H, max_q, max_k]`` (a view: broadcast dims get stride 0) and its four strides."""
+    if bias is None:
+        return None, (0, 0, 0, 0)
+    b4 = bias.expand(q.batch, q.tensor.shape[-2], q.max_len, k.max_len)
+    return b4, tuple(b4.stride())
+
+
+def gdpa_varlen_fwd_triton(q: VarlenSide, k: VarlenSide, v: torch.Tensor, bias: torch.Tensor | None, out: VarlenSide,
+                           order: torch.Tensor, activation: str, scale: float, post_scale: float, causal: bool,
+                           window: tuple[int, int], negative_slope: float, config=None) -> None:
     """Writes the forward into ``out.tensor`` (rows past a sample's length are left as they are)."""
     h, d = q.tensor.shape[-2:]
     hkv, dv = v.shape[-2:]
     left, right = band_limits(causal, window)
     cfg = fit_tile(config or default_varlen_fwd_config(d, dv, v.dtype, k.max_len), q.max_len, k.max_len)
     grid = (triton.cdiv(q.max_len, cfg.block_m) * h * q.batch,)
+    b4, b_strides = bias_view(bias, q, k)
     gdpa_varlen_fwd_kernel[grid](
-        q.tensor, k.tensor, v, out.tensor, q.starts, q.lengths, k.starts, k.lengths, order,
-        *q.strides(), *k.strides(), *k.strides_of(v), *out.strides(),
+        q.tensor, k.tensor, v, b4 if b4 is not None else v, out.tensor, q.starts, q.lengths, k.starts, k.lengths,
+        order, *q.strides(), *k.strides(), *k.strides_of(v), *b_strides, *out.strides(),
         h, h // hkv, q.max_len, left, right, float(scale), float(post_scale), float(negative_slope),
-        ACT_FN=get_activation(activation).triton_fn, LEFT_BOUNDED=left != UNBOUNDED,
+        ACT_FN=get_activation(activation).triton_fn, LEFT_BOUNDED=left != UNBOUNDED, HAS_BIAS=b4 is not None,
         D=d, DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **kernel_flags(v.dtype, v.device),
     )
