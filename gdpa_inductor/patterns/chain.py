@@ -68,15 +68,22 @@ def _scale_value(x: Any) -> Optional[Any]:
     return None
 
 
-def _fill_zeroes_activation(fill: Any, activation: str, slope: float, dtype: torch.dtype) -> bool:
-    """act(fill) == 0 and act'(fill) == 0 exactly (no NaN) in the chain's dtype and in fp32 (what the
-    kernels compute in): then filling is the same as masking, forward and backward."""
+def _fill_zeroes_activation(fill: Any, activation: str, slope: float, dtype: torch.dtype,
+                            with_grad: bool = True) -> bool:
+    """act(fill) == 0 exactly (no NaN) in the chain's dtype and in fp32 (what the kernels compute in), and with
+    ``with_grad`` act'(fill) == 0 too.
+
+    A fill before the activation that the op drops (a causal flag, skipped padding) needs only the value: the
+    filled entries then add act(fill)·v = 0 in eager, and masked_fill's backward zeroes their gradient whatever
+    act' is there. A mask the op adds as a -finfo.max bias is computed in the kernel, so act' must vanish too."""
     if not isinstance(fill, numbers.Real):
         return False
     act = get_activation(activation)
     for dt in {dtype if dtype.is_floating_point else torch.float32, torch.float32}:
         x = torch.tensor([float(fill)], dtype=dt)
-        if not bool((act.torch_fn(x, slope) == 0).all() and (act.torch_grad(x, slope) == 0).all()):
+        if not bool((act.torch_fn(x, slope) == 0).all()):
+            return False
+        if with_grad and not bool((act.torch_grad(x, slope) == 0).all()):
             return False
     return True
 
@@ -149,7 +156,7 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
             "for this activation"
         )
     for node, fill in recipe.pre_mask_fills:
-        if not _fill_zeroes_activation(fill, recipe.activation, recipe.negative_slope, dtype):
+        if not _fill_zeroes_activation(fill, recipe.activation, recipe.negative_slope, dtype, with_grad=False):
             raise ChainMismatch(
                 f"{node.name}: fill {fill!r} before {recipe.activation} does not give exactly 0 "
                 "(e.g. act(-inf) is NaN for gelu/silu/hardswish; -finfo.max is exact)"

@@ -525,6 +525,18 @@ class CausalWhereArange(nn.Module):
         return p @ v
 
 
+class CausalMaxFillBeforeGeluTanh(nn.Module):
+    """gelu_tanh after filling the future with -finfo.max: gelu_tanh(-max) is exactly 0 though its derivative
+    is NaN there (x³ overflows); masked_fill's backward zeroes it, and the op's causal flag drops those
+    entries, so the fused block equals eager, gradients included."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=q.device), diagonal=1)
+        s = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5)
+        return F.gelu(s.masked_fill(future, -torch.finfo(s.dtype).max), approximate="tanh") @ v
+
+
 class ReluNegInfBefore(nn.Module):
     """relu after filling the future with -inf (relu(-inf) = 0 exactly)."""
 
@@ -632,6 +644,7 @@ ZOO: list[ZooEntry] = [
     ZooEntry("causal_mul_bool_mask_after", CausalMulBoolAfter, qkv(2, 2, 12, 16), 1),
     ZooEntry("causal_where_arange_silu", CausalWhereArange, qkv(2, 2, 12, 16), 1),
     ZooEntry("relu_neg_inf_fill_before", ReluNegInfBefore, qkv(2, 2, 12, 16), 1),
+    ZooEntry("causal_max_fill_before_gelu_tanh", CausalMaxFillBeforeGeluTanh, qkv(2, 2, 12, 16), 1),
     ZooEntry("hstu_float_tril_mask_unsqueezed", HSTUFloatTrilMask, qkv(2, 2, 16, 16), 1),
     ZooEntry("hstu_one_minus_triu_buffer", HSTUOneMinusTriuBuffer, qkv(2, 2, 16, 16), 1),
 ]
