@@ -29,8 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gdpa_inductor import explain
-from gdpa_inductor.backend_comparison import compare_backends
+from gdpa_inductor.backend_comparison import add_run_options, explain_and_compare
 
 
 def time_bucket(gap: torch.Tensor, buckets: int) -> torch.Tensor:
@@ -120,9 +119,7 @@ def loss_fn(model: nn.Module, batch: tuple) -> torch.Tensor:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="default: bfloat16 on GPU, float32 on CPU")
+    add_run_options(ap)
     ap.add_argument("--batch", type=int, default=None, help="users; default 1152 on GPU, 4 on CPU")
     ap.add_argument("--seq", type=int, default=None, help="longest history; default 512 on GPU, 16 on CPU")
     ap.add_argument("--dim", type=int, default=None,
@@ -132,8 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--items", type=int, default=None, help="item vocabulary; default 100000 on GPU, 1000 on CPU")
     ap.add_argument("--negatives", type=int, default=128, help="sampled negatives per batch")
     ap.add_argument("--time-bias", action="store_true", help="add HSTU's bucketed relative time bias (slow backward)")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--backends", default="inductor,gdpa", help="comma-separated; the first is the baseline")
     return ap
 
 
@@ -152,13 +147,7 @@ def main(argv=None):
     bias = "position and time" if args.time_bias else "position"
     print(f"HSTU (silu attention + relative {bias} bias x {args.layers} layers): batch {batch}, history <= {seq}, "
           f"dim {dim} ({args.heads} heads), {items} items, {dtype}, {args.device}", flush=True)
-    report = explain(model, *batches[0])
-    print(report, flush=True)
-    comparison = compare_backends(model, batches, loss_fn, backends=args.backends.split(","))
-    print(comparison)
-    if not gpu:
-        print("CPU: the fused ops ran their pure-PyTorch reference path; timing needs a GPU.")
-    return report, comparison
+    return explain_and_compare(model, batches, loss_fn, batches[0], args.backends)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gdpa_inductor import explain
-from gdpa_inductor.backend_comparison import compare_backends
+from gdpa_inductor.backend_comparison import add_run_options, explain_and_compare
 
 
 class SequenceLayer(nn.Module):
@@ -108,17 +107,13 @@ def loss_fn(model: nn.Module, batch: tuple) -> torch.Tensor:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="default: bfloat16 on GPU, float32 on CPU")
+    add_run_options(ap)
     ap.add_argument("--batch", type=int, default=None, help="samples; default 1152 on GPU, 4 on CPU")
     ap.add_argument("--seq", type=int, default=None, help="longest history; default 1024 on GPU, 16 on CPU")
     ap.add_argument("--dim", type=int, default=None, help="heads x head dim; default 512 on GPU, 64 on CPU")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--dff", type=int, default=None, help="PFFN hidden size per head; default 256 on GPU, 16 on CPU")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--backends", default="inductor,gdpa", help="comma-separated; the first is the baseline")
     return ap
 
 
@@ -136,13 +131,7 @@ def main(argv=None):
     batches = [make_batch(batch, seq, item_dim, user_dim, args.device, dtype, gen) for _ in range(args.steps)]
     print(f"ranking model (silu self-attention + PFFN x {args.layers} layers, PMA pooling): batch {batch}, "
           f"history <= {seq}, dim {dim} ({args.heads} heads), dff {dff}, {dtype}, {args.device}", flush=True)
-    report = explain(model, *batches[0][:-1])
-    print(report, flush=True)
-    comparison = compare_backends(model, batches, loss_fn, backends=args.backends.split(","))
-    print(comparison)
-    if not gpu:
-        print("CPU: the fused ops ran their pure-PyTorch reference path; timing needs a GPU.")
-    return report, comparison
+    return explain_and_compare(model, batches, loss_fn, batches[0][:-1], args.backends)
 
 
 if __name__ == "__main__":

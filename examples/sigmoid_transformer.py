@@ -22,8 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gdpa_inductor import explain
-from gdpa_inductor.backend_comparison import compare_backends
+from gdpa_inductor.backend_comparison import add_run_options, explain_and_compare
 
 
 class SigmoidSelfAttention(nn.Module):
@@ -93,9 +92,7 @@ def loss_fn(model: nn.Module, batch: tuple) -> torch.Tensor:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="default: bfloat16 on GPU, float32 on CPU")
+    add_run_options(ap)
     ap.add_argument("--batch", type=int, default=None, help="sequences; default 64 on GPU, 4 on CPU")
     ap.add_argument("--seq", type=int, default=None, help="sequence length; default 1024 on GPU, 16 on CPU")
     ap.add_argument("--dim", type=int, default=None,
@@ -103,8 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--heads", type=int, default=None, help="default 8 on GPU, 4 on CPU")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=None, help="default 8192 on GPU, 256 on CPU")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--backends", default="inductor,gdpa", help="comma-separated; the first is the baseline")
     return ap
 
 
@@ -122,13 +117,7 @@ def main(argv=None):
     batches = [make_batch(batch, seq, vocab, args.device, gen) for _ in range(args.steps)]
     print(f"sigmoid-attention LM (causal, b = -log n, x {args.layers} blocks): batch {batch}, seq {seq}, dim {dim} "
           f"({heads} heads), vocab {vocab}, {dtype}, {args.device}", flush=True)
-    report = explain(model, batches[0][0])
-    print(report, flush=True)
-    comparison = compare_backends(model, batches, loss_fn, backends=args.backends.split(","))
-    print(comparison)
-    if not gpu:
-        print("CPU: the fused ops ran their pure-PyTorch reference path; timing needs a GPU.")
-    return report, comparison
+    return explain_and_compare(model, batches, loss_fn, (batches[0][0],), args.backends)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ same weights and sees the same batches; the report gives the loss of every step,
 
 from __future__ import annotations
 
+import argparse
 import copy
 import statistics
 import time
@@ -136,3 +137,27 @@ def compare_backends(model: torch.nn.Module, batches: Sequence[tuple], loss_fn: 
         runs[backend] = run
     torch._dynamo.reset()
     return Comparison(runs, baseline=backends[0])
+
+
+def add_run_options(ap: argparse.ArgumentParser) -> None:
+    """The options every example shares: device, dtype, training steps, backends."""
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="default: bfloat16 on GPU, float32 on CPU")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--backends", default="inductor,gdpa", help="comma-separated; the first is the baseline")
+
+
+def explain_and_compare(model: torch.nn.Module, batches: Sequence[tuple], loss_fn: LossFn, example_inputs: tuple,
+                        backends: str) -> tuple:
+    """What an example prints: the explain report on ``example_inputs``, then the backends' comparison.
+    Returns (report, comparison)."""
+    from .explain import explain
+
+    report = explain(model, *example_inputs)
+    print(report, flush=True)
+    comparison = compare_backends(model, batches, loss_fn, backends=backends.split(","))
+    print(comparison)
+    if not next(model.parameters()).is_cuda:
+        print("CPU: the fused ops ran their pure-PyTorch reference path; timing needs a GPU.")
+    return report, comparison
