@@ -24,7 +24,8 @@ MODELS = [
     "gqa_blocked_repeat_interleave", "einsum_heads_in_equation_sigmoid", "param_temperature_gelu",
     "gpt2_causal_buffer_before_gelu", "sigmoid_attention_log_n_bias",
     # padded batches whose length masks become the varlen op's per-sample lengths
-    "padded_lengths_key_mask_gelu", "hstu_padded_lengths_causal_silu",
+    "padded_lengths_key_mask_gelu", "hstu_padded_lengths_causal_silu", "hstu_padded_lengths_relbias",
+    "hstu_one_minus_triu_buffer", "causal_max_fill_before_gelu_tanh",
 ]
 FLOOR = 2e-3
 
