@@ -242,7 +242,7 @@ class _BiasGrad:
     max_k] tensor. Zero-filled: scores outside a sample (padding, zero-length samples) have no gradient."""
 
     def __init__(self, bias: torch.Tensor, b4: torch.Tensor):
-        batch, per_sample = b4.shape[0], b4[0].numel() * 4
+        batch, per_sample = b4.shape[0], max(1, b4[0].numel() * 4)
         self.shared = b4.stride(0) == 0 and batch > 1
         self.groups = max(1, min(batch, FULL_GRAD_BUFFER_BYTES // per_sample)) if self.shared else batch
         self.atomic = self.groups < batch
