@@ -37,6 +37,16 @@ def gdpa_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> GdpaShapes
     return GdpaShapes(batch, q.shape[-3], k.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
 
 
+def broadcasts_to(t: torch.Tensor, target: tuple) -> bool:
+    """Whether ``t`` broadcasts to exactly ``target`` (no more dims, no dim that grows the target)."""
+    if t.dim() > len(target):
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(t.shape, target)) == tuple(target)
+    except RuntimeError:
+        return False
+
+
 def _check_real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name}: expected a real number (float or int); got {type(value).__name__}")
@@ -90,12 +100,6 @@ def check_gdpa_args(
         ) from None
     if bias is not None:
         target = (*shapes.batch, h, shapes.q_len, shapes.kv_len)
-        ok = bias.dim() <= len(target)
-        if ok:
-            try:
-                ok = tuple(torch.broadcast_shapes(bias.shape, target)) == target
-            except RuntimeError:
-                ok = False
-        if not ok:
+        if not broadcasts_to(bias, target):
             raise ValueError(f"bias: expected a shape that broadcasts to {target}; got {tuple(bias.shape)}")
     return shapes

@@ -8,7 +8,7 @@ import torch
 
 from .kernels.activations import get_activation
 from .kernels.reference_varlen import bias_shape
-from .validation import SUPPORTED_DTYPES, _check_real
+from .validation import SUPPORTED_DTYPES, _check_real, broadcasts_to
 
 
 def _check_rows(name: str, x: torch.Tensor, cu, seqused, heads_name: str) -> None:
@@ -99,12 +99,9 @@ def _check_bias(bias, q, full: tuple[int, ...]) -> None:
     if bias.device != q.device or bias.dtype != q.dtype:
         raise ValueError(f"bias: expected q's device and dtype ({q.device}, {q.dtype}); "
                          f"got {bias.device}, {bias.dtype}")
-    try:
-        if bias.dim() > 4 or torch.broadcast_shapes(bias.shape, full) != torch.Size(full):
-            raise RuntimeError
-    except RuntimeError:
+    if not broadcasts_to(bias, full):
         raise ValueError(f"bias: expected a shape broadcastable to [B, H, max_seqlen_q, max_seqlen_k] = {list(full)} "
-                         f"(a dense side's N for its max_seqlen); got {list(bias.shape)}") from None
+                         f"(a dense side's N for its max_seqlen); got {list(bias.shape)}")
 
 
 def _window(window) -> tuple[int, int]:
