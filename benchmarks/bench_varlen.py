@@ -13,8 +13,9 @@ B = 1152 samples, H = 4, D = 128, bf16, self attention, lengths up to N in {256,
 - ``backend_gdpa``: that module compiled with ``backend="gdpa"`` at the full batch (the length mask
   becomes the varlen op's per-sample lengths; ``backend_rewrites`` counts the rewrite).
 The varlen op is checked against the float64 reference on 8 samples before timing. Each time is taken
-twice: launched from Python (triton.testing.do_bench: includes the host's per-call dispatch, ~0.3 ms for
-a custom op with autograd, which bounds the shortest calls) and replayed from a CUDA graph
+twice (medians, the protocol of ../shared/docs/performance.md): launched from Python (triton.testing.do_bench:
+includes the host's per-call dispatch, about 0.17 ms through the eager fast path, which bounds the shortest
+calls) and replayed from a CUDA graph
 (do_bench_cudagraph: the GPU's time, as under torch.compile's CUDA graphs). ``--quick``: a small grid.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_varlen.py --out results/varlen   # .json, .csv, .png
@@ -65,8 +66,8 @@ def timed(fn, backward: bool, inputs, dout, graph: bool) -> float:
             torch.autograd.grad(out, inputs, dout)
 
     if graph:
-        return triton.testing.do_bench_cudagraph(run, rep=60)
-    return triton.testing.do_bench(run, warmup=5, rep=60)
+        return triton.testing.do_bench_cudagraph(run, rep=60, return_mode="median")
+    return triton.testing.do_bench(run, warmup=5, rep=60, return_mode="median")
 
 
 def check_varlen(lengths, device) -> float:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .lowering.ops import attention_fwd
-from .lowering.varlen_ops import varlen_fwd
+from .lowering.eager import attention, varlen_attention
 from .validation import check_gdpa_args
 from .validation_varlen import check_varlen_args
 
@@ -53,7 +52,7 @@ def gdpa(
         query, key, value, activation=activation, scale=1.0 if scale is None else scale,
         post_scale=post_scale, bias=bias, negative_slope=negative_slope,
     )
-    return attention_fwd(
+    return attention(
         query, key, value, bias, activation, 1.0 if scale is None else float(scale), float(post_scale),
         bool(causal), float(negative_slope),
     )
@@ -108,7 +107,7 @@ def gdpa_varlen(
         scale=1.0 if scale is None else scale, post_scale=post_scale, window=window,
         negative_slope=negative_slope, seqused_q=seqused_q, seqused_k=seqused_k, bias=bias,
     )
-    return varlen_fwd(
+    return varlen_attention(
         q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
         activation, 1.0 if scale is None else float(scale), float(post_scale), bool(causal), left, right,
         float(negative_slope),

@@ -8,6 +8,7 @@ import torch
 
 from .kernels.activations import get_activation
 from .kernels.reference_varlen import bias_shape
+from .lowering.eager import plain_eager
 from .validation import SUPPORTED_DTYPES, _check_real, broadcasts_to
 
 
@@ -34,7 +35,7 @@ def _check_index(name: str, t, device, length: int | None) -> None:
         raise ValueError(f"{name}: expected the device of q ({device}); got {t.device}")
     if length is not None and t.numel() != length:
         raise ValueError(f"{name}: expected {length} entries (one per sample); got {t.numel()}")
-    if t.device.type == "cpu" and t.numel() and not torch.compiler.is_compiling() and int(t.min()) < 0:
+    if t.device.type == "cpu" and t.numel() and plain_eager(t) and int(t.min()) < 0:
         raise ValueError(f"{name}: expected non-negative entries")
 
 
@@ -75,7 +76,8 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             raise ValueError(f"{name}: expected a non-negative int (the longest sequence); got {value!r}")
     for name, cu, x, longest in (("cu_seqlens_q", cu_seqlens_q, q, max_seqlen_q),
                                  ("cu_seqlens_k", cu_seqlens_k, k, max_seqlen_k)):
-        if cu is None or cu.device.type != "cpu" or torch.compiler.is_compiling():
+        # Values are read only from CPU offsets that nothing traces (reading a CUDA one would synchronize).
+        if cu is None or cu.device.type != "cpu" or not plain_eager(cu):
             continue
         lengths = cu[1:] - cu[:-1]
         if cu.numel() == 0 or int(cu[0]) != 0 or int(cu[-1]) != x.shape[0] or bool((lengths < 0).any()):

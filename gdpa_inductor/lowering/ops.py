@@ -21,6 +21,26 @@ def _broadcast_batch(q, k, v) -> tuple:
     return tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
 
 
+def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_slope) -> torch.Tensor:
+    """The forward on the chosen kernel (what the op runs; the eager fast path calls it directly)."""
+    args = (q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
+    if select_impl(q, k, v, bias, "forward") == "triton":
+        from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
+
+        return gdpa_fwd_triton(*args)
+    return gdpa_reference(*args)
+
+
+def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad):
+    """(dq, dk, dv, dbias or None) on the chosen kernel."""
+    args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
+    if select_impl(q, k, v, bias, "backward") == "triton":
+        from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
+
+        return gdpa_bwd_triton(*args)
+    return gdpa_reference_backward(*args)
+
+
 @torch.library.custom_op("gdpa::attention_fwd_v1", mutates_args=())
 def attention_fwd(
     q: torch.Tensor,
@@ -33,12 +53,7 @@ def attention_fwd(
     causal: bool,
     negative_slope: float,
 ) -> torch.Tensor:
-    args = (q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
-    if select_impl(q, k, v, bias, "forward") == "triton":
-        from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
-
-        return gdpa_fwd_triton(*args)
-    return gdpa_reference(*args)
+    return forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
 
 
 @attention_fwd.register_fake
@@ -60,13 +75,8 @@ def attention_bwd(
     negative_slope: float,
     bias_requires_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
-    if select_impl(q, k, v, bias, "backward") == "triton":
-        from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
-
-        dq, dk, dv, dbias = gdpa_bwd_triton(*args)
-    else:
-        dq, dk, dv, dbias = gdpa_reference_backward(*args)
+    dq, dk, dv, dbias = backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope,
+                                      bias_requires_grad)
     return dq, dk, dv, dbias if dbias is not None else q.new_empty(0)
 
 

@@ -30,6 +30,43 @@ def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
                                 max_seqlen_k, batch)
 
 
+def forward_impl(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                 activation, scale, post_scale, causal, window_left, window_right, negative_slope) -> torch.Tensor:
+    """The forward on the chosen kernel (what the op runs; the eager fast path calls it directly)."""
+    rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
+    if select_impl(q, k, v, bias, "varlen forward") != "triton":
+        return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
+    from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
+    from ..kernels.triton.varlen_layout import with_tensor
+
+    batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
+    # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
+    alloc = torch.zeros if seqused_q is not None else torch.empty
+    out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
+    gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params)
+    return out
+
+
+def backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                  activation, scale, post_scale, causal, window_left, window_right, negative_slope,
+                  bias_requires_grad):
+    """(dq, dk, dv, dbias or None) on the chosen kernel."""
+    rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
+    if select_impl(q, k, v, bias, "varlen backward") != "triton":
+        dq, dk, dv, dbias = gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k,
+                                                           *params, bias_requires_grad)
+    else:
+        from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
+        from ..kernels.triton.varlen_layout import with_tensor
+
+        _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
+        dq, dk, dv, dbias = gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, order, *params,
+                                                   bias_requires_grad)
+    return dq, dk, dv, dbias
+
+
 @torch.library.custom_op("gdpa::varlen_fwd_v2", mutates_args=())
 def varlen_fwd(
     q: torch.Tensor,
@@ -50,19 +87,8 @@ def varlen_fwd(
     window_right: int,
     negative_slope: float,
 ) -> torch.Tensor:
-    rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
-    if select_impl(q, k, v, bias, "varlen forward") != "triton":
-        return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
-    from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
-    from ..kernels.triton.varlen_layout import with_tensor
-
-    batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-    # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
-    alloc = torch.zeros if seqused_q is not None else torch.empty
-    out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
-    gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params)
-    return out
+    return forward_impl(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                        activation, scale, post_scale, causal, window_left, window_right, negative_slope)
 
 
 @varlen_fwd.register_fake
@@ -92,20 +118,10 @@ def varlen_bwd(
     negative_slope: float,
     bias_requires_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
-    if select_impl(q, k, v, bias, "varlen backward") != "triton":
-        dq, dk, dv, dbias = gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k,
-                                                           *params, bias_requires_grad)
-    else:
-        from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
-        from ..kernels.triton.varlen_layout import with_tensor
-
-        _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-        dq, dk, dv, dbias = gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, order, *params,
-                                                   bias_requires_grad)
+    dq, dk, dv, dbias = backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                      max_seqlen_q, max_seqlen_k, activation, scale, post_scale, causal, window_left,
+                                      window_right, negative_slope, bias_requires_grad)
     return dq, dk, dv, dbias if dbias is not None else q.new_empty(0)
-
 
 @varlen_bwd.register_fake
 def _varlen_bwd_fake(dout, q, k, v, bias, *args):

@@ -37,11 +37,16 @@ CASES = [
     ("bf16", 64, "gelu", "varlen_window", 512),
     ("bf16", 128, "silu", "varlen_bias", 256),
     ("bf16", 128, "silu", "varlen_bias", 1024),
+    # the TMA forward (Hopper; no bias): short and long kv, causal
+    ("bf16", 128, "gelu_tanh", "tma", 256),
+    ("bf16", 64, "silu", "tma_causal", 2048),
+    ("fp16", 128, "silu", "tma", 2048),
     # fp32 keeps fp32 accuracy: no tanh.approx (its ~2^-11 error is a bf16-sized error)
     ("fp32", 64, "gelu_tanh", "plain", 256),
     ("fp32", 64, "silu", "plain", 256),
 ]
 DENSE_KERNELS = {"gdpa_fwd_kernel", "gdpa_bwd_dkdv_kernel", "gdpa_bwd_dq_kernel"}
+TMA_KERNELS = {"gdpa_fwd_tma_kernel", "gdpa_bwd_dkdv_kernel", "gdpa_bwd_dq_kernel"}
 VARLEN_KERNELS = {"gdpa_varlen_fwd_kernel", "gdpa_varlen_bwd_dkdv_kernel", "gdpa_varlen_bwd_dq_kernel"}
 BATCH, HEADS = 2, 4
 # Bytes of spill stores/loads per thread allowed per kernel. The tiles the launchers use are the fastest
@@ -70,7 +75,8 @@ def _compile_in_subprocess(case) -> dict:
 def test_sm90_compile(case, subtests):
     """One compile per case (seconds each); the properties are reported as separate subtests."""
     kernels = _compile_in_subprocess(case)
-    expected = VARLEN_KERNELS if case[3].startswith("varlen") else DENSE_KERNELS
+    variant = case[3]
+    expected = {"varlen": VARLEN_KERNELS, "tma": TMA_KERNELS}.get(variant.split("_")[0], DENSE_KERNELS)
     assert expected == set(kernels), sorted(kernels)
     for name, k in kernels.items():
         with subtests.test(f"{name}: cubin for sm_90a"):
@@ -82,6 +88,9 @@ def test_sm90_compile(case, subtests):
             with subtests.test(f"{name}: no tanh.approx in fp32"):
                 assert k["tanh_approx"] == 0, f"{case[2]} in fp32 must not use tanh.approx.f32"
             continue
+        if name == "gdpa_fwd_tma_kernel":
+            with subtests.test(f"{name}: TMA copies"):
+                assert k["tma"] > 0, "no cp.async.bulk.tensor in the PTX: the descriptors are not lowered to TMA"
         with subtests.test(f"{name}: wgmma"):
             assert k["wgmma"] > 0, "no wgmma.mma_async in the PTX: the matmuls are not on Hopper's tensor-core path"
         with subtests.test(f"{name}: tanh.approx"):
@@ -101,7 +110,7 @@ def _compile_case(case) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.runtime.jit import JITFunction
 
-    from gdpa_inductor.kernels.triton import gdpa_bwd, gdpa_fwd, layout, varlen_bwd, varlen_fwd
+    from gdpa_inductor.kernels.triton import gdpa_bwd, gdpa_fwd, gdpa_fwd_tma, layout, varlen_bwd, varlen_fwd
     from gdpa_inductor.kernels.triton.varlen_layout import with_tensor
     from gdpa_inductor.kernels.triton.varlen_schedule import varlen_sides
 
@@ -126,7 +135,9 @@ def _compile_case(case) -> dict:
     # The launchers choose TANH_APPROX from the tensors' device; the tensors here are CPU stand-ins for
     # CUDA ones.
     real_flags = layout.kernel_flags
-    modules = (gdpa_fwd, gdpa_bwd, varlen_fwd, varlen_bwd)
+    modules = (gdpa_fwd, gdpa_fwd_tma, gdpa_bwd, varlen_fwd, varlen_bwd)
+    # The TMA forward is chosen only on a Hopper GPU; the "tma" cases stand the CPU tensors in for one.
+    gdpa_fwd_tma.on_tma_gpu = lambda device: variant.startswith("tma")
     for module in modules:
         module.kernel_flags = lambda dtype, device: real_flags(dtype, torch.device("cuda"))
 
@@ -160,7 +171,7 @@ def _compile_case(case) -> dict:
         return _report(compiled, capability)
     q, k, v, dout = (torch.randn(BATCH, HEADS, seq_len, d, generator=gen).to(dtype) for _ in range(4))
     bias = torch.randn(BATCH, HEADS, seq_len, seq_len, generator=gen).to(dtype) if variant == "bias" else None
-    args = (bias, activation, d**-0.5, 1.0, variant == "causal", 0.01)
+    args = (bias, activation, d**-0.5, 1.0, variant in ("causal", "tma_causal"), 0.01)
     gdpa_fwd.gdpa_fwd_triton(q, k, v, *args)
     gdpa_bwd.gdpa_bwd_triton(dout, q, k, v, *args, bias is not None)
     return _report(compiled, capability)
@@ -192,6 +203,7 @@ def _report(compiled: dict, capability: int) -> dict:
             target=target,
             wgmma=ptx.count("wgmma.mma_async"),
             tanh_approx=ptx.count("tanh.approx.f32"),
+            tma=ptx.count("cp.async.bulk.tensor"),
             spill_stores=int(spills[0][0]),
             spill_loads=int(spills[0][1]),
             registers=int(registers[0]),

@@ -157,7 +157,8 @@ def gdpa_fwd_triton(
     negative_slope: float,
     config: FwdConfig | None = None,
 ) -> torch.Tensor:
-    """Launches the forward kernel. Inputs are checked, non-empty, and on one device."""
+    """Launches the forward kernel: the TMA one where ``tma_supported`` (unless a config is forced), else the
+    pointer kernel. Inputs are checked, non-empty, and on one device."""
     batch = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
     h, nq, d = q.shape[-3:]
     hkv, nk, dv = v.shape[-3:]
@@ -165,6 +166,13 @@ def gdpa_fwd_triton(
     b4 = as_4d(bias.expand(*batch, h, nq, nk), batch) if bias is not None else None
     out = torch.empty((*batch, h, nq, dv), dtype=v.dtype, device=v.device)
     o4 = out.view(q4.shape[0], h, nq, dv)
+    if config is None:
+        from .gdpa_fwd_tma import TMA_CONFIG, gdpa_fwd_tma, tma_supported
+
+        if tma_supported(q4, k4, v4, b4):
+            gdpa_fwd_tma(q4, k4, v4, o4, activation, scale, post_scale, causal, negative_slope,
+                         fit_tile(TMA_CONFIG, nq, nk))
+            return out
     cfg = fit_tile(config or default_fwd_config(d, dv, v.dtype, nk, bias is not None), nq, nk)
     grid = (triton.cdiv(nq, cfg.block_m) * q4.shape[0] * h,)
     gdpa_fwd_kernel[grid](
