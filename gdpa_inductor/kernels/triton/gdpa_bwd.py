@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from .gdpa_fwd import causal_key_tiles, query_tile_program
 from .layout import as_4d, block_dim, fit_tile, grad_buffer, kernel_flags, strides4
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
@@ -230,15 +231,7 @@ def gdpa_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    num_m = tl.cdiv(NQ, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = pid % num_m
-    if CAUSAL:
-        pid_m = num_m - 1 - pid_m
-    zh = pid // num_m
-    z = (zh // H).to(tl.int64)
-    h = zh % H
-    hk = h // GROUP
+    pid_m, z, h, hk = query_tile_program(NQ, H, GROUP, BLOCK_M, CAUSAL)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -252,13 +245,7 @@ def gdpa_bwd_dq_kernel(
     v_base = V + z * stride_vz + hk * stride_vh
     b_base = Bias + z * stride_bz + h * stride_bh
 
-    if CAUSAL:
-        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
-        full = tl.minimum(pid_m * BLOCK_M + NK - NQ + 1, NK)
-    else:
-        hi = NK
-        full = NK
-    full_end = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+    full_end, hi = causal_key_tiles(pid_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start_n in range(0, full_end, BLOCK_N):

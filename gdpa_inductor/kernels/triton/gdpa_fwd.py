@@ -48,6 +48,34 @@ def default_fwd_config(d: int, dv: int, dtype: torch.dtype, kv_len: int, has_bia
 
 
 @triton.jit
+def query_tile_program(NQ, H, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """(query tile, sample, head, kv head) of this program in the dense kernels' 1-D grid: query tiles
+    fastest so neighbouring programs share K/V in L2; with causal masking the longest rows (last tiles)
+    go first."""
+    num_m = tl.cdiv(NQ, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_m
+    if CAUSAL:
+        pid_m = num_m - 1 - pid_m
+    zh = pid // num_m
+    h = zh % H
+    return pid_m, (zh // H).to(tl.int64), h, h // GROUP
+
+
+@triton.jit
+def causal_key_tiles(pid_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(end of the key tiles every query of the tile keeps, end of the keys any of them keeps): key j is kept
+    for query i iff j <= i + NK - NQ."""
+    if CAUSAL:
+        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
+        full = tl.minimum(pid_m * BLOCK_M + NK - NQ + 1, NK)
+    else:
+        hi = NK
+        full = NK
+    return tl.maximum(full, 0) // BLOCK_N * BLOCK_N, hi
+
+
+@triton.jit
 def _fwd_tile(
     acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
     stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
@@ -94,18 +122,7 @@ def gdpa_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # 1-D grid, query tiles fastest so neighbouring programs share K/V in L2; with causal masking the
-    # longest rows (last tiles) go first.
-    num_m = tl.cdiv(NQ, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = pid % num_m
-    if CAUSAL:
-        pid_m = num_m - 1 - pid_m
-    zh = pid // num_m
-    z = (zh // H).to(tl.int64)
-    h = zh % H
-    hk = h // GROUP
-
+    pid_m, z, h, hk = query_tile_program(NQ, H, GROUP, BLOCK_M, CAUSAL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -115,14 +132,7 @@ def gdpa_fwd_kernel(
     v_base = V + z * stride_vz + hk * stride_vh
     b_base = Bias + z * stride_bz + h * stride_bh
 
-    if CAUSAL:
-        # key j is kept for query i iff j <= i + NK - NQ
-        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
-        full = tl.minimum(pid_m * BLOCK_M + NK - NQ + 1, NK)
-    else:
-        hi = NK
-        full = NK
-    full_end = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+    full_end, hi = causal_key_tiles(pid_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
 
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for start_n in range(0, full_end, BLOCK_N):

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
-from .gdpa_fwd import FwdConfig
+from .gdpa_fwd import FwdConfig, causal_key_tiles, query_tile_program
 from .layout import interpreting, kernel_flags
 
 _RUNTIME_SIZES = ["H", "GROUP", "NQ", "NK"]
@@ -78,26 +78,12 @@ def gdpa_fwd_tma_kernel(
     ACT_FN: tl.constexpr, CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr,
 ):
-    # The pointer kernel's program order: query tiles fastest, the longest causal rows first.
-    num_m = tl.cdiv(NQ, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = pid % num_m
-    if CAUSAL:
-        pid_m = num_m - 1 - pid_m
-    zh = pid // num_m
-    z = zh // H
-    h = zh % H
-    hk = h // GROUP
+    pid_m, z, h, hk = query_tile_program(NQ, H, GROUP, BLOCK_M, CAUSAL)
+    z = z.to(tl.int32)  # descriptor coordinates are 32-bit
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     q = q_desc.load([z, h, m0, 0]).reshape(BLOCK_M, D)
-    if CAUSAL:
-        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
-        full = tl.minimum(pid_m * BLOCK_M + NK - NQ + 1, NK)
-    else:
-        hi = NK
-        full = NK
-    full_end = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+    full_end, hi = causal_key_tiles(pid_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
     acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
     for start_n in range(0, full_end, BLOCK_N):
         acc = _tma_tile(acc, q, k_desc, v_desc, z, hk, offs_m, start_n, NQ, NK, scale, slope, ACT_FN, CAUSAL,
