@@ -34,6 +34,20 @@ def triton_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     return True, "supported"
 
 
+def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
+    """The dense forward's path: "cute" when the config forces it (ValueError if it cannot run this call),
+    otherwise as ``select_impl``."""
+    if config.backend == "cute":
+        from ..kernels.cute.gdpa_fwd import cute_fwd_support
+
+        ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
+        if not ok:
+            raise ValueError(f"gdpa_inductor.config.backend='cute' cannot run this call: {reason}")
+        log.debug("gdpa forward: cute")
+        return "cute"
+    return select_impl(q, k, v, bias, "forward")
+
+
 def select_impl(q, k, v, bias, what: str) -> str:
     """Returns "triton" or "reference" for this call; raises ValueError when a forced path cannot run."""
     choice = config.backend

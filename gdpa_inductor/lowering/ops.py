@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.reference import gdpa_reference, gdpa_reference_backward
-from .dispatch import select_impl
+from .dispatch import select_forward_impl, select_impl
 
 
 def _broadcast_batch(q, k, v) -> tuple:
@@ -24,7 +24,12 @@ def _broadcast_batch(q, k, v) -> tuple:
 def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_slope) -> torch.Tensor:
     """The forward on the chosen kernel (what the op runs; the eager fast path calls it directly)."""
     args = (q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
-    if select_impl(q, k, v, bias, "forward") == "triton":
+    impl = select_forward_impl(q, k, v, bias, causal, activation)
+    if impl == "cute":
+        from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_batched
+
+        return gdpa_fwd_cute_batched(q, k, v, activation, scale, post_scale, negative_slope)
+    if impl == "triton":
         from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
 
         return gdpa_fwd_triton(*args)

@@ -1,0 +1,82 @@
+"""CuTe-DSL forms of the GDPA activations, on fp32 registers, one special-function op each.
+
+The same one-MUFU forms as the Triton kernels (``kernels/triton/activation_math.py``): gelu_tanh, silu and
+sigmoid through ``tanh.approx.f32``; exact gelu through the tanh-based erf approximant whose error is below
+bf16 resolution. NaN propagates as in eager PyTorch: comparisons select, they do not clamp.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+SQRT_2_OVER_PI = 0.7978845608028654
+GELU_TANH_COEF = 0.044715
+# Phi(x) ~ 0.5 (1 + tanh(x (C1 + C3 x^2 + C5 x^4))) on |x| <= 5 (the Triton kernels' approximant)
+GELU_ERF_C1 = 0.7974228171161315
+GELU_ERF_C3 = 0.03700386699238616
+GELU_ERF_C5 = -0.0003475472313648832
+GELU_ERF_CLAMP = 5.0
+
+
+@cute.jit
+def _tanh(x: cutlass.Float32) -> cutlass.Float32:
+    return cute.math.tanh(x, approx=True)
+
+
+@cute.jit
+def identity(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    return x
+
+
+@cute.jit
+def relu(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    return cutlass.Float32(0.0) if x < 0.0 else x
+
+
+@cute.jit
+def relu_square(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    r = cutlass.Float32(0.0) if x < 0.0 else x
+    return r * r
+
+
+@cute.jit
+def leaky_relu(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    return x if x > 0.0 else x * slope
+
+
+@cute.jit
+def gelu_tanh(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    t = _tanh(x * (SQRT_2_OVER_PI + (SQRT_2_OVER_PI * GELU_TANH_COEF) * x * x))
+    return 0.5 * x * (1.0 + t)
+
+
+@cute.jit
+def gelu(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    xc = cute.math.min(cute.math.max(x, -GELU_ERF_CLAMP), GELU_ERF_CLAMP)
+    x2 = xc * xc
+    cdf = 0.5 + 0.5 * _tanh(xc * (GELU_ERF_C1 + x2 * (GELU_ERF_C3 + x2 * GELU_ERF_C5)))
+    # beyond the clamp Phi is 0 or 1 to fp32 precision
+    if x < -GELU_ERF_CLAMP:
+        cdf = cutlass.Float32(0.0)
+    if x > GELU_ERF_CLAMP:
+        cdf = cutlass.Float32(1.0)
+    return x * cdf
+
+
+@cute.jit
+def sigmoid(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    return 0.5 + 0.5 * _tanh(0.5 * x)
+
+
+@cute.jit
+def silu(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    return x * (0.5 + 0.5 * _tanh(0.5 * x))
+
+
+@cute.jit
+def hardswish(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    r = x + 3.0
+    r = cutlass.Float32(0.0) if r < 0.0 else r
+    r = cutlass.Float32(6.0) if r > 6.0 else r
+    return x * r * (1.0 / 6.0)

@@ -1,0 +1,148 @@
+"""Launcher of the CuTe-DSL Hopper forward: which calls it takes, one compile per (dtype, head dim,
+activation), and the call itself.
+
+The kernel is compiled once per key, with every size and stride a runtime value, so every shape reuses it:
+on the GPU against the first call's tensors, on CPU (compile checks) against fake tensors of the same form.
+The cache is in memory only. cutlass-dsl is imported lazily: the package works without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from ..triton.layout import as_4d
+
+# Head dims whose Q tile plus four K/V stages fit in shared memory with 128x128 tiles.
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_ACTIVATIONS = (
+    "identity", "relu", "relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish",
+)
+
+
+def cute_dsl_available() -> bool:
+    return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cuda") is not None
+
+
+def on_sm90(device: torch.device) -> bool:
+    return (
+        device.type == "cuda"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability(device)[0] == 9
+    )
+
+
+def _as_4d(q, k, v):
+    batch = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
+    return tuple(as_4d(t, batch) for t in (q, k, v)), batch
+
+
+def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+    """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting)."""
+    if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
+        return False, "operands need [..., H, N, D]"
+    (q4, k4, v4), _ = _as_4d(q, k, v)
+    return fwd_supported(q4, k4, v4, bias, causal, activation)
+
+
+def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+    """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses."""
+    if not cute_dsl_available():
+        return False, "nvidia-cutlass-dsl is not installed"
+    if not on_sm90(q.device):
+        return False, "the CuTe kernel is built for sm_90 (Hopper)"
+    if bias is not None or causal:
+        return False, "bias and causal masking are not in the CuTe forward yet"
+    if activation not in SUPPORTED_ACTIVATIONS:
+        return False, f"activation {activation!r} has no CuTe form"
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (q.dtype == k.dtype == v.dtype):
+        return False, "the CuTe forward takes fp16/bf16 operands of one dtype"
+    d, dv = q.shape[-1], v.shape[-1]
+    if d != dv or d not in SUPPORTED_HEAD_DIMS:
+        return False, f"head dims (D={d}, Dv={dv}) must be equal and one of {SUPPORTED_HEAD_DIMS}"
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.dim() != 4 or t.stride(-1) != 1:
+            return False, f"{name} must be a 4-D view with a contiguous last dim"
+        if any(s <= 0 or s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
+            return False, f"{name} strides must be positive multiples of 16 bytes (TMA)"
+    return True, ""
+
+
+def _fake_operands(element, count: int):
+    """Fake [N, D, H, Z]-mode operands shaped as ``_as_cute`` marks real ones: every size and stride dynamic
+    except the unit stride of D (a compile check needs no GPU and no memory)."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    def one():
+        return make_fake_tensor(
+            element, tuple(cute.sym_int() for _ in range(4)),
+            stride=(cute.sym_int(64), 1, cute.sym_int(64), cute.sym_int(64)), assumed_align=16,
+        )
+
+    return [one() for _ in range(count)]
+
+
+def _as_cute(t: torch.Tensor):
+    from cutlass.cute.runtime import from_dlpack
+
+    # [Z, H, N, D] -> (N, D, H, Z), the kernel's mode order; every size and stride stays a runtime value
+    return from_dlpack(t.permute(2, 3, 1, 0), assumed_align=16).mark_layout_dynamic(leading_dim=1)
+
+
+_COMPILED: dict = {}
+
+
+def compile_fwd(dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False):
+    """The compiled forward for (dtype, head dim, activation), compiled once and cached: its sizes and strides
+    are runtime values, so every shape reuses it. ``operands``: the call's four tensors in the kernel's
+    form (``_as_cute``); without them the kernel is compiled against fake tensors, which needs no GPU
+    (target sm_90a). ``keep_ptx`` keeps the PTX in ``.artifacts`` (compile tests)."""
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    key = (dtype, head_dim, activation, operands is None, keep_ptx)
+    if key not in _COMPILED:
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_stream
+
+        from . import activation_math
+        from .gdpa_fwd_sm90 import GdpaFwdSm90
+
+        element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
+        args = operands if operands is not None else _fake_operands(element, 4)
+        one = cutlass.Float32(1.0)
+        kernel = GdpaFwdSm90(element, head_dim, getattr(activation_math, activation))
+        _COMPILED[key] = cute.compile(
+            kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
+        )
+    return _COMPILED[key]
+
+
+def gdpa_fwd_cute(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, scale: float, post_scale: float,
+    negative_slope: float,
+) -> torch.Tensor:
+    """q [Z, H, Nq, D], k/v [Z, Hkv, Nk, D] (checked by ``fwd_supported``) -> out [Z, H, Nq, D]."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    if k.shape[2] == 0:
+        return out.zero_()
+    operands = [_as_cute(t) for t in (q, k, v, out)]
+    fn = compile_fwd(q.dtype, q.shape[-1], activation, operands)
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    fn(*operands, cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope), stream)
+    return out
+
+
+def gdpa_fwd_cute_batched(q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float):
+    """The op's forward on the CuTe kernel: [..., H, N, D] operands (``cute_fwd_support`` checked) ->
+    [*batch, H, Nq, Dv]."""
+    (q4, k4, v4), batch = _as_4d(q, k, v)
+    out = gdpa_fwd_cute(q4, k4, v4, activation, scale, post_scale, negative_slope)
+    return out.view(*batch, *out.shape[1:])

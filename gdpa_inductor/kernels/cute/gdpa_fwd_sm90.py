@@ -1,0 +1,280 @@
+"""CuTe-DSL GDPA forward for Hopper (sm_90a): O = act(scale · Q Kᵀ) · post_scale · V.
+
+One CTA per (128-row query tile, head, sample), three warpgroups:
+- a producer warpgroup that gives its registers away and issues the TMA loads: the Q tile once, then K and V
+  tiles alternately into one ring of shared-memory stages (K and V tiles have the same size);
+- two consumer warpgroups, 64 query rows each, one tiled MMA over both: S = Q Kᵀ by wgmma from shared
+  memory, the activation on the fp32 accumulator, then O += P V by wgmma with P taken straight from
+  registers (no shared-memory round trip for P).
+No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and the
+last key tile's padded columns are masked to P = 0, so a non-finite query cannot leak NaN from them. The
+epilogue scales O once, writes it over the Q tile in shared memory (each warpgroup its own rows) and stores
+it with one TMA copy, which clips rows past Nq.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+# wgmma's M per warpgroup
+_WG_ROWS = 64
+_WG_THREADS = 128
+
+
+class GdpaFwdSm90:
+    """Compile-time parameters: element type, head dim (= value head dim), the activation's CuTe form,
+    key tile and number of K/V stages."""
+
+    def __init__(self, dtype, head_dim: int, activation: Callable, tile_n: int = 128, kv_stages: int = 4):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.activation = activation
+        self.num_mma_wg = 2
+        self.tile_m = _WG_ROWS * self.num_mma_wg
+        self.tile_n = tile_n
+        self.kv_stages = kv_stages
+        self.threads = _WG_THREADS * (self.num_mma_wg + 1)
+        # the producer keeps 24 registers so the consumers can take 240 (24·128 + 240·256 <= 64K)
+        self.regs_producer = 24
+        self.regs_consumer = 240
+        self.consumer_barrier_id = 1
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        scale: cutlass.Float32,
+        post_scale: cutlass.Float32,
+        slope: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        """mQ, mO: (Nq, D, H, Z); mK, mV: (Nk, D, Hkv, Z); D contiguous."""
+        # V as (D, N, Hkv, Z): the B operand of P·V, contiguous along its N mode (D)
+        v = cute.make_tensor(
+            mV.iterator,
+            cute.make_layout((mV.shape[1], mV.shape[0], mV.shape[2], mV.shape[3]),
+                             stride=(mV.stride[1], mV.stride[0], mV.stride[2], mV.stride[3])),
+        )
+        q, k, o = mQ, mK, mO
+        d = self.head_dim
+        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, 1)
+        k_smem = sm90_utils.make_smem_layout_b(
+            utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.kv_stages
+        )
+        v_smem = sm90_utils.make_smem_layout_b(
+            utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, self.kv_stages
+        )
+        q_tile = cute.slice_(q_smem, (None, None, 0))
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tq = cpasync.make_tiled_tma_atom(load, q, q_tile, (self.tile_m, d))
+        tma_k, tk = cpasync.make_tiled_tma_atom(load, k, cute.slice_(k_smem, (None, None, 0)), (self.tile_n, d))
+        tma_v, tv = cpasync.make_tiled_tma_atom(load, v, cute.slice_(v_smem, (None, None, 0)), (d, self.tile_n))
+        tma_o, to = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), o, q_tile, (self.tile_m, d))
+        self.q_bytes = cute.size_in_bytes(self.dtype, q_tile)
+        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, (None, None, 0)))
+
+        @cute.struct
+        class SharedStorage:
+            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
+
+        self.shared_storage = SharedStorage
+        num_m = cute.ceil_div(q.shape[0], self.tile_m)
+        num_heads = q.shape[2] * q.shape[3]
+        self.kernel(
+            tma_q, tq, tma_k, tk, tma_v, tv, tma_o, to,
+            scale, post_scale, slope, q_smem, k_smem, v_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],
+        ).launch(
+            grid=[num_m * num_heads, 1, 1],
+            block=[self.threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_o: cute.CopyAtom,
+        mO: cute.Tensor,
+        scale: cutlass.Float32,
+        post_scale: cutlass.Float32,
+        slope: cutlass.Float32,
+        q_smem: cute.ComposedLayout,
+        k_smem: cute.ComposedLayout,
+        v_smem: cute.ComposedLayout,
+        num_m: cutlass.Int32,
+        num_q_heads: cutlass.Int32,
+        group: cutlass.Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        # query tiles fastest: the tiles of one head run together and share its K/V in L2
+        m_blk = bidx % num_m
+        z = bidx // num_m // num_q_heads
+        h = bidx // num_m % num_q_heads
+        # grouped-query attention: query head h reads kv head h // group
+        hk = h // group
+        d = self.head_dim
+        nk = mK.shape[0]
+        n_tiles = cute.ceil_div(nk, self.tile_n)
+
+        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
+        q_producer, q_consumer = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=self.q_bytes, defer_sync=True,
+        ).make_participants()
+        kv_producer, kv_consumer = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=self.kv_stages, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=self.kv_bytes, defer_sync=True,
+        ).make_participants()
+
+        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
+        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
+        # V tiles reuse K's stages, seen through V's (MN-major) layout
+        sV = cute.make_tensor(cute.recast_ptr(sK.iterator, v_smem.inner), v_smem.outer)
+
+        gQ = cute.local_tile(mQ[None, None, h, z], (self.tile_m, d), (None, 0))
+        gK = cute.local_tile(mK[None, None, hk, z], (self.tile_n, d), (None, 0))
+        gV = cute.local_tile(mV[None, None, hk, z], (d, self.tile_n), (0, None))
+        gO = cute.local_tile(mO[None, None, h, z], (self.tile_m, d), (None, 0))
+        no_cluster = cute.make_layout(1)
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, no_cluster, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, no_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        tOsO, tOgO = cpasync.tma_partition(tma_o, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gO, 0, 2))
+
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1, 1), is_relaxed=True)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
+
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // _WG_THREADS)
+
+        if wg_idx == 0:
+            cute.arch.warpgroup_reg_dealloc(self.regs_producer)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+                handle = q_producer.acquire_and_advance()
+                cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, 0)], tma_bar_ptr=handle.barrier)
+                for j in cutlass.range(n_tiles, unroll=1):
+                    handle = kv_producer.acquire_and_advance()
+                    cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                    handle = kv_producer.acquire_and_advance()
+                    cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
+        else:
+            cute.arch.warpgroup_reg_alloc(self.regs_consumer)
+            qk_mma, pv_mma = self._tiled_mmas()
+            ctid = tidx - _WG_THREADS
+            qk_thr = qk_mma.get_slice(ctid)
+            pv_thr = pv_mma.get_slice(ctid)
+            tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
+            tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))
+            tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))
+            acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((self.tile_m, d)))
+            acc_o.fill(0.0)
+            s_shape = qk_thr.partition_shape_C((self.tile_m, self.tile_n))
+            tScS = qk_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+            # partitioned before the loop: the loop's ACCUMULATE updates rebind the tiled MMAs
+            tOsO_mma = pv_thr.partition_C(sQ[None, None, 0])
+            ragged_cols = nk - (n_tiles - 1) * self.tile_n
+
+            q_handle = q_consumer.wait_and_advance()
+            for j in cutlass.range(n_tiles, unroll=1):
+                acc_s = qk_thr.make_fragment_C(s_shape)
+                k_handle = kv_consumer.wait_and_advance()
+                warpgroup.fence()
+                _gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                k_handle.release()
+
+                for i in cutlass.range_constexpr(cute.size(acc_s)):
+                    acc_s[i] = self.activation(acc_s[i] * scale, slope)
+                if j == n_tiles - 1 and ragged_cols < self.tile_n:
+                    for i in cutlass.range_constexpr(cute.size(acc_s)):
+                        if tScS[i][1] >= ragged_cols:
+                            acc_s[i] = cutlass.Float32(0.0)
+                r_p = _accumulator_as_operand_a(acc_s, pv_mma, self.dtype)
+
+                v_handle = kv_consumer.wait_and_advance()
+                warpgroup.fence()
+                _gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                v_handle.release()
+
+            # epilogue: O over this warpgroup's rows of the Q tile, then one TMA store of the tile
+            r_o = cute.make_fragment_like(acc_o, self.dtype)
+            r_o.store((acc_o.load() * post_scale).to(self.dtype))
+            cute.autovec_copy(r_o, tOsO_mma)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            pipeline.arrive_and_wait(barrier_id=self.consumer_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
+            if warp_idx == _WG_THREADS // 32:
+                cute.copy(tma_o, tOsO[(None, 0)], tOgO[(None, m_blk)])
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+    def _tiled_mmas(self):
+        """(S = Q Kᵀ from shared memory, O += P V with P from registers), one wgmma atom per consumer
+        warpgroup. Built where they are used: the MMAs' ACCUMULATE field is rebound in the key loop."""
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            cutlass.Float32, (self.num_mma_wg, 1, 1), (_WG_ROWS, self.tile_n),
+        )
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            cutlass.Float32, (self.num_mma_wg, 1, 1), (_WG_ROWS, self.head_dim), warpgroup.OperandSource.RMEM,
+        )
+        return qk_mma, pv_mma
+
+
+@cute.jit
+def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, accumulate: cutlass.Constexpr):
+    """acc (+)= a · b over the k-blocks; with ``accumulate`` False the first k-block overwrites acc."""
+    for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, accumulate or kb != 0)
+        cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
+
+
+@cute.jit
+def _accumulator_as_operand_a(acc: cute.Tensor, pv_mma: cute.TiledMma, dtype: cutlass.Constexpr) -> cute.Tensor:
+    """The fp32 S accumulator, converted, as the register A operand of the P·V wgmma.
+
+    For 16-bit inputs a thread's accumulator values of an m64nN tile are exactly its A-operand values of the
+    m64k16 blocks along N: values (2 cols, 2 row halves, N/8 col groups) regroup as k-blocks of 2 col groups
+    each. Only the layout changes, no data moves between threads.
+    """
+    c = acc.layout
+    a_vals = pv_mma.tv_layout_A.shape[1]
+    k_blocks = cute.size(c, mode=[0]) // cute.size(a_vals)
+    operand_layout = cute.make_layout(
+        (a_vals, c.shape[1], (c.shape[2], k_blocks)),
+        stride=(c.stride[0], c.stride[1], (c.stride[2], cute.size(a_vals, mode=[2]) * c.stride[0][2])),
+    )
+    operand = cute.make_rmem_tensor(operand_layout, dtype)
+    cute.make_tensor(operand.iterator, c).store(acc.load().to(dtype))
+    return operand

@@ -1,0 +1,85 @@
+"""The CuTe-DSL Hopper forward compiles for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake tensors):
+every activation at D=128 and a subset at D=64, each checked for wgmma (QK and PV), TMA loads and the TMA
+store, setmaxnreg (the producer/consumer register split), tanh.approx for the tanh-based activations, and
+no register spills in ptxas's report.
+
+The compiles run in one subprocess: it sets the dump directory for ``--keep-ptx`` before cutlass-dsl is
+imported (otherwise the PTX lands in the working directory) and keeps TRITON_INTERPRET out of the way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+
+from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS  # noqa: E402
+
+CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh"), (64, "relu")]
+TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    dump = tmp_path_factory.mktemp("cute_dump")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_DUMP_DIR=str(dump),
+               PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, __file__, json.dumps(CASES)], env=env, capture_output=True, text=True,
+                          timeout=900, cwd=dump)
+    assert proc.returncode == 0, f"compile subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return {tuple(r["case"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"D{c[0]}-{c[1]}")
+def test_cute_fwd_compiles_for_sm90a(case, reports):
+    r = reports[tuple(case)]
+    assert r["target"] == "sm_90a"
+    assert r["wgmma"] >= 2 * (case[0] // 16), "QK and PV must both be wgmma (one per 16-wide k-block)"
+    assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/K/V loads and the O store go through TMA"
+    assert r["setmaxnreg"] == 2, "producer gives registers away, consumers take them"
+    if case[1] in TANH_BASED:
+        assert r["tanh_approx"] > 0, f"{case[1]} should use tanh.approx.f32"
+    else:
+        assert r["tanh_approx"] == 0
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+
+
+def _compile_all(cases) -> list[dict]:
+    import torch
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from gdpa_inductor.kernels.cute.gdpa_fwd import compile_fwd
+
+    ptxas = get_ptxas(90).path
+    out = []
+    for d, act in cases:
+        ptx = compile_fwd(torch.bfloat16, d, act, keep_ptx=True).artifacts.PTX
+        with open("k.ptx", "w") as f:
+            f.write(ptx)
+        log = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", "k.ptx", "-o", "k.cubin"],
+                             capture_output=True, text=True, check=True).stderr
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        out.append(dict(
+            case=[d, act],
+            target=re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1),
+            wgmma=ptx.count("wgmma.mma_async"),
+            tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cta\.global", ptx)),
+            tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx)),
+            setmaxnreg=ptx.count("setmaxnreg."),
+            tanh_approx=ptx.count("tanh.approx.f32"),
+            spill_stores=sum(int(s) for s, _ in spills),
+            spill_loads=sum(int(x) for _, x in spills),
+        ))
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(_compile_all(json.loads(sys.argv[1]))))

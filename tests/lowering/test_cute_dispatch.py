@@ -1,0 +1,74 @@
+"""``config.backend = "cute"``: the dense forward runs the CuTe-DSL Hopper kernel or fails with a ValueError
+that says why; what the CuTe kernels do not cover (the backward) is dispatched as under "auto". The
+support check's reasons are tested here on CPU tensors standing in for an sm_90 GPU's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gdpa_inductor
+from gdpa_inductor import gdpa
+from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
+from gdpa_inductor.lowering.dispatch import select_impl
+
+
+@pytest.fixture
+def backend():
+    saved = gdpa_inductor.config.backend
+
+    def set_backend(name):
+        gdpa_inductor.config.backend = name
+
+    yield set_backend
+    gdpa_inductor.config.backend = saved
+
+
+def _qkv(dtype=torch.bfloat16, d=128, dv=None, h=4, hkv=4, batch=(2,)):
+    q = torch.randn(*batch, h, 64, d, dtype=dtype)
+    k = torch.randn(*batch, hkv, 80, d, dtype=dtype)
+    v = torch.randn(*batch, hkv, 80, dv or d, dtype=dtype)
+    return q, k, v
+
+
+def test_forced_cute_without_hopper_raises_with_reason(backend):
+    backend("cute")
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(ValueError, match="backend='cute' cannot run this call"):
+        gdpa(q, k, v)
+
+
+def test_backward_under_cute_dispatches_as_auto(backend):
+    q, k, v = _qkv(torch.float32)
+    backend("auto")
+    auto = select_impl(q, k, v, None, "backward")
+    backend("cute")
+    assert select_impl(q, k, v, None, "backward") == auto
+
+
+@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(), ""),
+        (dict(bias=True), "bias and causal"),
+        (dict(causal=True), "bias and causal"),
+        (dict(activation="softplus"), "no CuTe form"),
+        (dict(dtype=torch.float32), "fp16/bf16"),
+        (dict(d=96), "head dims"),
+        (dict(dv=64), "head dims"),
+        (dict(transpose=True), "contiguous last dim"),
+        (dict(broadcast_q=True), "strides"),
+    ],
+)
+def test_support_reasons(monkeypatch, change, reason):
+    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    q, k, v = _qkv(change.get("dtype", torch.bfloat16), change.get("d", 128), change.get("dv"))
+    if change.get("transpose"):
+        q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if change.get("broadcast_q"):
+        q = q[:1]
+    bias = torch.randn(64, 80, dtype=q.dtype) if change.get("bias") else None
+    ok, why = cute_fwd.cute_fwd_support(q, k, v, bias, change.get("causal", False), change.get("activation", "silu"))
+    assert ok == (reason == "")
+    assert reason in why
