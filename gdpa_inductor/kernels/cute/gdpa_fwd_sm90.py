@@ -1,11 +1,12 @@
 """CuTe-DSL GDPA forward for Hopper (sm_90a): O = act(scale · Q Kᵀ) · post_scale · V.
 
 One CTA per (128-row query tile, head, sample), three warpgroups:
-- a producer warpgroup that gives its registers away and issues the TMA loads: the Q tile once, then K and V
-  tiles alternately into one ring of shared-memory stages (K and V tiles have the same size);
+- a producer warpgroup that gives its registers away and issues the TMA loads: the Q tile once, then the K
+  and V tiles into two rings of shared-memory stages;
 - two consumer warpgroups, 64 query rows each, one tiled MMA over both: S = Q Kᵀ by wgmma from shared
   memory, the activation on the fp32 accumulator, then O += P V by wgmma with P taken straight from
-  registers (no shared-memory round trip for P).
+  registers (no shared-memory round trip for P). S_{j+1} is issued right before P_j V_j, so the activation
+  of tile j+1 runs while tile j's second matmul is on the tensor cores.
 No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and the
 last key tile's padded columns are masked to P = 0, so a non-finite query cannot leak NaN from them. The
 epilogue scales O once, writes it over the Q tile in shared memory (each warpgroup its own rows) and stores
@@ -33,7 +34,7 @@ class GdpaFwdSm90:
     """Compile-time parameters: element type, head dim (= value head dim), the activation's CuTe form,
     key tile and number of K/V stages."""
 
-    def __init__(self, dtype, head_dim: int, activation: Callable, tile_n: int = 128, kv_stages: int = 4):
+    def __init__(self, dtype, head_dim: int, activation: Callable, tile_n: int = 128, kv_stages: int = 2):
         self.dtype = dtype
         self.head_dim = head_dim
         self.activation = activation
@@ -87,9 +88,11 @@ class GdpaFwdSm90:
         @cute.struct
         class SharedStorage:
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            kv_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            k_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            v_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
 
         self.shared_storage = SharedStorage
         num_m = cute.ceil_div(q.shape[0], self.tile_m)
@@ -145,15 +148,19 @@ class GdpaFwdSm90:
             barrier_storage=storage.q_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
             consumer_group=consumer_warps, tx_count=self.q_bytes, defer_sync=True,
         ).make_participants()
-        kv_producer, kv_consumer = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=self.kv_stages, producer_group=one_thread,
+        # K and V in separate rings: the consumers take K_{j+1} before V_j
+        k_producer, k_consumer = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.kv_stages, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=self.kv_bytes, defer_sync=True,
+        ).make_participants()
+        v_producer, v_consumer = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.kv_stages, producer_group=one_thread,
             consumer_group=consumer_warps, tx_count=self.kv_bytes, defer_sync=True,
         ).make_participants()
 
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
-        # V tiles reuse K's stages, seen through V's (MN-major) layout
-        sV = cute.make_tensor(cute.recast_ptr(sK.iterator, v_smem.inner), v_smem.outer)
+        sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
 
         gQ = cute.local_tile(mQ[None, None, h, z], (self.tile_m, d), (None, 0))
         gK = cute.local_tile(mK[None, None, hk, z], (self.tile_n, d), (None, 0))
@@ -180,9 +187,9 @@ class GdpaFwdSm90:
                 handle = q_producer.acquire_and_advance()
                 cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, 0)], tma_bar_ptr=handle.barrier)
                 for j in cutlass.range(n_tiles, unroll=1):
-                    handle = kv_producer.acquire_and_advance()
+                    handle = k_producer.acquire_and_advance()
                     cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                    handle = kv_producer.acquire_and_advance()
+                    handle = v_producer.acquire_and_advance()
                     cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
@@ -201,30 +208,42 @@ class GdpaFwdSm90:
             tOsO_mma = pv_thr.partition_C(sQ[None, None, 0])
             ragged_cols = nk - (n_tiles - 1) * self.tile_n
 
-            q_handle = q_consumer.wait_and_advance()
-            for j in cutlass.range(n_tiles, unroll=1):
-                acc_s = qk_thr.make_fragment_C(s_shape)
-                k_handle = kv_consumer.wait_and_advance()
+            acc_s = qk_thr.make_fragment_C(s_shape)
+            r_p = _operand_a_like(acc_s, pv_mma, self.dtype)
+            q_consumer.wait_and_advance()
+
+            # S_0, then per key tile j: issue S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j back to back; the
+            # activation of S_{j+1} runs while P_j V_j is still on the tensor cores.
+            k_handle = k_consumer.wait_and_advance()
+            warpgroup.fence()
+            _gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            k_handle.release()
+            self._activate(acc_s, tScS, 0, n_tiles, ragged_cols, scale, slope)
+            _store_operand_a(acc_s, r_p)
+            for j in cutlass.range(n_tiles - 1, unroll=1):
+                k_handle = k_consumer.wait_and_advance()
                 warpgroup.fence()
                 _gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
                 warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                k_handle.release()
-
-                for i in cutlass.range_constexpr(cute.size(acc_s)):
-                    acc_s[i] = self.activation(acc_s[i] * scale, slope)
-                if j == n_tiles - 1 and ragged_cols < self.tile_n:
-                    for i in cutlass.range_constexpr(cute.size(acc_s)):
-                        if tScS[i][1] >= ragged_cols:
-                            acc_s[i] = cutlass.Float32(0.0)
-                r_p = _accumulator_as_operand_a(acc_s, pv_mma, self.dtype)
-
-                v_handle = kv_consumer.wait_and_advance()
-                warpgroup.fence()
+                v_handle = v_consumer.wait_and_advance()
                 _gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
                 warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                k_handle.release()
+                self._activate(acc_s, tScS, j + 1, n_tiles, ragged_cols, scale, slope)
                 warpgroup.wait_group(0)
                 v_handle.release()
+                _store_operand_a(acc_s, r_p)
+            v_handle = v_consumer.wait_and_advance()
+            warpgroup.fence()
+            # a fresh MMA: the loop rebinds the fields of the one used inside it
+            _, last_pv_mma = self._tiled_mmas()
+            _gemm(last_pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            v_handle.release()
 
             # epilogue: O over this warpgroup's rows of the Q tile, then one TMA store of the tile
             r_o = cute.make_fragment_like(acc_o, self.dtype)
@@ -237,6 +256,17 @@ class GdpaFwdSm90:
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
+
+    @cute.jit
+    def _activate(self, acc_s, tScS, tile, n_tiles, ragged_cols, scale, slope):
+        """P = act(scale · S) in place; on the last key tile, columns past Nk are set to 0."""
+        for i in cutlass.range_constexpr(cute.size(acc_s)):
+            acc_s[i] = self.activation(acc_s[i] * scale, slope)
+        if tile == n_tiles - 1:
+            if ragged_cols < self.tile_n:
+                for i in cutlass.range_constexpr(cute.size(acc_s)):
+                    if tScS[i][1] >= ragged_cols:
+                        acc_s[i] = cutlass.Float32(0.0)
 
     def _tiled_mmas(self):
         """(S = Q Kᵀ from shared memory, O += P V with P from registers), one wgmma atom per consumer
@@ -261,8 +291,8 @@ def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Te
 
 
 @cute.jit
-def _accumulator_as_operand_a(acc: cute.Tensor, pv_mma: cute.TiledMma, dtype: cutlass.Constexpr) -> cute.Tensor:
-    """The fp32 S accumulator, converted, as the register A operand of the P·V wgmma.
+def _operand_a_like(acc: cute.Tensor, pv_mma: cute.TiledMma, dtype: cutlass.Constexpr) -> cute.Tensor:
+    """Registers for P as the register A operand of the P·V wgmma, in the input dtype.
 
     For 16-bit inputs a thread's accumulator values of an m64nN tile are exactly its A-operand values of the
     m64k16 blocks along N: values (2 cols, 2 row halves, N/8 col groups) regroup as k-blocks of 2 col groups
@@ -275,6 +305,10 @@ def _accumulator_as_operand_a(acc: cute.Tensor, pv_mma: cute.TiledMma, dtype: cu
         (a_vals, c.shape[1], (c.shape[2], k_blocks)),
         stride=(c.stride[0], c.stride[1], (c.stride[2], cute.size(a_vals, mode=[2]) * c.stride[0][2])),
     )
-    operand = cute.make_rmem_tensor(operand_layout, dtype)
-    cute.make_tensor(operand.iterator, c).store(acc.load().to(dtype))
-    return operand
+    return cute.make_rmem_tensor(operand_layout, dtype)
+
+
+@cute.jit
+def _store_operand_a(acc: cute.Tensor, operand: cute.Tensor):
+    """Converts the fp32 accumulator into the operand registers, seen through the accumulator's layout."""
+    cute.make_tensor(operand.iterator, acc.layout).store(acc.load().to(operand.element_type))
