@@ -10,13 +10,16 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-SQRT_2_OVER_PI = 0.7978845608028654
-GELU_TANH_COEF = 0.044715
-# Phi(x) ~ 0.5 (1 + tanh(x (C1 + C3 x^2 + C5 x^4))) on |x| <= 5 (the Triton kernels' approximant)
-GELU_ERF_C1 = 0.7974228171161315
-GELU_ERF_C3 = 0.03700386699238616
-GELU_ERF_C5 = -0.0003475472313648832
-GELU_ERF_CLAMP = 5.0
+from ..triton import activation_math as triton_forms
+
+# The constants of the Triton forms (one definition): gelu_tanh's, and the erf approximant
+# Phi(x) ~ 0.5 (1 + tanh(x (C1 + C3 x^2 + C5 x^4))) on |x| <= 5.
+SQRT_2_OVER_PI = triton_forms.SQRT_2_OVER_PI.value
+GELU_TANH_COEF = triton_forms.GELU_TANH_COEF.value
+GELU_ERF_C1 = triton_forms.GELU_ERF_C1.value
+GELU_ERF_C3 = triton_forms.GELU_ERF_C3.value
+GELU_ERF_C5 = triton_forms.GELU_ERF_C5.value
+GELU_ERF_CLAMP = triton_forms.GELU_ERF_CLAMP.value
 
 
 @cute.jit

@@ -13,13 +13,14 @@ import os
 
 import torch
 
+from ..activations import ACTIVATION_NAMES
+from ..triton.gdpa_fwd_tma import capability_major, tma_layout
 from ..triton.layout import as_4d
 
 # Head dims whose Q tile plus four K/V stages fit in shared memory with 128x128 tiles.
 SUPPORTED_HEAD_DIMS = (64, 128)
-SUPPORTED_ACTIVATIONS = (
-    "identity", "relu", "relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish",
-)
+# every activation of the table has a CuTe form (activation_math.py, same names)
+SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES
 
 
 def cute_dsl_available() -> bool:
@@ -27,11 +28,9 @@ def cute_dsl_available() -> bool:
 
 
 def on_sm90(device: torch.device) -> bool:
-    return (
-        device.type == "cuda"
-        and torch.cuda.is_available()
-        and torch.cuda.get_device_capability(device)[0] == 9
-    )
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return capability_major(device.index if device.index is not None else torch.cuda.current_device()) == 9
 
 
 def _as_4d(q, k, v):
@@ -63,10 +62,10 @@ def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
     if d != dv or d not in SUPPORTED_HEAD_DIMS:
         return False, f"head dims (D={d}, Dv={dv}) must be equal and one of {SUPPORTED_HEAD_DIMS}"
     for name, t in (("query", q), ("key", k), ("value", v)):
-        if t.dim() != 4 or t.stride(-1) != 1:
-            return False, f"{name} must be a 4-D view with a contiguous last dim"
-        if any(s <= 0 or s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
-            return False, f"{name} strides must be positive multiples of 16 bytes (TMA)"
+        if t.stride(-1) != 1:
+            return False, f"{name} must have a contiguous last dim"
+        if not tma_layout(t):
+            return False, f"{name} strides must be positive multiples of 16 bytes from a 16-byte-aligned address (TMA)"
     return True, ""
 
 

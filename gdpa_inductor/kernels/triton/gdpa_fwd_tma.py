@@ -26,7 +26,7 @@ TMA_CONFIG = FwdConfig(128, 64, 4, 2)
 
 
 @functools.lru_cache(maxsize=None)
-def _capability_major(device_index: int) -> int:
+def capability_major(device_index: int) -> int:
     return torch.cuda.get_device_capability(device_index)[0]
 
 
@@ -34,10 +34,10 @@ def on_tma_gpu(device: torch.device) -> bool:
     """A CUDA device of compute capability 9 or later, outside the interpreter."""
     if device.type != "cuda" or interpreting():
         return False
-    return _capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+    return capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
-def _tma_layout(x: torch.Tensor) -> bool:
+def tma_layout(x: torch.Tensor) -> bool:
     """TMA reads rows of 16-byte multiples from 16-byte-aligned addresses; a broadcast (stride-0) dim is
     left to the pointer kernel."""
     size = x.element_size()
@@ -50,7 +50,7 @@ def tma_supported(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, bias: to
     d, dv = q4.shape[-1], v4.shape[-1]
     return (bias is None and q4.dtype in (torch.float16, torch.bfloat16)
             and all(x in (16, 32, 64, 128) for x in (d, dv))
-            and all(_tma_layout(x) for x in (q4, k4, v4)) and on_tma_gpu(q4.device))
+            and all(tma_layout(x) for x in (q4, k4, v4)) and on_tma_gpu(q4.device))
 
 
 @triton.jit
