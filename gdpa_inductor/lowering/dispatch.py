@@ -1,4 +1,5 @@
-"""Which implementation runs a GDPA call, and why: Triton where it supports the case, else the reference.
+"""Which implementation runs a GDPA call, and why: the CuTe-DSL Hopper backward where it supports the case,
+Triton where it supports the case, else the reference.
 
 Every decision returns (name, reason) and is logged at debug level on the ``gdpa_inductor`` logger, so
 "why did this not use the fused kernel?" always has an answer.
@@ -46,6 +47,22 @@ def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
         log.debug("gdpa forward: cute")
         return "cute"
     return select_impl(q, k, v, bias, "forward")
+
+
+def select_backward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
+    """The dense backward's path: "cute" where the CuTe-DSL Hopper backward supports the call (under "auto"
+    and "cute"; a ValueError under "cute" when it cannot), otherwise as ``select_impl``."""
+    if config.backend in ("auto", "cute"):
+        from ..kernels.cute.gdpa_fwd import cute_fwd_support
+
+        ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
+        if ok:
+            log.debug("gdpa backward: cute")
+            return "cute"
+        if config.backend == "cute":
+            raise ValueError(f"gdpa_inductor.config.backend='cute' cannot run this call: {reason}")
+        log.debug("gdpa backward: not cute (%s)", reason)
+    return select_impl(q, k, v, bias, "backward")
 
 
 def select_impl(q, k, v, bias, what: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.reference import gdpa_reference, gdpa_reference_backward
-from .dispatch import select_forward_impl, select_impl
+from .dispatch import select_backward_impl, select_forward_impl
 
 
 def _broadcast_batch(q, k, v) -> tuple:
@@ -39,7 +39,12 @@ def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_
 def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad):
     """(dq, dk, dv, dbias or None) on the chosen kernel."""
     args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
-    if select_impl(q, k, v, bias, "backward") == "triton":
+    impl = select_backward_impl(q, k, v, bias, causal, activation)
+    if impl == "cute":
+        from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_batched
+
+        return (*gdpa_bwd_cute_batched(dout, q, k, v, activation, scale, post_scale, negative_slope), None)
+    if impl == "triton":
         from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
 
         return gdpa_bwd_triton(*args)

@@ -1,7 +1,9 @@
-"""The CuTe-DSL Hopper forward compiles for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake tensors):
-every activation at D=128 and a subset at D=64, each checked for wgmma (QK and PV), TMA loads and the TMA
-store, setmaxnreg (the producer/consumer register split), tanh.approx for the tanh-based activations, and
-no register spills in ptxas's report.
+"""The CuTe-DSL Hopper forward and backward compile for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake
+tensors): every activation at D=128 and a subset at D=64, each checked for wgmma (every matmul), TMA loads
+and stores (and the backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the
+producer/consumer register split), tanh.approx for the tanh-based activations, and no register spills in
+ptxas's report. Backward activations whose (value, derivative) form still spills a few words are marked as
+strict expected failures: the day they stop spilling the test says so.
 
 The compiles run in one subprocess: it sets the dump directory for ``--keep-ptx`` before cutlass-dsl is
 imported (otherwise the PTX lands in the working directory) and keeps TRITON_INTERPRET out of the way.
@@ -22,6 +24,9 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS  # noqa: E402
 
 CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh"), (64, "relu")]
+BWD_CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh")]
+# measured with cutlass-dsl 4.8.1: 4 to 148 bytes of spills in the consumers' (value, derivative) pass
+BWD_SPILLING = {"relu_square", "gelu", "silu", "sigmoid", "hardswish"}
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 
 
@@ -32,15 +37,16 @@ def reports(tmp_path_factory):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_DUMP_DIR=str(dump),
                PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, __file__, json.dumps(CASES)], env=env, capture_output=True, text=True,
-                          timeout=900, cwd=dump)
+    cases = [("fwd", *c) for c in CASES] + [("bwd", *c) for c in BWD_CASES]
+    proc = subprocess.run([sys.executable, __file__, json.dumps(cases)], env=env, capture_output=True, text=True,
+                          timeout=1200, cwd=dump)
     assert proc.returncode == 0, f"compile subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return {tuple(r["case"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"D{c[0]}-{c[1]}")
 def test_cute_fwd_compiles_for_sm90a(case, reports):
-    r = reports[tuple(case)]
+    r = reports[("fwd", *case)]
     assert r["target"] == "sm_90a"
     assert r["wgmma"] >= 2 * (case[0] // 16), "QK and PV must both be wgmma (one per 16-wide k-block)"
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/K/V loads and the O store go through TMA"
@@ -52,27 +58,51 @@ def test_cute_fwd_compiles_for_sm90a(case, reports):
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
 
 
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="spills a few words")) if c[1] in BWD_SPILLING
+     else c for c in BWD_CASES],
+    ids=lambda c: f"D{c[0]}-{c[1]}",
+)
+def test_cute_bwd_compiles_for_sm90a(case, reports):
+    r = reports[("bwd", *case)]
+    d = case[0]
+    assert r["target"] == "sm_90a"
+    # S and dP (k = D), dV and dK (k = 64 queries), dQ (k = 128 keys), one wgmma per 16-wide k-block
+    assert r["wgmma"] >= 2 * (d // 16) + 2 * (64 // 16) + 128 // 16
+    assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/dO/K/V loads and the dK/dV stores go through TMA"
+    assert r["tma_reduce"] > 0, "dQ tiles are added by TMA reduce-add"
+    assert r["stmatrix"] > 0, "dS goes to shared memory by stmatrix"
+    assert r["setmaxnreg"] == 2
+    assert (r["tanh_approx"] > 0) == (case[1] in TANH_BASED)
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+
+
 def _compile_all(cases) -> list[dict]:
     import torch
     from triton.backends.nvidia.compiler import get_ptxas
 
+    from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd
     from gdpa_inductor.kernels.cute.gdpa_fwd import compile_fwd
 
     ptxas = get_ptxas(90).path
     out = []
-    for d, act in cases:
-        ptx = compile_fwd(torch.bfloat16, d, act, keep_ptx=True).artifacts.PTX
+    for kind, d, act in cases:
+        compile_fn = compile_fwd if kind == "fwd" else compile_bwd
+        ptx = compile_fn(torch.bfloat16, d, act, keep_ptx=True).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
         log = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", "k.ptx", "-o", "k.cubin"],
                              capture_output=True, text=True, check=True).stderr
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
         out.append(dict(
-            case=[d, act],
+            case=[kind, d, act],
             target=re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1),
             wgmma=ptx.count("wgmma.mma_async"),
             tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cta\.global", ptx)),
             tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx)),
+            tma_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
+            stmatrix=ptx.count("stmatrix"),
             setmaxnreg=ptx.count("setmaxnreg."),
             tanh_approx=ptx.count("tanh.approx.f32"),
             spill_stores=sum(int(s) for s, _ in spills),

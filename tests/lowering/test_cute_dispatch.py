@@ -1,5 +1,5 @@
-"""``config.backend = "cute"``: the dense forward runs the CuTe-DSL Hopper kernel or fails with a ValueError
-that says why; what the CuTe kernels do not cover (the backward) is dispatched as under "auto". The
+"""``config.backend = "cute"``: the dense forward and backward run the CuTe-DSL Hopper kernels or fail with a
+ValueError that says why; under "auto" the backward takes the CuTe kernel where it covers the call. The
 support check's reasons are tested here on CPU tensors standing in for an sm_90 GPU's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import gdpa_inductor
 from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
-from gdpa_inductor.lowering.dispatch import select_impl
+from gdpa_inductor.lowering.dispatch import select_backward_impl, select_impl
 
 
 @pytest.fixture
@@ -38,12 +38,33 @@ def test_forced_cute_without_hopper_raises_with_reason(backend):
         gdpa(q, k, v)
 
 
-def test_backward_under_cute_dispatches_as_auto(backend):
-    q, k, v = _qkv(torch.float32)
-    backend("auto")
-    auto = select_impl(q, k, v, None, "backward")
+def test_forced_cute_backward_without_hopper_raises_with_reason(backend):
     backend("cute")
-    assert select_impl(q, k, v, None, "backward") == auto
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(ValueError, match="backend='cute' cannot run this call"):
+        select_backward_impl(q, k, v, None, False, "silu")
+
+
+@pytest.mark.parametrize("name", ["auto", "triton", "reference"])
+def test_backward_off_hopper_dispatches_as_before(backend, name):
+    backend(name)
+    q, k, v = _qkv(torch.float32)
+    assert select_backward_impl(q, k, v, None, False, "silu") == select_impl(q, k, v, None, "backward")
+
+
+@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.parametrize("name, causal, expected", [("auto", False, "cute"), ("cute", False, "cute"),
+                                                     ("auto", True, "reference"), ("triton", False, "triton")])
+def test_backward_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal, expected):
+    """On sm_90 (stood in for here) "auto" runs the CuTe backward where it covers the call; a case it does
+    not cover (causal) falls through to the usual choice (the reference on these CPU tensors)."""
+    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    backend(name)
+    q, k, v = _qkv()
+    if name == "triton":
+        monkeypatch.setattr("gdpa_inductor.lowering.dispatch.triton_support", lambda *a: (True, ""))
+    assert select_backward_impl(q, k, v, None, causal, "silu") == expected
 
 
 @pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")

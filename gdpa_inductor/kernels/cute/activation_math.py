@@ -83,3 +83,83 @@ def hardswish(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
     r = cutlass.Float32(0.0) if r < 0.0 else r
     r = cutlass.Float32(6.0) if r > 6.0 else r
     return x * r * (1.0 / 6.0)
+
+
+# (act(x), act'(x)) pairs for the backward: one special-function op each, the derivative built from the
+# forward's intermediate values (the Triton `*_and_grad` forms).
+
+
+@cute.jit
+def identity_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
+    return x, cutlass.Float32(1.0)
+
+
+@cute.jit
+def relu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
+    y = cutlass.Float32(0.0) if x < 0.0 else x
+    g = cutlass.Float32(1.0) if x > 0.0 else cutlass.Float32(0.0)
+    return y, g
+
+
+@cute.jit
+def relu_square_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
+    r = cutlass.Float32(0.0) if x < 0.0 else x
+    return r * r, 2.0 * r
+
+
+@cute.jit
+def leaky_relu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
+    y = x if x > 0.0 else x * slope
+    g = cutlass.Float32(1.0) if x > 0.0 else slope
+    return y, g
+
+
+@cute.jit
+def gelu_tanh_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
+    x2 = x * x
+    t = _tanh(x * (SQRT_2_OVER_PI + (SQRT_2_OVER_PI * GELU_TANH_COEF) * x2))
+    half_x = 0.5 * x
+    dinner = SQRT_2_OVER_PI + (3.0 * SQRT_2_OVER_PI * GELU_TANH_COEF) * x2
+    return half_x * (1.0 + t), 0.5 * (1.0 + t) + half_x * (1.0 - t * t) * dinner
+
+
+@cute.jit
+def gelu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
+    xc = cute.math.min(cute.math.max(x, -GELU_ERF_CLAMP), GELU_ERF_CLAMP)
+    x2 = xc * xc
+    t = _tanh(xc * (GELU_ERF_C1 + x2 * (GELU_ERF_C3 + x2 * GELU_ERF_C5)))
+    cdf = 0.5 + 0.5 * t
+    du = GELU_ERF_C1 + x2 * (3.0 * GELU_ERF_C3 + x2 * (5.0 * GELU_ERF_C5))
+    pdf = 0.5 * (1.0 - t * t) * du
+    if x < -GELU_ERF_CLAMP:
+        cdf = cutlass.Float32(0.0)
+        pdf = cutlass.Float32(0.0)
+    if x > GELU_ERF_CLAMP:
+        cdf = cutlass.Float32(1.0)
+        pdf = cutlass.Float32(0.0)
+    return x * cdf, cdf + x * pdf
+
+
+@cute.jit
+def sigmoid_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
+    s = 0.5 + 0.5 * _tanh(0.5 * x)
+    return s, s * (1.0 - s)
+
+
+@cute.jit
+def silu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
+    s = 0.5 + 0.5 * _tanh(0.5 * x)
+    return x * s, s * (1.0 + x * (1.0 - s))
+
+
+@cute.jit
+def hardswish_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
+    r = x + 3.0
+    r = cutlass.Float32(0.0) if r < 0.0 else r
+    r = cutlass.Float32(6.0) if r > 6.0 else r
+    g = cutlass.Float32(1.0)
+    if x < 3.0:
+        g = x * (1.0 / 3.0) + 0.5
+    if x <= -3.0:
+        g = cutlass.Float32(0.0)
+    return x * r * (1.0 / 6.0), g

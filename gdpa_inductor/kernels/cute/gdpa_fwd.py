@@ -88,7 +88,7 @@ def _as_cute(t: torch.Tensor):
     from cutlass.cute.runtime import from_dlpack
 
     # [Z, H, N, D] -> (N, D, H, Z), the kernel's mode order; every size and stride stays a runtime value
-    return from_dlpack(t.permute(2, 3, 1, 0), assumed_align=16).mark_layout_dynamic(leading_dim=1)
+    return from_dlpack(t.detach().permute(2, 3, 1, 0), assumed_align=16).mark_layout_dynamic(leading_dim=1)
 
 
 _COMPILED: dict = {}

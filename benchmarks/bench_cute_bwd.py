@@ -1,0 +1,176 @@
+"""CuTe-DSL Hopper backward vs the Triton backward (and softmax SDPA / flash-attn-4 backward for reference),
+one process, same shapes, bf16 (GPU only; cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh).
+
+First a correctness sweep of the CuTe backward against float64 (every activation, ragged lengths, GQA,
+D in {64, 128}, fp16/bf16; dq, dk and dv each next to the Triton backward's error at the same inputs), then
+backward-only and forward+backward TF/s at Meta's shapes (H=4; D=128 and 64), do_bench medians.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bwd.py --out results/cute_bwd
+    python3 benchmarks/bench_cute_bwd.py --plot-from results/cute_bwd.json --out results/cute_bwd   # the plot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from gdpa_inductor.kernels.cute.gdpa_bwd import bwd_supported, compile_bwd, gdpa_bwd_cute
+from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, gdpa_fwd_cute
+from gdpa_inductor.kernels.reference import gdpa_reference_backward
+from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
+from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
+
+META_SHAPES = [(256, 256), (512, 512), (1024, 1024), (2048, 2048), (512, 256), (1024, 256), (2048, 256)]
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def correctness(rows):
+    torch.manual_seed(0)
+    cases = [(act, torch.bfloat16, 2, 4, 4, 300, 300, 128) for act in SUPPORTED_ACTIVATIONS] + [
+        ("gelu_tanh", torch.float16, 2, 4, 4, 257, 129, 128),
+        ("silu", torch.bfloat16, 2, 8, 2, 128, 1000, 128),
+        ("silu", torch.bfloat16, 3, 4, 4, 1, 17, 64),
+        ("gelu_tanh", torch.bfloat16, 2, 4, 1, 1024, 1024, 64),
+        ("sigmoid", torch.bfloat16, 1, 2, 2, 17, 2048, 128),
+        ("gelu_tanh", torch.bfloat16, 2, 4, 4, 2048, 256, 128),
+    ]
+    ok = True
+    for act, dtype, z, h, hkv, nq, nk, d in cases:
+        q = torch.randn(z, h, nq, d, device="cuda", dtype=dtype)
+        k = torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype)
+        v = torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype)
+        do = torch.randn(z, h, nq, d, device="cuda", dtype=dtype)
+        scale, post = d**-0.5, 1.0 / nk
+        supported, why = bwd_supported(q, k, v, None, False, act)
+        ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)
+        tri = gdpa_bwd_triton(do, q, k, v, None, act, scale, post, False, 0.01, False)
+        got = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01) if supported else (None,) * 3
+        row = dict(kind="check", act=act, dtype=str(dtype), z=z, h=h, hkv=hkv, nq=nq, nk=nk, d=d, why=why)
+        passed = supported
+        for name, g, t, r in zip(("dq", "dk", "dv"), got, tri[:3], ref[:3]):
+            te = _rel(t, r)
+            ce = _rel(g, r) if g is not None else float("nan")
+            row[f"{name}_cute"], row[f"{name}_triton"] = ce, te
+            passed = passed and ce <= 2 * te + 1e-4
+        row["passed"] = passed
+        ok &= passed
+        rows.append(row)
+        print(row, flush=True)
+    return ok
+
+
+def tflops(ms, z, h, nq, nk, d, factor):
+    return factor * 4 * z * h * nq * nk * d / ms / 1e9
+
+
+def timing(rows, d, batch, act="gelu_tanh"):
+    from_fa4 = None
+    try:
+        from flash_attn.cute.interface import flash_attn_func as from_fa4
+    except Exception as e:  # noqa: BLE001
+        print("flash-attn-4 unavailable:", repr(e)[:200])
+    h = 4
+    for nq, nk in META_SHAPES:
+        z = batch if nq * nk <= 1024 * 1024 else batch // 4
+        q = torch.randn(z, h, nq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(z, h, nk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(z, h, nk, d, device="cuda", dtype=torch.bfloat16)
+        do = torch.randn(z, h, nq, d, device="cuda", dtype=torch.bfloat16)
+        scale, post = d**-0.5, 1.0 / nk
+        row = dict(kind="time", d=d, z=z, nq=nq, nk=nk)
+        fns = {
+            "cute_bwd": lambda: gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01),
+            "triton_bwd": lambda: gdpa_bwd_triton(do, q, k, v, None, act, scale, post, False, 0.01, False),
+            "cute_fb": lambda: (gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
+                                gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01)),
+            "triton_fb": lambda: (gdpa_fwd_triton(q, k, v, None, act, scale, post, False, 0.01),
+                                  gdpa_bwd_triton(do, q, k, v, None, act, scale, post, False, 0.01, False)),
+        }
+        qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+        dos = do.transpose(1, 2).contiguous()
+        qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+
+        def sdpa_fb():
+            o = F.scaled_dot_product_attention(qt, kt, vt)
+            o.backward(do)
+
+        fns["sdpa_fb"] = sdpa_fb
+        if from_fa4 is not None:
+            def fa4_fb():
+                o = from_fa4(qs, ks, vs)
+                o = o[0] if isinstance(o, tuple) else o
+                o.backward(dos)
+            fns["fa4_fb"] = fa4_fb
+        for name, fn in fns.items():
+            try:
+                ms = triton.testing.do_bench(fn, warmup=25, rep=100)
+                row[name] = tflops(ms, z, h, nq, nk, d, 2.5 if name.endswith("bwd") else 3.5)
+            except Exception as e:  # noqa: BLE001
+                row[name] = None
+                print(name, "failed:", repr(e)[:300])
+        rows.append(row)
+        print(row, flush=True)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    providers = [("cute_bwd", "CuTe bwd"), ("triton_bwd", "Triton bwd"), ("cute_fb", "CuTe f+b"),
+                 ("triton_fb", "Triton f+b"), ("sdpa_fb", "SDPA f+b (softmax)"), ("fa4_fb", "FA4 f+b (softmax)")]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
+    for ax, d in zip(axes, (128, 64)):
+        sel = [r for r in rows if r["kind"] == "time" and r["d"] == d]
+        labels = [f"{r['nq']}x{r['nk']}" for r in sel]
+        width = 0.8 / len(providers)
+        for i, (key, name) in enumerate(providers):
+            ax.bar([x + i * width for x in range(len(sel))], [r.get(key) or 0 for r in sel], width, label=name)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sel))], labels, rotation=30)
+        ax.set_title(f"bf16, H=4, D={d}")
+        ax.set_xlabel("q x kv")
+    axes[0].set_ylabel("TF/s (bwd: 2.5x, f+b: 3.5x the forward FLOPs)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
+    ap.add_argument("--batch", type=int, default=1152)
+    ap.add_argument("--skip-check", action="store_true")
+    args = ap.parse_args()
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            plot(json.load(f)["rows"], (args.out or args.plot_from.removesuffix(".json")) + ".png")
+        return
+    rows = []
+    t0 = time.time()
+    compile_bwd(torch.bfloat16, 128, "gelu_tanh")
+    print(f"compile (fake operands) {time.time() - t0:.1f}s", flush=True)
+    ok = True if args.skip_check else correctness(rows)
+    print("correct:", ok, flush=True)
+    if ok:
+        timing(rows, 128, args.batch)
+        timing(rows, 64, args.batch)
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=time.strftime("%Y-%m-%d"))
+    if args.out:
+        with open(args.out + ".json", "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        plot(rows, args.out + ".png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""CuTe-DSL GDPA backward for Hopper (sm_90a): dQ, dK, dV of O = post_scale · act(scale · Q Kᵀ) · V.
+
+One CTA per (128-key tile, head, sample), looping over 64-row query tiles; three warpgroups:
+- a producer warpgroup that gives its registers away and issues TMA loads: K and V once, then Q and dO
+  tiles into two-stage rings;
+- two consumer warpgroups, 64 keys each, computing the transposed scores so that P and dS come out of the
+  first two matmuls already in the register layout the next ones take as their A operand:
+    Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (wgmma, shared memory),
+    Pᵀ = act(scale · Sᵀ), dSᵀ = dPᵀ ∘ act'(scale · Sᵀ) (the activation runs while dPᵀ is on the tensor cores),
+    dV += Pᵀ dO and dK += dSᵀ Q (wgmma with the A operand from registers),
+    dQ_tile = dS K (dS through shared memory: it spans both warpgroups' keys), each warpgroup half of D,
+    added into an fp32 dQ buffer by one TMA reduce-add per tile (no per-thread atomics).
+No softmax: no LSE, no rowsum(dO ∘ O) pass. 5 matmuls per tile, nothing N×N leaves the chip. The epilogue
+scales dK and dV, writes them over the K and V tiles in shared memory and stores them by TMA; the caller
+casts the fp32 dQ. Keys and queries past the ends read as zeros (TMA fills them) and are masked
+out of P and dS, so non-finite inputs cannot leak through padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+
+from .gdpa_fwd_sm90 import _operand_a_like, _store_operand_a
+
+_WG_ROWS = 64
+_WG_THREADS = 128
+
+
+def _smem_layout(dtype, shape, stages: int, major_size: int | None = None):
+    """Swizzled row-major shared-memory layout of ``shape`` x ``stages``. ``major_size`` narrows the
+    swizzle atom so the same bytes also read as the transposed (MN-major) operand of a warpgroup that
+    owns only part of the contiguous mode."""
+    major = shape[1] if major_size is None else major_size
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, major), dtype
+    )
+    return cute.tile_to_shape(atom, (*shape, stages), order=(0, 1, 2))
+
+
+def _transposed(t: cute.Tensor) -> cute.Tensor:
+    """The same shared memory with its first two modes swapped."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+@cute.jit
+def _mma(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, accumulate: cutlass.Constexpr):
+    """acc (+)= a · b over the k-blocks, on a fresh atom (its ACCUMULATE field is rebound per k-block)."""
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, accumulate)
+    for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
+        cute.gemm(atom, acc, a[None, None, kb], b[None, None, kb], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+
+
+class GdpaBwdSm90:
+    """Compile-time parameters: element type, head dim (= value head dim) and the activation's CuTe
+    (value, derivative) form."""
+
+    def __init__(self, dtype, head_dim: int, act_and_grad: Callable, q_stages: int = 2):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.act_and_grad = act_and_grad
+        self.num_mma_wg = 2
+        self.tile_n = _WG_ROWS * self.num_mma_wg  # keys per CTA
+        self.tile_m = 64  # queries per step
+        self.q_stages = q_stages
+        self.threads = _WG_THREADS * (self.num_mma_wg + 1)
+        self.regs_producer = 24
+        self.regs_consumer = 240
+        self.barrier_ds = 1
+        self.barrier_dq = 2
+        self.barrier_epi = 3
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mdQ: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        scale: cutlass.Float32,
+        post_scale: cutlass.Float32,
+        slope: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        """mQ, mdO: (Nq, D, H, Z); mK, mV, mdK, mdV: (Nk, D, H, Z), D contiguous, K/V already expanded to
+        the query heads; mdQ: fp32 (Nq, D, H, Z), zero-initialized, receives dQ."""
+        d = self.head_dim
+        q_smem = _smem_layout(self.dtype, (self.tile_m, d), self.q_stages)
+        do_smem = _smem_layout(self.dtype, (self.tile_m, d), self.q_stages)
+        # K is also dQ's B operand, split along D between the warpgroups
+        k_smem = _smem_layout(self.dtype, (self.tile_n, d), 1, d // self.num_mma_wg)
+        v_smem = _smem_layout(self.dtype, (self.tile_n, d), 1)
+        ds_smem = _smem_layout(self.dtype, (self.tile_m, self.tile_n), self.q_stages, _WG_ROWS)
+        dq_smem = _smem_layout(cutlass.Float32, (self.tile_m, d), 1)
+
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        store = cpasync.CopyBulkTensorTileS2GOp()
+        one = (None, None, 0)
+        tma_q, tq = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(q_smem, one), (self.tile_m, d))
+        tma_do, tdo = cpasync.make_tiled_tma_atom(load, mdO, cute.slice_(do_smem, one), (self.tile_m, d))
+        tma_k, tk = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(k_smem, one), (self.tile_n, d))
+        tma_v, tv = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(v_smem, one), (self.tile_n, d))
+        tma_dk, tdk = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(k_smem, one), (self.tile_n, d))
+        tma_dv, tdv = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(v_smem, one), (self.tile_n, d))
+        tma_dq, tdq = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(cpasync.ReductionOp.ADD), mdQ, cute.slice_(dq_smem, one),
+            (self.tile_m, d),
+        )
+        self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(q_smem, one))
+        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, one))
+
+        @cute.struct
+        class SharedStorage:
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            q_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
+            do_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(do_smem)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(ds_smem)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(dq_smem)], 1024]
+
+        self.shared_storage = SharedStorage
+        num_n = cute.ceil_div(mK.shape[0], self.tile_n)
+        num_heads = mQ.shape[2] * mQ.shape[3]
+        self.kernel(
+            tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv, tma_dk, tdk, tma_dv, tdv, tma_dq, tdq,
+            scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, num_n, mQ.shape[2],
+        ).launch(
+            grid=[num_n * num_heads, 1, 1],
+            block=[self.threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_do: cute.CopyAtom,
+        mdO: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_dk: cute.CopyAtom,
+        mdK: cute.Tensor,
+        tma_dv: cute.CopyAtom,
+        mdV: cute.Tensor,
+        tma_dq: cute.CopyAtom,
+        mdQ: cute.Tensor,
+        scale: cutlass.Float32,
+        post_scale: cutlass.Float32,
+        slope: cutlass.Float32,
+        q_smem: cute.ComposedLayout,
+        do_smem: cute.ComposedLayout,
+        k_smem: cute.ComposedLayout,
+        v_smem: cute.ComposedLayout,
+        ds_smem: cute.ComposedLayout,
+        dq_smem: cute.ComposedLayout,
+        num_n: cutlass.Int32,
+        num_heads: cutlass.Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        # key tiles fastest: the CTAs of one head run together and share its Q and dO in L2
+        n_blk = bidx % num_n
+        h = bidx // num_n % num_heads
+        z = bidx // num_n // num_heads
+        d = self.head_dim
+        nq = mQ.shape[0]
+        nk = mK.shape[0]
+        num_m = cute.ceil_div(nq, self.tile_m)
+
+        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
+        kv_producer, kv_consumer = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=2 * self.kv_bytes, defer_sync=True,
+        ).make_participants()
+        q_producer, q_consumer = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=self.q_bytes, defer_sync=True,
+        ).make_participants()
+        do_producer, do_consumer = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.do_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=self.q_bytes, defer_sync=True,
+        ).make_participants()
+
+        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
+        sdO = storage.sdO.get_tensor(do_smem.outer, swizzle=do_smem.inner)
+        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
+        sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
+        sdS = storage.sdS.get_tensor(ds_smem.outer, swizzle=ds_smem.inner)
+        sdQ = storage.sdQ.get_tensor(dq_smem.outer, swizzle=dq_smem.inner)
+
+        gQ = cute.local_tile(mQ[None, None, h, z], (self.tile_m, d), (None, 0))
+        gdO = cute.local_tile(mdO[None, None, h, z], (self.tile_m, d), (None, 0))
+        gK = cute.local_tile(mK[None, None, h, z], (self.tile_n, d), (None, 0))
+        gV = cute.local_tile(mV[None, None, h, z], (self.tile_n, d), (None, 0))
+        gdK = cute.local_tile(mdK[None, None, h, z], (self.tile_n, d), (None, 0))
+        gdV = cute.local_tile(mdV[None, None, h, z], (self.tile_n, d), (None, 0))
+        gdQ = cute.local_tile(mdQ[None, None, h, z], (self.tile_m, d), (None, 0))
+        no_cluster = cute.make_layout(1)
+
+        def part(atom, s, g):
+            return cpasync.tma_partition(atom, 0, no_cluster, cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
+
+        tQsQ, tQgQ = part(tma_q, sQ, gQ)
+        tdOsdO, tdOgdO = part(tma_do, sdO, gdO)
+        tKsK, tKgK = part(tma_k, sK, gK)
+        tVsV, tVgV = part(tma_v, sV, gV)
+        tdKsdK, tdKgdK = part(tma_dk, sK, gdK)
+        tdVsdV, tdVgdV = part(tma_dv, sV, gdV)
+        tdQsdQ, tdQgdQ = part(tma_dq, sdQ, gdQ)
+
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1, 1), is_relaxed=True)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
+
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // _WG_THREADS)
+
+        if wg_idx == 0:
+            cute.arch.warpgroup_reg_dealloc(self.regs_producer)
+            if warp_idx == 0:
+                for atom in (tma_q, tma_do, tma_k, tma_v):
+                    cpasync.prefetch_descriptor(atom)
+                handle = kv_producer.acquire_and_advance()
+                cute.copy(tma_k, tKgK[(None, n_blk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
+                cute.copy(tma_v, tVgV[(None, n_blk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
+                for m in cutlass.range(num_m, unroll=1):
+                    handle = q_producer.acquire_and_advance()
+                    cute.copy(tma_q, tQgQ[(None, m)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                    handle = do_producer.acquire_and_advance()
+                    cute.copy(tma_do, tdOgdO[(None, m)], tdOsdO[(None, handle.index)], tma_bar_ptr=handle.barrier)
+        else:
+            cute.arch.warpgroup_reg_alloc(self.regs_consumer)
+            ctid = tidx - _WG_THREADS
+            sdp_mma, dkv_mma, dq_mma = self._tiled_mmas()
+            sdp = sdp_mma.get_slice(ctid)
+            dkv = dkv_mma.get_slice(ctid)
+            dq = dq_mma.get_slice(ctid)
+            sK0 = sK[None, None, 0]
+            sV0 = sV[None, None, 0]
+            tSrK = sdp.make_fragment_A(sdp.partition_A(sK0))
+            tSrQ = sdp.make_fragment_B(sdp.partition_B(sQ))
+            tPrV = sdp.make_fragment_A(sdp.partition_A(sV0))
+            tPrdO = sdp.make_fragment_B(sdp.partition_B(sdO))
+            tVrdO = dkv.make_fragment_B(dkv.partition_B(_transposed(sdO)))
+            tKrQ = dkv.make_fragment_B(dkv.partition_B(_transposed(sQ)))
+            tQrdS = dq.make_fragment_A(dq.partition_A(sdS))
+            tQrK = dq.make_fragment_B(dq.partition_B(_transposed(sK0)))
+            # dSᵀ registers to dS in shared memory by stmatrix.trans (8x8 blocks, transposed on the way)
+            ds_copy = cute.make_tiled_copy_C(
+                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), sdp_mma
+            )
+            tdSsdS = ds_copy.get_slice(ctid).partition_D(_transposed(sdS))
+            tQsdQ = dq.partition_C(sdQ[None, None, 0])
+
+            acc_dv = dkv.make_fragment_C(dkv.partition_shape_C((self.tile_n, d)))
+            acc_dk = dkv.make_fragment_C(dkv.partition_shape_C((self.tile_n, d)))
+            acc_dv.fill(0.0)
+            acc_dk.fill(0.0)
+            st_shape = sdp.partition_shape_C((self.tile_n, self.tile_m))
+            # (key, query) of each accumulator value of Sᵀ
+            tScS = sdp.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
+            valid_keys = nk - n_blk * self.tile_n
+            valid_rows_last = nq - (num_m - 1) * self.tile_m
+            ds_scale = scale * post_scale
+
+            kv_consumer.wait_and_advance()
+            for m in cutlass.range(num_m, unroll=1):
+                q_handle = q_consumer.wait_and_advance()
+                acc_s = sdp.make_fragment_C(st_shape)
+                warpgroup.fence()
+                _mma(sdp_mma, acc_s, tSrK, tSrQ[None, None, None, q_handle.index], False)
+                warpgroup.commit_group()
+                do_handle = do_consumer.wait_and_advance()
+                acc_dp = sdp.make_fragment_C(st_shape)
+                _mma(sdp_mma, acc_dp, tPrV, tPrdO[None, None, None, do_handle.index], False)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+
+                # Pᵀ into the dV operand; act' kept in acc_s for dS
+                r_p = _operand_a_like(acc_s, dkv_mma, self.dtype)
+                p_acc = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
+                # keys past Nk (last key tile) and queries past Nq (last query tile) read as zeros: masked
+                # so a non-finite input cannot reach the sums through them
+                valid_rows = self.tile_m
+                if m == num_m - 1:
+                    valid_rows = valid_rows_last
+                ragged = valid_keys < self.tile_n or valid_rows < self.tile_m
+                for i in cutlass.range_constexpr(cute.size(acc_s)):
+                    y, g = self.act_and_grad(acc_s[i] * scale, slope)
+                    if ragged:
+                        if tScS[i][0] >= valid_keys or tScS[i][1] >= valid_rows:
+                            y = cutlass.Float32(0.0)
+                            g = cutlass.Float32(0.0)
+                    p_acc[i] = y
+                    acc_s[i] = g
+                _store_operand_a(p_acc, r_p)
+
+                warpgroup.wait_group(0)
+                for i in cutlass.range_constexpr(cute.size(acc_dp)):
+                    acc_dp[i] = acc_dp[i] * acc_s[i]
+                r_ds = _operand_a_like(acc_dp, dkv_mma, self.dtype)
+                _store_operand_a(acc_dp, r_ds)
+                stage = q_handle.index
+                cute.copy(ds_copy, ds_copy.retile(cute.make_tensor(r_ds.iterator, acc_dp.layout)),
+                          tdSsdS[None, None, None, stage])
+
+                warpgroup.fence()
+                _mma(dkv_mma, acc_dv, r_p, tVrdO[None, None, None, do_handle.index], True)
+                warpgroup.commit_group()
+
+                # dS complete in shared memory (both warpgroups' keys); the previous dQ tile's
+                # reduce-add has read sdQ
+                if warp_idx == _WG_THREADS // 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=self.barrier_ds, number_of_threads=self.num_mma_wg * _WG_THREADS)
+
+                acc_dq = dq.make_fragment_C(dq.partition_shape_C((self.tile_m, d)))
+                _mma(dq_mma, acc_dq, tQrdS[None, None, None, stage], tQrK, False)
+                warpgroup.commit_group()
+                _mma(dkv_mma, acc_dk, r_ds, tKrQ[None, None, None, q_handle.index], True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(2)
+                do_handle.release()
+                warpgroup.wait_group(1)
+
+                for i in cutlass.range_constexpr(cute.size(acc_dq)):
+                    acc_dq[i] = acc_dq[i] * ds_scale
+                cute.autovec_copy(acc_dq, tQsdQ)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=self.barrier_dq, number_of_threads=self.num_mma_wg * _WG_THREADS)
+                # a whole warp: the TMA copy elects its issuing lane
+                if warp_idx == _WG_THREADS // 32:
+                    cute.copy(tma_dq, tdQsdQ[(None, 0)], tdQgdQ[(None, m)])
+                    cute.arch.cp_async_bulk_commit_group()
+                warpgroup.wait_group(0)
+                q_handle.release()
+
+            # epilogue: dV and dK over the V and K tiles, then one TMA store each
+            r_dv = cute.make_fragment_like(acc_dv, self.dtype)
+            r_dv.store((acc_dv.load() * post_scale).to(self.dtype))
+            r_dk = cute.make_fragment_like(acc_dk, self.dtype)
+            r_dk.store((acc_dk.load() * ds_scale).to(self.dtype))
+            cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=self.num_mma_wg * _WG_THREADS)
+            cute.autovec_copy(r_dv, dkv.partition_C(sV0))
+            cute.autovec_copy(r_dk, dkv.partition_C(sK0))
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=self.num_mma_wg * _WG_THREADS)
+            if warp_idx == _WG_THREADS // 32:
+                cute.copy(tma_dv, tdVsdV[(None, 0)], tdVgdV[(None, n_blk)])
+                cute.copy(tma_dk, tdKsdK[(None, 0)], tdKgdK[(None, n_blk)])
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def _tiled_mmas(self):
+        """Sᵀ/dPᵀ (keys x queries, both operands from shared memory), dK/dV (keys x D, A from registers),
+        dQ (queries x D, D split between the warpgroups)."""
+        k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        sdp_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, k_major, cutlass.Float32, (self.num_mma_wg, 1, 1),
+            (_WG_ROWS, self.tile_m),
+        )
+        dkv_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, mn_major, cutlass.Float32, (self.num_mma_wg, 1, 1),
+            (_WG_ROWS, self.head_dim), warpgroup.OperandSource.RMEM,
+        )
+        dq_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, mn_major, cutlass.Float32, (1, self.num_mma_wg, 1),
+            (self.tile_m, self.head_dim // self.num_mma_wg),
+        )
+        return sdp_mma, dkv_mma, dq_mma
