@@ -28,7 +28,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from .gdpa_fwd_sm90 import _operand_a_like, _store_operand_a
+from .wgmma import fresh_gemm, operand_a_like, store_operand_a
 
 _WG_ROWS = 64
 _WG_THREADS = 128
@@ -50,16 +50,6 @@ def _transposed(t: cute.Tensor) -> cute.Tensor:
     shape = (t.shape[1], t.shape[0], *t.shape[2:])
     order = (1, 0, *range(2, cute.rank(t)))
     return cute.composition(t, cute.make_ordered_layout(shape, order=order))
-
-
-@cute.jit
-def _mma(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, accumulate: cutlass.Constexpr):
-    """acc (+)= a · b over the k-blocks, on a fresh atom (its ACCUMULATE field is rebound per k-block)."""
-    atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, accumulate)
-    for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
-        cute.gemm(atom, acc, a[None, None, kb], b[None, None, kb], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
 
 
 class GdpaBwdSm90:
@@ -291,16 +281,16 @@ class GdpaBwdSm90:
                 q_handle = q_consumer.wait_and_advance()
                 acc_s = sdp.make_fragment_C(st_shape)
                 warpgroup.fence()
-                _mma(sdp_mma, acc_s, tSrK, tSrQ[None, None, None, q_handle.index], False)
+                fresh_gemm(sdp_mma, acc_s, tSrK, tSrQ[None, None, None, q_handle.index], False)
                 warpgroup.commit_group()
                 do_handle = do_consumer.wait_and_advance()
                 acc_dp = sdp.make_fragment_C(st_shape)
-                _mma(sdp_mma, acc_dp, tPrV, tPrdO[None, None, None, do_handle.index], False)
+                fresh_gemm(sdp_mma, acc_dp, tPrV, tPrdO[None, None, None, do_handle.index], False)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
 
                 # Pᵀ into the dV operand; act' kept in acc_s for dS
-                r_p = _operand_a_like(acc_s, dkv_mma, self.dtype)
+                r_p = operand_a_like(acc_s, dkv_mma, self.dtype)
                 p_acc = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
                 # keys past Nk (last key tile) and queries past Nq (last query tile) read as zeros: masked
                 # so a non-finite input cannot reach the sums through them
@@ -316,19 +306,19 @@ class GdpaBwdSm90:
                             g = cutlass.Float32(0.0)
                     p_acc[i] = y
                     acc_s[i] = g
-                _store_operand_a(p_acc, r_p)
+                store_operand_a(p_acc, r_p)
 
                 warpgroup.wait_group(0)
                 for i in cutlass.range_constexpr(cute.size(acc_dp)):
                     acc_dp[i] = acc_dp[i] * acc_s[i]
-                r_ds = _operand_a_like(acc_dp, dkv_mma, self.dtype)
-                _store_operand_a(acc_dp, r_ds)
+                r_ds = operand_a_like(acc_dp, dkv_mma, self.dtype)
+                store_operand_a(acc_dp, r_ds)
                 stage = q_handle.index
                 cute.copy(ds_copy, ds_copy.retile(cute.make_tensor(r_ds.iterator, acc_dp.layout)),
                           tdSsdS[None, None, None, stage])
 
                 warpgroup.fence()
-                _mma(dkv_mma, acc_dv, r_p, tVrdO[None, None, None, do_handle.index], True)
+                fresh_gemm(dkv_mma, acc_dv, r_p, tVrdO[None, None, None, do_handle.index], True)
                 warpgroup.commit_group()
 
                 # dS complete in shared memory (both warpgroups' keys); the previous dQ tile's
@@ -339,9 +329,9 @@ class GdpaBwdSm90:
                 cute.arch.barrier(barrier_id=self.barrier_ds, number_of_threads=self.num_mma_wg * _WG_THREADS)
 
                 acc_dq = dq.make_fragment_C(dq.partition_shape_C((self.tile_m, d)))
-                _mma(dq_mma, acc_dq, tQrdS[None, None, None, stage], tQrK, False)
+                fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, stage], tQrK, False)
                 warpgroup.commit_group()
-                _mma(dkv_mma, acc_dk, r_ds, tKrQ[None, None, None, q_handle.index], True)
+                fresh_gemm(dkv_mma, acc_dk, r_ds, tKrQ[None, None, None, q_handle.index], True)
                 warpgroup.commit_group()
                 warpgroup.wait_group(2)
                 do_handle.release()

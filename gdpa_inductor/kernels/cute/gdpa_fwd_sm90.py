@@ -25,6 +25,8 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from .wgmma import gemm, operand_a_like, store_operand_a
+
 # wgmma's M per warpgroup
 _WG_ROWS = 64
 _WG_THREADS = 128
@@ -209,38 +211,38 @@ class GdpaFwdSm90:
             ragged_cols = nk - (n_tiles - 1) * self.tile_n
 
             acc_s = qk_thr.make_fragment_C(s_shape)
-            r_p = _operand_a_like(acc_s, pv_mma, self.dtype)
+            r_p = operand_a_like(acc_s, pv_mma, self.dtype)
             q_consumer.wait_and_advance()
 
             # S_0, then per key tile j: issue S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j back to back; the
             # activation of S_{j+1} runs while P_j V_j is still on the tensor cores.
             k_handle = k_consumer.wait_and_advance()
             warpgroup.fence()
-            _gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
+            gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             k_handle.release()
             self._activate(acc_s, tScS, 0, n_tiles, ragged_cols, scale, slope)
-            _store_operand_a(acc_s, r_p)
+            store_operand_a(acc_s, r_p)
             for j in cutlass.range(n_tiles - 1, unroll=1):
                 k_handle = k_consumer.wait_and_advance()
                 warpgroup.fence()
-                _gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
+                gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
                 warpgroup.commit_group()
                 v_handle = v_consumer.wait_and_advance()
-                _gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
+                gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
                 k_handle.release()
                 self._activate(acc_s, tScS, j + 1, n_tiles, ragged_cols, scale, slope)
                 warpgroup.wait_group(0)
                 v_handle.release()
-                _store_operand_a(acc_s, r_p)
+                store_operand_a(acc_s, r_p)
             v_handle = v_consumer.wait_and_advance()
             warpgroup.fence()
             # a fresh MMA: the loop rebinds the fields of the one used inside it
             _, last_pv_mma = self._tiled_mmas()
-            _gemm(last_pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
+            gemm(last_pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             v_handle.release()
@@ -280,35 +282,3 @@ class GdpaFwdSm90:
             cutlass.Float32, (self.num_mma_wg, 1, 1), (_WG_ROWS, self.head_dim), warpgroup.OperandSource.RMEM,
         )
         return qk_mma, pv_mma
-
-
-@cute.jit
-def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, accumulate: cutlass.Constexpr):
-    """acc (+)= a · b over the k-blocks; with ``accumulate`` False the first k-block overwrites acc."""
-    for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, accumulate or kb != 0)
-        cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
-
-
-@cute.jit
-def _operand_a_like(acc: cute.Tensor, pv_mma: cute.TiledMma, dtype: cutlass.Constexpr) -> cute.Tensor:
-    """Registers for P as the register A operand of the P·V wgmma, in the input dtype.
-
-    For 16-bit inputs a thread's accumulator values of an m64nN tile are exactly its A-operand values of the
-    m64k16 blocks along N: values (2 cols, 2 row halves, N/8 col groups) regroup as k-blocks of 2 col groups
-    each. Only the layout changes, no data moves between threads.
-    """
-    c = acc.layout
-    a_vals = pv_mma.tv_layout_A.shape[1]
-    k_blocks = cute.size(c, mode=[0]) // cute.size(a_vals)
-    operand_layout = cute.make_layout(
-        (a_vals, c.shape[1], (c.shape[2], k_blocks)),
-        stride=(c.stride[0], c.stride[1], (c.stride[2], cute.size(a_vals, mode=[2]) * c.stride[0][2])),
-    )
-    return cute.make_rmem_tensor(operand_layout, dtype)
-
-
-@cute.jit
-def _store_operand_a(acc: cute.Tensor, operand: cute.Tensor):
-    """Converts the fp32 accumulator into the operand registers, seen through the accumulator's layout."""
-    cute.make_tensor(operand.iterator, acc.layout).store(acc.load().to(operand.element_type))
