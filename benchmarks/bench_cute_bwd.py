@@ -18,18 +18,13 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
+from bench_cute_fwd import META_SHAPES, _rel  # the forward benchmark's shapes and error, beside this file
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import bwd_supported, compile_bwd, gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, gdpa_fwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
 from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
-
-META_SHAPES = [(256, 256), (512, 512), (1024, 1024), (2048, 2048), (512, 256), (1024, 256), (2048, 256)]
-
-
-def _rel(a, b):
-    return ((a.double() - b).norm() / b.norm()).item()
 
 
 def correctness(rows):
