@@ -8,6 +8,9 @@
 - ``"cute"``: the CuTe-DSL Hopper forward and backward or an error saying why not; what the CuTe kernels do
   not cover (varlen) runs as under ``"auto"``. Needs nvidia-cutlass-dsl and an sm_90 GPU. The CuTe forward
   is not the default: it is slower than the Triton forward at short key lengths (docs/benchmarks.md).
+
+``GDPA_INDUCTOR_CACHE_DIR`` or ``gdpa_inductor.config.kernel_cache_dir``: where compiled CuTe-DSL kernels are
+kept between processes (default ``~/.cache/gdpa_inductor``; the empty string keeps them in memory only).
 """
 
 from __future__ import annotations
@@ -19,3 +22,6 @@ Backend = Literal["auto", "triton", "reference", "cute"]
 BACKENDS: tuple[str, ...] = ("auto", "triton", "reference", "cute")
 
 backend: Backend = os.environ.get("GDPA_INDUCTOR_BACKEND", "auto")
+kernel_cache_dir: str = os.environ.get(
+    "GDPA_INDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "gdpa_inductor")
+)

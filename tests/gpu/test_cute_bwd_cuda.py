@@ -16,6 +16,7 @@ import torch
 import gdpa_inductor
 from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.activations import get_activation
+from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_DIRECT_MAX_KEY_TILES, dq_direct, gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, cute_dsl_available, on_sm90
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering.dispatch import select_backward_impl
@@ -99,3 +100,22 @@ def test_cute_backward_nonfinite_like_eager_pattern(cute_backend):
     eager = _eager_grads(q, k, v, do, "sigmoid", 1.0, 1.0)
     for got, expected in zip((qa.grad, ka.grad, va.grad), eager):
         assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf())
+
+
+@pytest.mark.parametrize("act", ["relu", "silu"])
+@pytest.mark.parametrize("nk", [512, 513, 1024])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_dq_sums_in_place_or_fp32_within_eager_error(act, nk, dtype):
+    """dQ summed in place in the operands' dtype (up to DQ_DIRECT_MAX_KEY_TILES key tiles, most roundings at
+    512 keys) and in fp32 (513 keys and more): forced either way, each within 2x eager's error."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, do = (torch.randn(2, 4, 512, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    k, v = (torch.randn(2, 4, nk, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    scale, post = 128**-0.5, 1.0 / nk
+    ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[0]
+    base = _rel(_eager_grads(q, k, v, do, act, scale, post)[0], ref)
+    assert dq_direct(nk) == (nk <= DQ_DIRECT_MAX_KEY_TILES * 128)
+    for direct in (True, False):
+        dq = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, direct=direct)[0]
+        assert dq.dtype == dtype
+        assert _rel(dq, ref) <= 2 * base + FLOOR, (direct, _rel(dq, ref), base)

@@ -1,5 +1,6 @@
 """The CuTe-DSL Hopper forward and backward compile for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake
-tensors): every activation at D=128 and a subset at D=64, each checked for wgmma (every matmul), TMA loads
+tensors): every activation at D=128 and a subset at D=64 (the backward in both its dQ forms: summed in an
+fp32 buffer, or in place in the operands' dtype), each checked for wgmma (every matmul), TMA loads
 and stores (and the backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the
 producer/consumer register split), tanh.approx for the tanh-based activations, and no register spills in
 ptxas's report. Backward activations whose (value, derivative) form still spills a few words are marked as
@@ -26,8 +27,12 @@ from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS  # noqa: E
 CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh"), (64, "relu")]
 BWD_CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh")]
 # measured with cutlass-dsl 4.8.1: 4 to 148 bytes of spills in the consumers' (value, derivative) pass
-BWD_SPILLING = {"relu_square", "gelu", "silu", "sigmoid", "hardswish"}
+BWD_SPILLING = {("bwd", 128, act) for act in ("relu_square", "gelu", "silu", "sigmoid", "hardswish")} | {
+    ("bwd_dq_direct", 128, act) for act in ("gelu", "hardswish")
+}
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
+# the dQ sums: in an fp32 buffer, or in place in bf16 (short key ranges)
+BWD_KINDS = ("bwd", "bwd_dq_direct")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +42,7 @@ def reports(tmp_path_factory):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_DUMP_DIR=str(dump),
                PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
-    cases = [("fwd", *c) for c in CASES] + [("bwd", *c) for c in BWD_CASES]
+    cases = [("fwd", *c) for c in CASES] + [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES]
     proc = subprocess.run([sys.executable, __file__, json.dumps(cases)], env=env, capture_output=True, text=True,
                           timeout=1200, cwd=dump)
     assert proc.returncode == 0, f"compile subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -60,13 +65,13 @@ def test_cute_fwd_compiles_for_sm90a(case, reports):
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="spills a few words")) if c[1] in BWD_SPILLING
-     else c for c in BWD_CASES],
-    ids=lambda c: f"D{c[0]}-{c[1]}",
+    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="spills a few words"))
+     if c in BWD_SPILLING else c for c in [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES]],
+    ids=lambda c: f"{c[0]}-D{c[1]}-{c[2]}",
 )
 def test_cute_bwd_compiles_for_sm90a(case, reports):
-    r = reports[("bwd", *case)]
-    d = case[0]
+    r = reports[case]
+    d = case[1]
     assert r["target"] == "sm_90a"
     # S and dP (k = D), dV and dK (k = 64 queries), dQ (k = 128 keys), one wgmma per 16-wide k-block
     assert r["wgmma"] >= 2 * (d // 16) + 2 * (64 // 16) + 128 // 16
@@ -74,7 +79,7 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     assert r["tma_reduce"] > 0, "dQ tiles are added by TMA reduce-add"
     assert r["stmatrix"] > 0, "dS goes to shared memory by stmatrix"
     assert r["setmaxnreg"] == 2
-    assert (r["tanh_approx"] > 0) == (case[1] in TANH_BASED)
+    assert (r["tanh_approx"] > 0) == (case[2] in TANH_BASED)
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
 
 
@@ -88,8 +93,10 @@ def _compile_all(cases) -> list[dict]:
     ptxas = get_ptxas(90).path
     out = []
     for kind, d, act in cases:
-        compile_fn = compile_fwd if kind == "fwd" else compile_bwd
-        ptx = compile_fn(torch.bfloat16, d, act, keep_ptx=True).artifacts.PTX
+        if kind == "fwd":
+            ptx = compile_fwd(torch.bfloat16, d, act, keep_ptx=True).artifacts.PTX
+        else:
+            ptx = compile_bwd(torch.bfloat16, d, act, keep_ptx=True, dq_direct=kind == "bwd_dq_direct").artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
         log = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", "k.ptx", "-o", "k.cubin"],

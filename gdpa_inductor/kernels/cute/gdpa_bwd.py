@@ -1,5 +1,6 @@
 """Launcher of the CuTe-DSL Hopper backward: which calls it takes, one compile per (dtype, head dim,
-activation), and the call itself (dQ accumulated in fp32 by the kernel, cast here)."""
+activation, dQ accumulation type), and the call itself (dQ summed in fp32 by the kernel and cast here, or,
+over short key ranges, summed in place in the operands' dtype)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ import os
 import torch
 
 from ..triton.gdpa_fwd_tma import tma_layout
+from .compile_cache import cached_compile
 from .gdpa_fwd import _as_4d, _as_cute, _fake_operands, fwd_supported
 
-_COMPILED: dict = {}
+# Up to this many 128-key tiles, dQ tiles are added straight into dQ in the operands' dtype: the fp32
+# buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at 256-512 keys. Each dQ
+# value then takes one rounding per key tile plus one per sum: on H200 its error measured 0.8-1.24x eager
+# PyTorch's own at 512 keys (fp32 sums: 0.5-0.8x), growing as sqrt(tiles), so longer ranges keep fp32.
+DQ_DIRECT_MAX_KEY_TILES = 4
+KEY_TILE = 128
 
 
 def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
@@ -18,12 +25,16 @@ def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
     return fwd_supported(q, k, v, bias, causal, activation)
 
 
-def compile_bwd(dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False):
-    """The compiled backward for (dtype, head dim, activation), cached; sizes and strides are runtime values.
-    ``operands``: the call's seven tensors in the kernel's form; without them, fake tensors (no GPU)."""
+def compile_bwd(
+    dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False, dq_direct: bool = False
+):
+    """The compiled backward for (dtype, head dim, activation, dQ accumulation type), cached in memory and on
+    disk (``compile_cache``); sizes and strides are runtime values. ``dq_direct``: dQ tiles are added into dQ itself (in ``dtype``), not into an
+    fp32 buffer. ``operands``: the call's seven tensors in the kernel's form; without them, fake tensors."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    key = (dtype, head_dim, activation, operands is None, keep_ptx)
-    if key not in _COMPILED:
+    key = ("bwd", str(dtype), head_dim, activation, dq_direct, operands is None, keep_ptx)
+
+    def build():
         import cutlass
         import cutlass.cute as cute
         from cutlass.cute.runtime import make_fake_stream
@@ -32,21 +43,32 @@ def compile_bwd(dtype: torch.dtype, head_dim: int, activation: str, operands=Non
         from .gdpa_bwd_sm90 import GdpaBwdSm90
 
         element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
+        dq_element = element if dq_direct else cutlass.Float32
+        args = operands
         if operands is None:
             q, k, v, do = _fake_operands(element, 4)
-            (dq,) = _fake_operands(cutlass.Float32, 1)
+            (dq,) = _fake_operands(dq_element, 1)
             dk, dv = _fake_operands(element, 2)
-            operands = [q, k, v, do, dq, dk, dv]
+            args = [q, k, v, do, dq, dk, dv]
         one = cutlass.Float32(1.0)
-        kernel = GdpaBwdSm90(element, head_dim, getattr(activation_math, f"{activation}_and_grad"))
-        _COMPILED[key] = cute.compile(
-            kernel, *operands, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
+        kernel = GdpaBwdSm90(element, head_dim, getattr(activation_math, f"{activation}_and_grad"), dq_element)
+        return cute.compile(
+            kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
         )
-    return _COMPILED[key]
+
+    return cached_compile(key, build, persist=operands is not None and not keep_ptx)
 
 
-def gdpa_bwd_cute(q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float):
-    """q/grad_out [Z, H, Nq, D], k/v [Z, Hkv, Nk, D] (``bwd_supported`` checked) -> (dq, dk, dv)."""
+def dq_direct(num_keys: int) -> bool:
+    """Whether dQ is summed in the operands' dtype (short key ranges) rather than in an fp32 buffer."""
+    return -(-num_keys // KEY_TILE) <= DQ_DIRECT_MAX_KEY_TILES
+
+
+def gdpa_bwd_cute(
+    q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float, direct=None
+):
+    """q/grad_out [Z, H, Nq, D], k/v [Z, Hkv, Nk, D] (``bwd_supported`` checked) -> (dq, dk, dv).
+    ``direct``: sum dQ in the operands' dtype (None: ``dq_direct`` decides by the key count)."""
     import cuda.bindings.driver as cuda
     import cutlass
 
@@ -58,18 +80,19 @@ def gdpa_bwd_cute(q, k, v, grad_out, activation: str, scale: float, post_scale: 
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     grad_out = grad_out if tma_layout(grad_out) else grad_out.contiguous()
-    dq_acc = torch.zeros((z, h, nq, d), dtype=torch.float32, device=q.device)
+    direct = dq_direct(nk) if direct is None else direct
+    dq_acc = torch.zeros((z, h, nq, d), dtype=q.dtype if direct else torch.float32, device=q.device)
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     if dq_acc.numel() and dk.numel():
         operands = [_as_cute(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)]
-        fn = compile_bwd(q.dtype, d, activation, operands)
+        fn = compile_bwd(q.dtype, d, activation, operands, dq_direct=direct)
         stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
         fn(*operands, cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope), stream)
     else:
         dk.zero_()
         dv.zero_()
-    dq = dq_acc.to(q.dtype)
+    dq = dq_acc if direct else dq_acc.to(q.dtype)
     if group > 1:
         dk = dk.view(z, hkv, group, nk, d).sum(2)
         dv = dv.view(z, hkv, group, nk, d).sum(2)

@@ -9,10 +9,10 @@ One CTA per (128-key tile, head, sample), looping over 64-row query tiles; three
     Pᵀ = act(scale · Sᵀ), dSᵀ = dPᵀ ∘ act'(scale · Sᵀ) (the activation runs while dPᵀ is on the tensor cores),
     dV += Pᵀ dO and dK += dSᵀ Q (wgmma with the A operand from registers),
     dQ_tile = dS K (dS through shared memory: it spans both warpgroups' keys), each warpgroup half of D,
-    added into an fp32 dQ buffer by one TMA reduce-add per tile (no per-thread atomics).
+    added into dQ by one TMA reduce-add per tile (no per-thread atomics), in fp32 into a buffer the caller
+    casts, or over short key ranges in the operands' dtype straight into dQ (``dq_dtype``).
 No softmax: no LSE, no rowsum(dO ∘ O) pass. 5 matmuls per tile, nothing N×N leaves the chip. The epilogue
-scales dK and dV, writes them over the K and V tiles in shared memory and stores them by TMA; the caller
-casts the fp32 dQ. Keys and queries past the ends read as zeros (TMA fills them) and are masked
+scales dK and dV, writes them over the K and V tiles in shared memory and stores them by TMA. Keys and queries past the ends read as zeros (TMA fills them) and are masked
 out of P and dS, so non-finite inputs cannot leak through padding.
 """
 
@@ -56,8 +56,9 @@ class GdpaBwdSm90:
     """Compile-time parameters: element type, head dim (= value head dim) and the activation's CuTe
     (value, derivative) form."""
 
-    def __init__(self, dtype, head_dim: int, act_and_grad: Callable, q_stages: int = 2):
+    def __init__(self, dtype, head_dim: int, act_and_grad: Callable, dq_dtype=cutlass.Float32, q_stages: int = 2):
         self.dtype = dtype
+        self.dq_dtype = dq_dtype
         self.head_dim = head_dim
         self.act_and_grad = act_and_grad
         self.num_mma_wg = 2
@@ -87,7 +88,7 @@ class GdpaBwdSm90:
         stream: cuda.CUstream,
     ):
         """mQ, mdO: (Nq, D, H, Z); mK, mV, mdK, mdV: (Nk, D, H, Z), D contiguous, K/V already expanded to
-        the query heads; mdQ: fp32 (Nq, D, H, Z), zero-initialized, receives dQ."""
+        the query heads; mdQ: (Nq, D, H, Z) in ``dq_dtype``, zero-initialized, receives dQ."""
         d = self.head_dim
         q_smem = _smem_layout(self.dtype, (self.tile_m, d), self.q_stages)
         do_smem = _smem_layout(self.dtype, (self.tile_m, d), self.q_stages)
@@ -95,7 +96,7 @@ class GdpaBwdSm90:
         k_smem = _smem_layout(self.dtype, (self.tile_n, d), 1, d // self.num_mma_wg)
         v_smem = _smem_layout(self.dtype, (self.tile_n, d), 1)
         ds_smem = _smem_layout(self.dtype, (self.tile_m, self.tile_n), self.q_stages, _WG_ROWS)
-        dq_smem = _smem_layout(cutlass.Float32, (self.tile_m, d), 1)
+        dq_smem = _smem_layout(self.dq_dtype, (self.tile_m, d), 1)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         store = cpasync.CopyBulkTensorTileS2GOp()
@@ -123,7 +124,7 @@ class GdpaBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(ds_smem)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(dq_smem)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[self.dq_dtype, cute.cosize(dq_smem)], 1024]
 
         self.shared_storage = SharedStorage
         num_n = cute.ceil_div(mK.shape[0], self.tile_n)
@@ -337,9 +338,9 @@ class GdpaBwdSm90:
                 do_handle.release()
                 warpgroup.wait_group(1)
 
-                for i in cutlass.range_constexpr(cute.size(acc_dq)):
-                    acc_dq[i] = acc_dq[i] * ds_scale
-                cute.autovec_copy(acc_dq, tQsdQ)
+                r_dq = cute.make_fragment_like(acc_dq, self.dq_dtype)
+                r_dq.store((acc_dq.load() * ds_scale).to(self.dq_dtype))
+                cute.autovec_copy(r_dq, tQsdQ)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=self.barrier_dq, number_of_threads=self.num_mma_wg * _WG_THREADS)
                 # a whole warp: the TMA copy elects its issuing lane

@@ -3,7 +3,7 @@ activation), and the call itself.
 
 The kernel is compiled once per key, with every size and stride a runtime value, so every shape reuses it:
 on the GPU against the first call's tensors, on CPU (compile checks) against fake tensors of the same form.
-The cache is in memory only. cutlass-dsl is imported lazily: the package works without it.
+The cache is in memory and on disk (``compile_cache``). cutlass-dsl is imported lazily: the package works without it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from ..activations import ACTIVATION_NAMES
 from ..triton.gdpa_fwd_tma import capability_major, tma_layout
 from ..triton.layout import as_4d
+from .compile_cache import cached_compile
 
 # Head dims whose Q tile plus four K/V stages fit in shared memory with 128x128 tiles.
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -91,17 +92,15 @@ def _as_cute(t: torch.Tensor):
     return from_dlpack(t.detach().permute(2, 3, 1, 0), assumed_align=16).mark_layout_dynamic(leading_dim=1)
 
 
-_COMPILED: dict = {}
-
-
 def compile_fwd(dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False):
-    """The compiled forward for (dtype, head dim, activation), compiled once and cached: its sizes and strides
-    are runtime values, so every shape reuses it. ``operands``: the call's four tensors in the kernel's
+    """The compiled forward for (dtype, head dim, activation), compiled once and cached in memory and on disk
+    (``compile_cache``): its sizes and strides are runtime values, so every shape reuses it. ``operands``: the call's four tensors in the kernel's
     form (``_as_cute``); without them the kernel is compiled against fake tensors, which needs no GPU
     (target sm_90a). ``keep_ptx`` keeps the PTX in ``.artifacts`` (compile tests)."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    key = (dtype, head_dim, activation, operands is None, keep_ptx)
-    if key not in _COMPILED:
+    key = ("fwd", str(dtype), head_dim, activation, operands is None, keep_ptx)
+
+    def build():
         import cutlass
         import cutlass.cute as cute
         from cutlass.cute.runtime import make_fake_stream
@@ -113,10 +112,10 @@ def compile_fwd(dtype: torch.dtype, head_dim: int, activation: str, operands=Non
         args = operands if operands is not None else _fake_operands(element, 4)
         one = cutlass.Float32(1.0)
         kernel = GdpaFwdSm90(element, head_dim, getattr(activation_math, activation))
-        _COMPILED[key] = cute.compile(
-            kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
-        )
-    return _COMPILED[key]
+        return cute.compile(kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else "")
+
+    # compiles for real calls also go to disk; compile checks (fake operands, PTX kept) stay in memory
+    return cached_compile(key, build, persist=operands is not None and not keep_ptx)
 
 
 def gdpa_fwd_cute(

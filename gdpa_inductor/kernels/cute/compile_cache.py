@@ -1,0 +1,89 @@
+"""Compiled CuTe-DSL kernels, kept in memory and on disk.
+
+A compile takes seconds (IR generation, MLIR passes, ptxas); loading the same kernel from an object file takes
+milliseconds. Each kernel is exported once with cutlass-dsl's ``export_to_c`` to
+``<config.kernel_cache_dir>/cute/<fingerprint>/<key hash>.o`` and later processes load it with
+``cute.runtime.load_module``. The fingerprint hashes the kernel sources (this directory), the cutlass-dsl and
+Python versions and the target architecture, so any change to them compiles afresh. Files are written to a
+temporary name and renamed into place: a concurrent or killed writer never leaves a partial file under the
+final name. A file that fails to load is removed and rebuilt; a failing export only costs the next process a
+compile. Both are logged, neither reaches the caller.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ... import config
+
+log = logging.getLogger("gdpa_inductor")
+_MEMORY: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def source_fingerprint() -> str:
+    """Hash of this directory's kernel sources, the cutlass-dsl and Python versions and the target."""
+    import cutlass
+
+    h = hashlib.sha256()
+    h.update(f"py{sys.version_info.major}.{sys.version_info.minor} cutlass={cutlass.__version__} ".encode())
+    h.update(os.environ.get("CUTE_DSL_ARCH", "").encode())
+    for src in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        h.update(src.name.encode())
+        h.update(src.read_bytes())
+    return h.hexdigest()[:32]
+
+
+def cache_path(key: tuple) -> Path | None:
+    """Where ``key``'s object file lives, or None when the disk cache is off."""
+    if not config.kernel_cache_dir:
+        return None
+    name = hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+    return Path(config.kernel_cache_dir) / "cute" / source_fingerprint() / f"{name}.o"
+
+
+def _symbol(path: Path) -> str:
+    return f"gdpa_{path.stem[:16]}"
+
+
+def _load(path: Path):
+    import cutlass.cute as cute
+
+    try:
+        return cute.runtime.load_module(str(path))[_symbol(path)]
+    except Exception as exc:  # a truncated or foreign file: rebuild it
+        log.info("gdpa_inductor: dropping unreadable cached kernel %s (%s)", path, exc)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _store(path: Path, compiled) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            compiled.export_to_c(tmp, path.stem, _symbol(path))
+            os.replace(os.path.join(tmp, f"{path.stem}.o"), path)
+    except Exception as exc:
+        log.info("gdpa_inductor: could not cache the compiled kernel at %s (%s)", path, exc)
+
+
+def cached_compile(key: tuple, build: Callable, persist: bool = True):
+    """The compiled kernel for ``key`` (a tuple of plain values naming everything the compile depends on
+    besides the sources): from memory, else from disk (``persist``), else ``build()``, stored in both."""
+    if key in _MEMORY:
+        return _MEMORY[key]
+    path = cache_path(key) if persist else None
+    compiled = _load(path) if path is not None and path.exists() else None
+    if compiled is None:
+        compiled = build()
+        if path is not None:
+            _store(path, compiled)
+    _MEMORY[key] = compiled
+    return compiled
