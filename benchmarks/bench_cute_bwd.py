@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from bench_cute_fwd import META_SHAPES, _rel  # the forward benchmark's shapes and error, beside this file
+from bench_cute_fwd import META_SHAPES, _rel, plot  # the forward benchmark's shapes, error and plot, beside this file
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import bwd_supported, compile_bwd, gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, gdpa_fwd_cute
@@ -115,28 +115,8 @@ def timing(rows, d, batch, act="gelu_tanh"):
         print(row, flush=True)
 
 
-def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    providers = [("cute_bwd", "CuTe bwd"), ("triton_bwd", "Triton bwd"), ("cute_fb", "CuTe f+b"),
-                 ("triton_fb", "Triton f+b"), ("sdpa_fb", "SDPA f+b (softmax)"), ("fa4_fb", "FA4 f+b (softmax)")]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
-    for ax, d in zip(axes, (128, 64)):
-        sel = [r for r in rows if r["kind"] == "time" and r["d"] == d]
-        labels = [f"{r['nq']}x{r['nk']}" for r in sel]
-        width = 0.8 / len(providers)
-        for i, (key, name) in enumerate(providers):
-            ax.bar([x + i * width for x in range(len(sel))], [r.get(key) or 0 for r in sel], width, label=name)
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sel))], labels, rotation=30)
-        ax.set_title(f"bf16, H=4, D={d}")
-        ax.set_xlabel("q x kv")
-    axes[0].set_ylabel("TF/s (bwd: 2.5x, f+b: 3.5x the forward FLOPs)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+PROVIDERS = [("cute_bwd", "CuTe bwd"), ("triton_bwd", "Triton bwd"), ("cute_fb", "CuTe f+b"),
+             ("triton_fb", "Triton f+b"), ("sdpa_fb", "SDPA f+b (softmax)"), ("fa4_fb", "FA4 f+b (softmax)")]
 
 
 def main():
@@ -148,7 +128,8 @@ def main():
     args = ap.parse_args()
     if args.plot_from:
         with open(args.plot_from) as f:
-            plot(json.load(f)["rows"], (args.out or args.plot_from.removesuffix(".json")) + ".png")
+            plot(json.load(f)["rows"], (args.out or args.plot_from.removesuffix(".json")) + ".png", PROVIDERS, "time",
+                 "TF/s (bwd: 2.5x, f+b: 3.5x the forward FLOPs)")
         return
     rows = []
     t0 = time.time()
@@ -164,7 +145,7 @@ def main():
     if args.out:
         with open(args.out + ".json", "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        plot(rows, args.out + ".png")
+        plot(rows, args.out + ".png", PROVIDERS, "time", "TF/s (bwd: 2.5x, f+b: 3.5x the forward FLOPs)")
 
 
 if __name__ == "__main__":

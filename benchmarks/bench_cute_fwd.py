@@ -6,6 +6,7 @@ GQA, D in {64, 128}, fp16/bf16), next to the Triton kernel's error at the same i
 Meta's shapes (B=1152, H=4; D=128 and D=64), do_bench medians.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_fwd.py --out results/cute_fwd
+    python3 benchmarks/bench_cute_fwd.py --plot-from results/cute_fwd.json --out results/cute_fwd   # the plot
 """
 
 from __future__ import annotations
@@ -110,14 +111,46 @@ def timing(rows, batch, heads, act):
             print({k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in row.items()}, flush=True)
 
 
+PROVIDERS = [("cute", "CuTe"), ("triton", "Triton"), ("sdpa", "SDPA (softmax)"), ("fa4", "FA4 (softmax)")]
+
+
+def plot(rows, path, providers, kind, ylabel):
+    """Grouped bars per Meta shape, D=128 and D=64 side by side, of the rows of ``kind``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
+    for ax, d in zip(axes, (128, 64)):
+        sel = [r for r in rows if r["kind"] == kind and r["d"] == d]
+        labels = [f"{r['nq']}x{r['nk']}" for r in sel]
+        width = 0.8 / len(providers)
+        for i, (key, name) in enumerate(providers):
+            ax.bar([x + i * width for x in range(len(sel))], [r.get(key) or 0 for r in sel], width, label=name)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sel))], labels, rotation=30)
+        ax.set_title(f"bf16, H=4, D={d}")
+        ax.set_xlabel("q x kv")
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
     ap.add_argument("--batch", type=int, default=1152)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--activation", default="gelu_tanh")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            plot(json.load(f)["rows"], (args.out or args.plot_from.removesuffix(".json")) + ".png", PROVIDERS, "fwd",
+                 "forward TF/s")
+        return
     rows = []
     t = time.time()
     compile_fwd(torch.bfloat16, 128, args.activation)
@@ -130,6 +163,7 @@ def main():
         with open(args.out + ".json", "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                            rows=rows), f, indent=1)
+        plot(rows, args.out + ".png", PROVIDERS, "fwd", "forward TF/s")
 
 
 if __name__ == "__main__":

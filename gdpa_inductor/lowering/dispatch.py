@@ -1,4 +1,4 @@
-"""Which implementation runs a GDPA call, and why: the CuTe-DSL Hopper backward where it supports the case,
+"""Which implementation runs a GDPA call, and why: the CuTe-DSL Hopper kernels where they support the case,
 Triton where it supports the case, else the reference.
 
 Every decision returns (name, reason) and is logged at debug level on the ``gdpa_inductor`` logger, so
@@ -36,33 +36,29 @@ def triton_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
 
 
 def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
-    """The dense forward's path: "cute" when the config forces it (ValueError if it cannot run this call),
-    otherwise as ``select_impl``."""
-    if config.backend == "cute":
-        from ..kernels.cute.gdpa_fwd import cute_fwd_support
-
-        ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
-        if not ok:
-            raise ValueError(f"gdpa_inductor.config.backend='cute' cannot run this call: {reason}")
-        log.debug("gdpa forward: cute")
-        return "cute"
-    return select_impl(q, k, v, bias, "forward")
+    """The dense forward's path: see ``_cute_else_select``."""
+    return _cute_else_select(q, k, v, bias, causal, activation, "forward")
 
 
 def select_backward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
-    """The dense backward's path: "cute" where the CuTe-DSL Hopper backward supports the call (under "auto"
-    and "cute"; a ValueError under "cute" when it cannot), otherwise as ``select_impl``."""
+    """The dense backward's path: see ``_cute_else_select``."""
+    return _cute_else_select(q, k, v, bias, causal, activation, "backward")
+
+
+def _cute_else_select(q, k, v, bias, causal: bool, activation: str, what: str) -> str:
+    """"cute" where the CuTe-DSL Hopper kernels support the call (under "auto" and "cute"; a ValueError under
+    "cute" when they cannot), otherwise as ``select_impl``."""
     if config.backend in ("auto", "cute"):
         from ..kernels.cute.gdpa_fwd import cute_fwd_support
 
         ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
         if ok:
-            log.debug("gdpa backward: cute")
+            log.debug("gdpa %s: cute", what)
             return "cute"
         if config.backend == "cute":
             raise ValueError(f"gdpa_inductor.config.backend='cute' cannot run this call: {reason}")
-        log.debug("gdpa backward: not cute (%s)", reason)
-    return select_impl(q, k, v, bias, "backward")
+        log.debug("gdpa %s: not cute (%s)", what, reason)
+    return select_impl(q, k, v, bias, what)
 
 
 def select_impl(q, k, v, bias, what: str) -> str:

@@ -19,7 +19,7 @@ from gdpa_inductor.kernels.activations import get_activation
 from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_DIRECT_MAX_KEY_TILES, dq_direct, gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, cute_dsl_available, on_sm90
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
-from gdpa_inductor.lowering.dispatch import select_backward_impl
+from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl
 
 pytestmark = [
     pytest.mark.gpu,
@@ -81,9 +81,10 @@ def test_cute_backward_matches_float64(case, cute_backend):
         assert _rel(got, ref) <= 2 * _rel(base, ref) + FLOOR, (name, _rel(got, ref), _rel(base, ref))
 
 
-def test_auto_takes_the_cute_backward():
+def test_auto_takes_the_cute_kernels():
     q, k, v = (torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     assert gdpa_inductor.config.backend == "auto"
+    assert select_forward_impl(q, k, v, None, False, "silu") == "cute"
     assert select_backward_impl(q, k, v, None, False, "silu") == "cute"
     assert select_backward_impl(q, k, v, None, True, "silu") == "triton"
     assert select_backward_impl(q.float(), k.float(), v.float(), None, False, "silu") == "triton"

@@ -1,5 +1,6 @@
 """``config.backend = "cute"``: the dense forward and backward run the CuTe-DSL Hopper kernels or fail with a
-ValueError that says why; under "auto" the backward takes the CuTe kernel where it covers the call. The
+ValueError that says why; under "auto" the forward and backward take the CuTe kernels where they cover the
+call. The
 support check's reasons are tested here on CPU tensors standing in for an sm_90 GPU's."""
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import torch
 import gdpa_inductor
 from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
-from gdpa_inductor.lowering.dispatch import select_backward_impl, select_impl
+from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl, select_impl
+
+SELECTORS = {"forward": select_forward_impl, "backward": select_backward_impl}
 
 
 @pytest.fixture
@@ -45,18 +48,20 @@ def test_forced_cute_backward_without_hopper_raises_with_reason(backend):
         select_backward_impl(q, k, v, None, False, "silu")
 
 
+@pytest.mark.parametrize("what", SELECTORS)
 @pytest.mark.parametrize("name", ["auto", "triton", "reference"])
-def test_backward_off_hopper_dispatches_as_before(backend, name):
+def test_off_hopper_dispatches_as_before(backend, name, what):
     backend(name)
     q, k, v = _qkv(torch.float32)
-    assert select_backward_impl(q, k, v, None, False, "silu") == select_impl(q, k, v, None, "backward")
+    assert SELECTORS[what](q, k, v, None, False, "silu") == select_impl(q, k, v, None, what)
 
 
 @pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.parametrize("what", SELECTORS)
 @pytest.mark.parametrize("name, causal, expected", [("auto", False, "cute"), ("cute", False, "cute"),
                                                      ("auto", True, "reference"), ("triton", False, "triton")])
-def test_backward_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal, expected):
-    """On sm_90 (stood in for here) "auto" runs the CuTe backward where it covers the call; a case it does
+def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal, expected, what):
+    """On sm_90 (stood in for here) "auto" runs the CuTe kernels where they cover the call; a case they do
     not cover (causal) falls through to the usual choice (the reference on these CPU tensors)."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
@@ -64,7 +69,7 @@ def test_backward_on_hopper_takes_cute_where_supported(monkeypatch, backend, nam
     q, k, v = _qkv()
     if name == "triton":
         monkeypatch.setattr("gdpa_inductor.lowering.dispatch.triton_support", lambda *a: (True, ""))
-    assert select_backward_impl(q, k, v, None, causal, "silu") == expected
+    assert SELECTORS[what](q, k, v, None, causal, "silu") == expected
 
 
 @pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")

@@ -112,7 +112,9 @@ def compile_fwd(dtype: torch.dtype, head_dim: int, activation: str, operands=Non
         args = operands if operands is not None else _fake_operands(element, 4)
         one = cutlass.Float32(1.0)
         kernel = GdpaFwdSm90(element, head_dim, getattr(activation_math, activation))
-        return cute.compile(kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else "")
+        return cute.compile(
+            kernel, *args, one, one, one, cutlass.Int32(1), make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
+        )
 
     # compiles for real calls also go to disk; compile checks (fake operands, PTX kept) stay in memory
     return cached_compile(key, build, persist=operands is not None and not keep_ptx)
@@ -134,7 +136,11 @@ def gdpa_fwd_cute(
     operands = [_as_cute(t) for t in (q, k, v, out)]
     fn = compile_fwd(q.dtype, q.shape[-1], activation, operands)
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    fn(*operands, cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope), stream)
+    # persistent: one CTA per SM (its shared memory and registers admit one), never more than the tiles
+    tiles = -(-q.shape[2] // 128) * q.shape[1] * q.shape[0]
+    num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    fn(*operands, cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope),
+       cutlass.Int32(num_ctas), stream)
     return out
 
 

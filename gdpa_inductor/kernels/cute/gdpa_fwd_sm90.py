@@ -1,16 +1,18 @@
 """CuTe-DSL GDPA forward for Hopper (sm_90a): O = act(scale · Q Kᵀ) · post_scale · V.
 
-One CTA per (128-row query tile, head, sample), three warpgroups:
-- a producer warpgroup that gives its registers away and issues the TMA loads: the Q tile once, then the K
-  and V tiles into two rings of shared-memory stages;
+Persistent: one CTA per SM walks the (128-row query tile, head, sample) tiles, query tiles fastest, in a
+static round robin (every tile costs the same in a dense batch); three warpgroups:
+- a producer warpgroup that gives its registers away and issues the TMA loads: per tile the Q tile, then
+  the K and V tiles into two rings of shared-memory stages. It runs ahead into the next tile: its Q and
+  first K/V tiles load while the consumers finish the last P·V and the epilogue of the current one;
 - two consumer warpgroups, 64 query rows each, one tiled MMA over both: S = Q Kᵀ by wgmma from shared
   memory, the activation on the fp32 accumulator, then O += P V by wgmma with P taken straight from
   registers (no shared-memory round trip for P). S_{j+1} is issued right before P_j V_j, so the activation
   of tile j+1 runs while tile j's second matmul is on the tensor cores.
 No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and the
 last key tile's padded columns are masked to P = 0, so a non-finite query cannot leak NaN from them. The
-epilogue scales O once, writes it over the Q tile in shared memory (each warpgroup its own rows) and stores
-it with one TMA copy, which clips rows past Nq.
+epilogue scales O once, writes it to its own shared-memory tile (each warpgroup its own rows) and stores it
+with one TMA copy, which clips rows past Nq; the copy drains while the next tile computes.
 """
 
 from __future__ import annotations
@@ -25,11 +27,23 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .wgmma import gemm, operand_a_like, store_operand_a
+from .wgmma import fresh_gemm, operand_a_like, store_operand_a
 
 # wgmma's M per warpgroup
 _WG_ROWS = 64
 _WG_THREADS = 128
+
+
+@cute.jit
+def _tile_coords(tile: cutlass.Int32, num_m: cutlass.Int32, num_q_heads: cutlass.Int32, group: cutlass.Int32):
+    """(query tile, query head, kv head, sample) of a tile index; query tiles fastest, so the tiles of one
+    head run together and share its K/V in L2; query head h reads kv head h // group (GQA)."""
+    h = tile // num_m % num_q_heads
+    return tile % num_m, h, h // group, tile // num_m // num_q_heads
+
+
+def _tma_part(atom, s, g):
+    return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
 
 
 class GdpaFwdSm90:
@@ -49,6 +63,7 @@ class GdpaFwdSm90:
         self.regs_producer = 24
         self.regs_consumer = 240
         self.consumer_barrier_id = 1
+        self.epilogue_barrier_id = 2
 
     @cute.jit
     def __call__(
@@ -60,9 +75,11 @@ class GdpaFwdSm90:
         scale: cutlass.Float32,
         post_scale: cutlass.Float32,
         slope: cutlass.Float32,
+        num_ctas: cutlass.Int32,
         stream: cuda.CUstream,
     ):
-        """mQ, mO: (Nq, D, H, Z); mK, mV: (Nk, D, Hkv, Z); D contiguous."""
+        """mQ, mO: (Nq, D, H, Z); mK, mV: (Nk, D, Hkv, Z); D contiguous. ``num_ctas``: the persistent grid
+        (at most the number of tiles; one CTA per SM fits)."""
         # V as (D, N, Hkv, Z): the B operand of P·V, contiguous along its N mode (D)
         v = cute.make_tensor(
             mV.iterator,
@@ -95,6 +112,7 @@ class GdpaFwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
 
         self.shared_storage = SharedStorage
         num_m = cute.ceil_div(q.shape[0], self.tile_m)
@@ -103,7 +121,7 @@ class GdpaFwdSm90:
             tma_q, tq, tma_k, tk, tma_v, tv, tma_o, to,
             scale, post_scale, slope, q_smem, k_smem, v_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],
         ).launch(
-            grid=[num_m * num_heads, 1, 1],
+            grid=[num_ctas, 1, 1],
             block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
@@ -133,12 +151,8 @@ class GdpaFwdSm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        # query tiles fastest: the tiles of one head run together and share its K/V in L2
-        m_blk = bidx % num_m
-        z = bidx // num_m // num_q_heads
-        h = bidx // num_m % num_q_heads
-        # grouped-query attention: query head h reads kv head h // group
-        hk = h // group
+        num_ctas, _, _ = cute.arch.grid_dim()
+        num_tiles = num_m * num_q_heads * mQ.shape[3]
         d = self.head_dim
         nk = mK.shape[0]
         n_tiles = cute.ceil_div(nk, self.tile_n)
@@ -163,16 +177,7 @@ class GdpaFwdSm90:
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
         sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
-
-        gQ = cute.local_tile(mQ[None, None, h, z], (self.tile_m, d), (None, 0))
-        gK = cute.local_tile(mK[None, None, hk, z], (self.tile_n, d), (None, 0))
-        gV = cute.local_tile(mV[None, None, hk, z], (d, self.tile_n), (0, None))
-        gO = cute.local_tile(mO[None, None, h, z], (self.tile_m, d), (None, 0))
-        no_cluster = cute.make_layout(1)
-        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, no_cluster, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, no_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-        tOsO, tOgO = cpasync.tma_partition(tma_o, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gO, 0, 2))
+        sO = storage.sO.get_tensor(q_smem.outer, swizzle=q_smem.inner)
 
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1, 1), is_relaxed=True)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
@@ -186,13 +191,18 @@ class GdpaFwdSm90:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
-                handle = q_producer.acquire_and_advance()
-                cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, 0)], tma_bar_ptr=handle.barrier)
-                for j in cutlass.range(n_tiles, unroll=1):
-                    handle = k_producer.acquire_and_advance()
-                    cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                    handle = v_producer.acquire_and_advance()
-                    cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                    m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
+                    tQsQ, tQgQ = _tma_part(tma_q, sQ, cute.local_tile(mQ[None, None, h, z], (self.tile_m, d), (None, 0)))
+                    tKsK, tKgK = _tma_part(tma_k, sK, cute.local_tile(mK[None, None, hk, z], (self.tile_n, d), (None, 0)))
+                    tVsV, tVgV = _tma_part(tma_v, sV, cute.local_tile(mV[None, None, hk, z], (d, self.tile_n), (0, None)))
+                    handle = q_producer.acquire_and_advance()
+                    cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, 0)], tma_bar_ptr=handle.barrier)
+                    for j in cutlass.range(n_tiles, unroll=1):
+                        handle = k_producer.acquire_and_advance()
+                        cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                        handle = v_producer.acquire_and_advance()
+                        cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             qk_mma, pv_mma = self._tiled_mmas()
@@ -203,61 +213,67 @@ class GdpaFwdSm90:
             tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))
             tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))
             acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((self.tile_m, d)))
-            acc_o.fill(0.0)
             s_shape = qk_thr.partition_shape_C((self.tile_m, self.tile_n))
             tScS = qk_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-            # partitioned before the loop: the loop's ACCUMULATE updates rebind the tiled MMAs
-            tOsO_mma = pv_thr.partition_C(sQ[None, None, 0])
+            tOsO_mma = pv_thr.partition_C(sO[None, None, 0])
             ragged_cols = nk - (n_tiles - 1) * self.tile_n
-
             acc_s = qk_thr.make_fragment_C(s_shape)
             r_p = operand_a_like(acc_s, pv_mma, self.dtype)
-            q_consumer.wait_and_advance()
 
-            # S_0, then per key tile j: issue S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j back to back; the
-            # activation of S_{j+1} runs while P_j V_j is still on the tensor cores.
-            k_handle = k_consumer.wait_and_advance()
-            warpgroup.fence()
-            gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            k_handle.release()
-            self._activate(acc_s, tScS, 0, n_tiles, ragged_cols, scale, slope)
-            store_operand_a(acc_s, r_p)
-            for j in cutlass.range(n_tiles - 1, unroll=1):
+            for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
+                acc_o.fill(0.0)
+                q_handle = q_consumer.wait_and_advance()
+
+                # S_0, then per key tile j: issue S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j back to back; the
+                # activation of S_{j+1} runs while P_j V_j is still on the tensor cores.
                 k_handle = k_consumer.wait_and_advance()
                 warpgroup.fence()
-                gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
+                fresh_gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
                 warpgroup.commit_group()
-                v_handle = v_consumer.wait_and_advance()
-                gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
+                warpgroup.wait_group(0)
                 k_handle.release()
-                self._activate(acc_s, tScS, j + 1, n_tiles, ragged_cols, scale, slope)
+                self._activate(acc_s, tScS, 0, n_tiles, ragged_cols, scale, slope)
+                store_operand_a(acc_s, r_p)
+                for j in cutlass.range(n_tiles - 1, unroll=1):
+                    k_handle = k_consumer.wait_and_advance()
+                    warpgroup.fence()
+                    fresh_gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
+                    warpgroup.commit_group()
+                    v_handle = v_consumer.wait_and_advance()
+                    fresh_gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    k_handle.release()
+                    self._activate(acc_s, tScS, j + 1, n_tiles, ragged_cols, scale, slope)
+                    warpgroup.wait_group(0)
+                    v_handle.release()
+                    store_operand_a(acc_s, r_p)
+                # every Q Kᵀ of this tile is done: the producer may load the next tile's Q
+                q_handle.release()
+                v_handle = v_consumer.wait_and_advance()
+                warpgroup.fence()
+                fresh_gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
+                warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 v_handle.release()
-                store_operand_a(acc_s, r_p)
-            v_handle = v_consumer.wait_and_advance()
-            warpgroup.fence()
-            # a fresh MMA: the loop rebinds the fields of the one used inside it
-            _, last_pv_mma = self._tiled_mmas()
-            gemm(last_pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            v_handle.release()
 
-            # epilogue: O over this warpgroup's rows of the Q tile, then one TMA store of the tile
-            r_o = cute.make_fragment_like(acc_o, self.dtype)
-            r_o.store((acc_o.load() * post_scale).to(self.dtype))
-            cute.autovec_copy(r_o, tOsO_mma)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            pipeline.arrive_and_wait(barrier_id=self.consumer_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
+                # epilogue: O into this warpgroup's rows of the O tile once the previous tile's store has
+                # read it, then one TMA store of the tile, left to drain while the next tile computes
+                r_o = cute.make_fragment_like(acc_o, self.dtype)
+                r_o.store((acc_o.load() * post_scale).to(self.dtype))
+                if warp_idx == _WG_THREADS // 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                pipeline.arrive_and_wait(barrier_id=self.epilogue_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
+                cute.autovec_copy(r_o, tOsO_mma)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                pipeline.arrive_and_wait(barrier_id=self.consumer_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
+                if warp_idx == _WG_THREADS // 32:
+                    tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(mO[None, None, h, z], (self.tile_m, d), (None, 0)))
+                    cute.copy(tma_o, tOsO[(None, 0)], tOgO[(None, m_blk)])
+                    cute.arch.cp_async_bulk_commit_group()
             if warp_idx == _WG_THREADS // 32:
-                cute.copy(tma_o, tOsO[(None, 0)], tOgO[(None, m_blk)])
-                cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-
 
     @cute.jit
     def _activate(self, acc_s, tScS, tile, n_tiles, ragged_cols, scale, slope):
@@ -272,7 +288,7 @@ class GdpaFwdSm90:
 
     def _tiled_mmas(self):
         """(S = Q Kᵀ from shared memory, O += P V with P from registers), one wgmma atom per consumer
-        warpgroup. Built where they are used: the MMAs' ACCUMULATE field is rebound in the key loop."""
+        warpgroup; the matmuls run on fresh atoms (``fresh_gemm``), these give the partitions."""
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
             cutlass.Float32, (self.num_mma_wg, 1, 1), (_WG_ROWS, self.tile_n),
