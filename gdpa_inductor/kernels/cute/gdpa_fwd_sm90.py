@@ -116,7 +116,6 @@ class GdpaFwdSm90:
 
         self.shared_storage = SharedStorage
         num_m = cute.ceil_div(q.shape[0], self.tile_m)
-        num_heads = q.shape[2] * q.shape[3]
         self.kernel(
             tma_q, tq, tma_k, tk, tma_v, tv, tma_o, to,
             scale, post_scale, slope, q_smem, k_smem, v_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],

@@ -1,4 +1,4 @@
-"""wgmma helpers shared by the CuTe-DSL Hopper kernels: k-block loops over a tiled MMA, and the fp32
+"""wgmma helpers shared by the CuTe-DSL Hopper kernels: k-block loops on a fresh MMA atom, and the fp32
 accumulator seen as the register A operand of the next matmul."""
 
 from __future__ import annotations
@@ -6,14 +6,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
-
-
-@cute.jit
-def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, accumulate: cutlass.Constexpr):
-    """acc (+)= a · b over the k-blocks; with ``accumulate`` False the first k-block overwrites acc."""
-    for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, accumulate or kb != 0)
-        cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
 
 
 @cute.jit
