@@ -63,7 +63,6 @@ def timing(rows, batch=1152, heads=4, d=128):
         rows.append(row)
         print(f"bwd {nq}x{nk}: fp32 {row['fp32_tflops']:.0f} TF/s, in place {row['in_place_tflops']:.0f} TF/s",
               flush=True)
-        del q, k, v, do
 
 
 def main():

@@ -15,58 +15,30 @@ import torch
 
 import gdpa_inductor
 from gdpa_inductor import gdpa
-from gdpa_inductor.kernels.activations import get_activation
 from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_DIRECT_MAX_KEY_TILES, dq_direct, gdpa_bwd_cute
-from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, cute_dsl_available, on_sm90
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and on_sm90(torch.device("cuda")) and cute_dsl_available()),
-        reason="needs an sm_90 GPU and nvidia-cutlass-dsl",
-    ),
-]
-FLOOR = 1e-4
+from .cute_common import CASES as SHARED_CASES
+from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, eager_gdpa, rel_error
+
+pytestmark = NEEDS_CUTE
+# the forward's cases plus a ragged fp16 D=64 one and Meta's 2048x256
+CASES = SHARED_CASES + [("fp16", "silu", 1, 4, 4, 1000, 200, 64), ("bf16", "gelu_tanh", 2, 4, 4, 2048, 256, 128)]
 
 
-@pytest.fixture
-def cute_backend():
-    saved = gdpa_inductor.config.backend
-    gdpa_inductor.config.backend = "cute"
-    yield
-    gdpa_inductor.config.backend = saved
 
 
 def _eager_grads(q, k, v, do, activation, scale, post_scale):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    group = q.shape[-3] // k.shape[-3]
-    kg, vg = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    out = get_activation(activation).torch_fn(q @ kg.transpose(-2, -1) * scale, 0.01) * post_scale @ vg
-    out.backward(do)
+    eager_gdpa(q, k, v, activation, scale, post_scale).backward(do)
     return q.grad, k.grad, v.grad
-
-
-def _rel(x, ref):
-    return ((x.double() - ref).norm() / ref.norm()).item()
-
-
-CASES = [("bf16", act, 2, 4, 4, 300, 300, 128) for act in SUPPORTED_ACTIVATIONS] + [
-    ("fp16", "gelu_tanh", 2, 4, 4, 257, 129, 128),
-    ("fp16", "silu", 1, 4, 4, 1000, 200, 64),
-    ("bf16", "silu", 2, 8, 2, 128, 1000, 128),
-    ("bf16", "silu", 3, 4, 4, 1, 17, 64),
-    ("bf16", "gelu_tanh", 2, 4, 1, 1024, 1024, 64),
-    ("bf16", "sigmoid", 1, 2, 2, 17, 2048, 128),
-    ("bf16", "gelu_tanh", 2, 4, 4, 2048, 256, 128),
-]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_cute_backward_matches_float64(case, cute_backend):
     dtype_name, act, z, h, hkv, nq, nk, d = case
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    dtype = DTYPES[dtype_name]
     gen = torch.Generator(device="cuda").manual_seed(2)
     q, do = (torch.randn(z, h, nq, d, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     k, v = (torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
@@ -78,7 +50,8 @@ def test_cute_backward_matches_float64(case, cute_backend):
     eager = _eager_grads(q, k, v, do, act, scale, post)
     for name, got, ref, base in zip(("dq", "dk", "dv"), (qa.grad, ka.grad, va.grad), refs, eager):
         assert got.dtype == dtype and got.shape == ref.shape, name
-        assert _rel(got, ref) <= 2 * _rel(base, ref) + FLOOR, (name, _rel(got, ref), _rel(base, ref))
+        err, bound = rel_error(got, ref), rel_error(base, ref)
+        assert err <= 2 * bound + FLOOR, (name, err, bound)
 
 
 def test_auto_takes_the_cute_kernels():
@@ -114,9 +87,9 @@ def test_dq_sums_in_place_or_fp32_within_eager_error(act, nk, dtype):
     k, v = (torch.randn(2, 4, nk, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     scale, post = 128**-0.5, 1.0 / nk
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[0]
-    base = _rel(_eager_grads(q, k, v, do, act, scale, post)[0], ref)
+    base = rel_error(_eager_grads(q, k, v, do, act, scale, post)[0], ref)
     assert dq_direct(nk) == (nk <= DQ_DIRECT_MAX_KEY_TILES * 128)
     for direct in (True, False):
         dq = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, direct=direct)[0]
         assert dq.dtype == dtype
-        assert _rel(dq, ref) <= 2 * base + FLOOR, (direct, _rel(dq, ref), base)
+        assert rel_error(dq, ref) <= 2 * base + FLOOR, (direct, rel_error(dq, ref), base)

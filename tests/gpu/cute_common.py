@@ -1,0 +1,41 @@
+"""What the CuTe-DSL GPU tests share (their fixture ``cute_backend`` is in conftest.py): the skip marks, the
+eager math, the relative error and the cases
+(every activation at a ragged 300x300, fp16, GQA 8->2 and 4->1, D 64 and 128, 1x17, 17x2048)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdpa_inductor.kernels.activations import get_activation
+from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, cute_dsl_available, on_sm90
+
+NEEDS_CUTE = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and on_sm90(torch.device("cuda")) and cute_dsl_available()),
+        reason="needs an sm_90 GPU and nvidia-cutlass-dsl",
+    ),
+]
+# absolute slack under the 2x-eager bound, for errors near zero
+FLOOR = 1e-4
+# (dtype, activation, Z, H, Hkv, Nq, Nk, D)
+CASES = [("bf16", act, 2, 4, 4, 300, 300, 128) for act in SUPPORTED_ACTIVATIONS] + [
+    ("fp16", "gelu_tanh", 2, 4, 4, 257, 129, 128),
+    ("bf16", "silu", 2, 8, 2, 128, 1000, 128),
+    ("bf16", "silu", 3, 4, 4, 1, 17, 64),
+    ("bf16", "gelu_tanh", 2, 4, 1, 2048, 2048, 64),
+    ("bf16", "sigmoid", 1, 2, 2, 17, 2048, 128),
+]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def eager_gdpa(q, k, v, activation, scale, post_scale):
+    """The math as plain torch ops in the inputs' dtype (eager's own error is the bound), GQA by repeat."""
+    group = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    return get_activation(activation).torch_fn(q @ k.transpose(-2, -1) * scale, 0.01) * post_scale @ v
+
+
+def rel_error(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
