@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from gdpa_inductor import gdpa
+from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference
 
 from .cute_common import CASES, DTYPES, FLOOR, NEEDS_CUTE, eager_gdpa, rel_error
 
 pytestmark = NEEDS_CUTE
-
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -35,12 +35,29 @@ def test_cute_forward_matches_float64(case, cute_backend):
     assert rel_error(out, ref) <= 2 * rel_error(eager_gdpa(q, k, v, act, scale, post), ref) + FLOOR
 
 
-def test_cute_forward_nonfinite_like_eager_pattern(cute_backend):
-    """A non-finite query spreads over its row only: padded keys past Nk add nothing, not NaN."""
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("nk", [200, 600])
+def test_cute_forward_nonfinite_like_eager_pattern(act, nk, cute_backend):
+    """A non-finite query spreads over its row only: padded keys past Nk add nothing, not NaN (with and
+    without ping-pong; gelu_tanh and silu in their folded-scale bf16 forms)."""
     q = torch.randn(1, 2, 130, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, 2, 200, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 2, nk, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     q[0, 0, 3, 5] = float("inf")
-    out = gdpa(q, k, v, activation="relu")
-    expected = eager_gdpa(q, k, v, "relu", 1.0, 1.0)
+    out = gdpa(q, k, v, activation=act)
+    expected = eager_gdpa(q, k, v, act, 1.0, 1.0)
     assert torch.equal(out.isnan(), expected.isnan()) and torch.equal(out.isinf(), expected.isinf())
+
+
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu", "relu"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_cute_forward_pingpong_changes_no_bit(act, dtype):
+    """Ping-pong only orders when each consumer warpgroup issues its matmuls: with and without it the
+    forward gives the same bits (a race in the turns or the peeled last key tile would show here)."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn(3, 4, 700, 128, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(3, 4, 1000, 128, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(3, 4, 1000, 128, device="cuda", dtype=dtype, generator=gen)
+    turns = gdpa_fwd_cute(q, k, v, act, 128**-0.5, 1e-3, 0.01, pingpong=True)
+    plain = gdpa_fwd_cute(q, k, v, act, 128**-0.5, 1e-3, 0.01, pingpong=False)
+    assert torch.isfinite(turns).all() and torch.equal(turns, plain)

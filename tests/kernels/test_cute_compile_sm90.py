@@ -1,10 +1,12 @@
 """The CuTe-DSL Hopper forward and backward compile for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake
-tensors): every activation at D=128 and a subset at D=64 (the backward in both its dQ forms: summed in an
-fp32 buffer, or in place in the operands' dtype), each checked for wgmma (every matmul), TMA loads
-and stores (and the backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the
-producer/consumer register split), tanh.approx for the tanh-based activations, and no register spills in
-ptxas's report. Backward activations whose (value, derivative) form still spills a few words are marked as
-strict expected failures: the day they stop spilling the test says so.
+tensors): every activation at D=128 and a subset at D=64 (the forward with and without ping-pong and in fp16,
+whose activation forms differ; the backward in both its dQ forms: summed in an fp32 buffer, or in place in
+the operands' dtype), each checked for wgmma (every matmul), TMA loads and stores (and the backward's TMA
+reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split), tanh.approx
+for the tanh-based activations, no register spills in ptxas's report, and no "wgmma serialized" warning
+(ptxas then waits after every wgmma, which cost the forward 5-10%). Backward activations whose
+(value, derivative) form still spills a few words are marked as strict expected failures: the day they
+stop spilling the test says so.
 
 The compiles run in one subprocess: it sets the dump directory for ``--keep-ptx`` before cutlass-dsl is
 imported (otherwise the PTX lands in the working directory) and keeps TRITON_INTERPRET out of the way.
@@ -25,6 +27,10 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS  # noqa: E402
 
 CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh"), (64, "relu")]
+# the forward's other forms: without ping-pong (short key ranges), fp16 (activations without the folded scale)
+FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, "gelu_tanh"), ("fwd_no_pingpong", 64, "silu"),
+                     ("fwd_fp16", 128, "gelu_tanh"), ("fwd_fp16", 128, "silu")]
+FWD_CASES = [("fwd", *c) for c in CASES] + FWD_VARIANT_CASES
 BWD_CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh")]
 # measured with cutlass-dsl 4.8.1: 4 to 148 bytes of spills in the consumers' (value, derivative) pass
 BWD_SPILLING = {("bwd", 128, act) for act in ("relu_square", "gelu", "silu", "sigmoid", "hardswish")} | {
@@ -42,25 +48,28 @@ def reports(tmp_path_factory):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_DUMP_DIR=str(dump),
                PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
-    cases = [("fwd", *c) for c in CASES] + [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES]
+    cases = FWD_CASES + [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES]
     proc = subprocess.run([sys.executable, __file__, json.dumps(cases)], env=env, capture_output=True, text=True,
                           timeout=1200, cwd=dump)
     assert proc.returncode == 0, f"compile subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return {tuple(r["case"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"D{c[0]}-{c[1]}")
+@pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: f"{c[0]}-D{c[1]}-{c[2]}")
 def test_cute_fwd_compiles_for_sm90a(case, reports):
-    r = reports[("fwd", *case)]
+    r = reports[case]
     assert r["target"] == "sm_90a"
-    assert r["wgmma"] >= 2 * (case[0] // 16), "QK and PV must both be wgmma (one per 16-wide k-block)"
+    assert r["wgmma"] >= 2 * (case[1] // 16), "QK and PV must both be wgmma (one per 16-wide k-block)"
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/K/V loads and the O store go through TMA"
     assert r["setmaxnreg"] == 2, "producer gives registers away, consumers take them"
-    if case[1] in TANH_BASED:
-        assert r["tanh_approx"] > 0, f"{case[1]} should use tanh.approx.f32"
+    # ping-pong: each consumer warpgroup waits for its turn and hands it on through named barriers
+    assert (r["named_barrier_arrives"] > 0) == (case[0] != "fwd_no_pingpong"), r
+    if case[2] in TANH_BASED:
+        assert r["tanh_approx"] > 0, f"{case[2]} should use tanh.approx.f32"
     else:
         assert r["tanh_approx"] == 0
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+    assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 
 
 @pytest.mark.parametrize(
@@ -81,6 +90,7 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     assert r["setmaxnreg"] == 2
     assert (r["tanh_approx"] > 0) == (case[2] in TANH_BASED)
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+    assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 
 
 def _compile_all(cases) -> list[dict]:
@@ -93,8 +103,9 @@ def _compile_all(cases) -> list[dict]:
     ptxas = get_ptxas(90).path
     out = []
     for kind, d, act in cases:
-        if kind == "fwd":
-            ptx = compile_fwd(torch.bfloat16, d, act, keep_ptx=True).artifacts.PTX
+        if kind.startswith("fwd"):
+            dtype = torch.float16 if kind == "fwd_fp16" else torch.bfloat16
+            ptx = compile_fwd(dtype, d, act, keep_ptx=True, pingpong=kind != "fwd_no_pingpong").artifacts.PTX
         else:
             ptx = compile_bwd(torch.bfloat16, d, act, keep_ptx=True, dq_direct=kind == "bwd_dq_direct").artifacts.PTX
         with open("k.ptx", "w") as f:
@@ -114,6 +125,8 @@ def _compile_all(cases) -> list[dict]:
             tanh_approx=ptx.count("tanh.approx.f32"),
             spill_stores=sum(int(s) for s, _ in spills),
             spill_loads=sum(int(x) for _, x in spills),
+            wgmma_serialized="wgmma.mma_async instructions are serialized" in log,
+            named_barrier_arrives=len(re.findall(r"\bbarrier\.(?:cta\.)?arrive|\bbar\.arrive", ptx)),
         ))
     return out
 

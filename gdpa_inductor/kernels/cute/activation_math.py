@@ -27,62 +27,105 @@ def _tanh(x: cutlass.Float32) -> cutlass.Float32:
     return cute.math.tanh(x, approx=True)
 
 
-@cute.jit
-def identity(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    return x
+# Forward forms: act(scale · x), with the scale folded into each form's constants. The forward is bound by
+# its per-score arithmetic, not by the tensor cores, so every FP32 op per score counts: products of the
+# runtime scale with constants are common to every score (computed once), leaving e.g. five FP32 ops and one
+# tanh for gelu_tanh and two plus a tanh for silu.
 
 
 @cute.jit
-def relu(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    return cutlass.Float32(0.0) if x < 0.0 else x
+def identity(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    return x * scale
 
 
 @cute.jit
-def relu_square(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    r = cutlass.Float32(0.0) if x < 0.0 else x
+def relu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    y = x * scale
+    return cutlass.Float32(0.0) if y < 0.0 else y
+
+
+@cute.jit
+def relu_square(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    y = x * scale
+    r = cutlass.Float32(0.0) if y < 0.0 else y
     return r * r
 
 
 @cute.jit
-def leaky_relu(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    return x if x > 0.0 else x * slope
+def leaky_relu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    y = x * scale
+    return y if y > 0.0 else y * slope
 
 
 @cute.jit
-def gelu_tanh(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    t = _tanh(x * (SQRT_2_OVER_PI + (SQRT_2_OVER_PI * GELU_TANH_COEF) * x * x))
-    return 0.5 * x * (1.0 + t)
+def gelu_tanh(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    # 0.5 y (1 + tanh(y (c + c k y^2))) at y = scale x, as h + h t with h = (scale / 2) x
+    c3 = SQRT_2_OVER_PI * GELU_TANH_COEF * scale * scale * scale
+    t = _tanh(x * cute.math.fma(x * x, c3, SQRT_2_OVER_PI * scale))
+    h = x * (0.5 * scale)
+    return cute.math.fma(h, t, h)
 
 
 @cute.jit
-def gelu(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    xc = cute.math.min(cute.math.max(x, -GELU_ERF_CLAMP), GELU_ERF_CLAMP)
-    x2 = xc * xc
-    cdf = 0.5 + 0.5 * _tanh(xc * (GELU_ERF_C1 + x2 * (GELU_ERF_C3 + x2 * GELU_ERF_C5)))
+def gelu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    y = x * scale
+    yc = cute.math.min(cute.math.max(y, -GELU_ERF_CLAMP), GELU_ERF_CLAMP)
+    y2 = yc * yc
+    cdf = 0.5 + 0.5 * _tanh(yc * (GELU_ERF_C1 + y2 * (GELU_ERF_C3 + y2 * GELU_ERF_C5)))
     # beyond the clamp Phi is 0 or 1 to fp32 precision
-    if x < -GELU_ERF_CLAMP:
+    if y < -GELU_ERF_CLAMP:
         cdf = cutlass.Float32(0.0)
-    if x > GELU_ERF_CLAMP:
+    if y > GELU_ERF_CLAMP:
         cdf = cutlass.Float32(1.0)
-    return x * cdf
+    return y * cdf
 
 
 @cute.jit
-def sigmoid(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    return 0.5 + 0.5 * _tanh(0.5 * x)
+def sigmoid(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    return cute.math.fma(_tanh(x * (0.5 * scale)), 0.5, 0.5)
 
 
 @cute.jit
-def silu(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    return x * (0.5 + 0.5 * _tanh(0.5 * x))
+def silu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    # y sigmoid(y) = u (1 + tanh(u)) with u = y / 2
+    u = x * (0.5 * scale)
+    return cute.math.fma(u, _tanh(u), u)
 
 
 @cute.jit
-def hardswish(x: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    r = x + 3.0
+def hardswish(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    y = x * scale
+    r = y + 3.0
     r = cutlass.Float32(0.0) if r < 0.0 else r
     r = cutlass.Float32(6.0) if r > 6.0 else r
-    return x * r * (1.0 / 6.0)
+    return y * r * (1.0 / 6.0)
+
+
+@cute.jit
+def gelu_tanh_over_half_scale(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    """gelu_tanh(scale · x) / (scale / 2) = x (1 + tanh(...)): one FP32 op fewer per score."""
+    c3 = SQRT_2_OVER_PI * GELU_TANH_COEF * scale * scale * scale
+    t = _tanh(x * cute.math.fma(x * x, c3, SQRT_2_OVER_PI * scale))
+    return cute.math.fma(x, t, x)
+
+
+@cute.jit
+def silu_over_half_scale(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+    """silu(scale · x) / (scale / 2) = x (1 + tanh(scale x / 2))."""
+    return cute.math.fma(x, _tanh(x * (0.5 * scale)), x)
+
+
+# Forms whose output is act(scale · x) / (scale / 2): the forward multiplies O by scale / 2 once instead of
+# every score. Only for bf16 operands: P in bf16 keeps fp32's range, while in fp16 the unscaled P could
+# overflow where act(scale · x) does not.
+_OVER_HALF_SCALE = {"gelu_tanh": gelu_tanh_over_half_scale, "silu": silu_over_half_scale}
+
+
+def forward_form(name: str, bf16: bool):
+    """(the forward's per-score form of activation ``name``, whether O must be multiplied by scale / 2)."""
+    if bf16 and name in _OVER_HALF_SCALE:
+        return _OVER_HALF_SCALE[name], True
+    return globals()[name], False
 
 
 # (act(x), act'(x)) pairs for the backward: one special-function op each, the derivative built from the

@@ -50,20 +50,27 @@ class GdpaFwdSm90:
     """Compile-time parameters: element type, head dim (= value head dim), the activation's CuTe form,
     key tile and number of K/V stages."""
 
-    def __init__(self, dtype, head_dim: int, activation: Callable, tile_n: int = 128, kv_stages: int = 2):
+    def __init__(
+        self, dtype, head_dim: int, activation: Callable, times_half_scale: bool = False, tile_n: int = 128,
+        kv_stages: int = 2, pingpong: bool = True,
+    ):
         self.dtype = dtype
         self.head_dim = head_dim
         self.activation = activation
+        self.times_half_scale = times_half_scale
         self.num_mma_wg = 2
         self.tile_m = _WG_ROWS * self.num_mma_wg
         self.tile_n = tile_n
         self.kv_stages = kv_stages
+        self.pingpong = pingpong
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
         # the producer keeps 24 registers so the consumers can take 240 (24·128 + 240·256 <= 64K)
         self.regs_producer = 24
         self.regs_consumer = 240
         self.consumer_barrier_id = 1
         self.epilogue_barrier_id = 2
+        # one named barrier per consumer warpgroup: its turn to issue matmuls (ping-pong)
+        self.schedule_barrier_base = 3
 
     @cute.jit
     def __call__(
@@ -216,38 +223,45 @@ class GdpaFwdSm90:
             tScS = qk_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
             tOsO_mma = pv_thr.partition_C(sO[None, None, 0])
             ragged_cols = nk - (n_tiles - 1) * self.tile_n
+            o_scale = post_scale
+            if cutlass.const_expr(self.times_half_scale):
+                o_scale = post_scale * (0.5 * scale)
             acc_s = qk_thr.make_fragment_C(s_shape)
             r_p = operand_a_like(acc_s, pv_mma, self.dtype)
 
+            if cutlass.const_expr(self.pingpong):
+                # the first consumer warpgroup takes the first turn
+                if wg_idx == 1:
+                    cute.arch.barrier_arrive(barrier_id=self.schedule_barrier_base, number_of_threads=2 * _WG_THREADS)
             for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
                 m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
                 acc_o.fill(0.0)
                 q_handle = q_consumer.wait_and_advance()
 
                 # S_0, then per key tile j: issue S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j back to back; the
-                # activation of S_{j+1} runs while P_j V_j is still on the tensor cores.
+                # activation of S_{j+1} runs while P_j V_j is still on the tensor cores. Only the last key tile
+                # masks its columns past Nk, so the loop is peeled: no per-score mask in the steady state.
                 k_handle = k_consumer.wait_and_advance()
                 warpgroup.fence()
                 fresh_gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 k_handle.release()
-                self._activate(acc_s, tScS, 0, n_tiles, ragged_cols, scale, slope)
+                first_limit = self.tile_n
+                if n_tiles == 1:
+                    first_limit = ragged_cols
+                self._activate(acc_s, tScS, first_limit, scale, slope, True)
                 store_operand_a(acc_s, r_p)
-                for j in cutlass.range(n_tiles - 1, unroll=1):
-                    k_handle = k_consumer.wait_and_advance()
-                    warpgroup.fence()
-                    fresh_gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
-                    warpgroup.commit_group()
-                    v_handle = v_consumer.wait_and_advance()
-                    fresh_gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    k_handle.release()
-                    self._activate(acc_s, tScS, j + 1, n_tiles, ragged_cols, scale, slope)
-                    warpgroup.wait_group(0)
-                    v_handle.release()
-                    store_operand_a(acc_s, r_p)
+                for _ in cutlass.range(n_tiles - 2, unroll=1):
+                    k_consumer, v_consumer = self._next_key_tile(
+                        k_consumer, v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, tSrQ, tSrK, tOrV, tScS,
+                        self.tile_n, scale, slope, wg_idx, False,
+                    )
+                if n_tiles > 1:
+                    k_consumer, v_consumer = self._next_key_tile(
+                        k_consumer, v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, tSrQ, tSrK, tOrV, tScS,
+                        ragged_cols, scale, slope, wg_idx, True,
+                    )
                 # every Q Kᵀ of this tile is done: the producer may load the next tile's Q
                 q_handle.release()
                 v_handle = v_consumer.wait_and_advance()
@@ -257,33 +271,78 @@ class GdpaFwdSm90:
                 warpgroup.wait_group(0)
                 v_handle.release()
 
-                # epilogue: O into this warpgroup's rows of the O tile once the previous tile's store has
-                # read it, then one TMA store of the tile, left to drain while the next tile computes
                 r_o = cute.make_fragment_like(acc_o, self.dtype)
-                r_o.store((acc_o.load() * post_scale).to(self.dtype))
-                if warp_idx == _WG_THREADS // 32:
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                pipeline.arrive_and_wait(barrier_id=self.epilogue_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
-                cute.autovec_copy(r_o, tOsO_mma)
-                cute.arch.fence_proxy("async.shared", space="cta")
-                pipeline.arrive_and_wait(barrier_id=self.consumer_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
-                if warp_idx == _WG_THREADS // 32:
-                    tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(mO[None, None, h, z], (self.tile_m, d), (None, 0)))
-                    cute.copy(tma_o, tOsO[(None, 0)], tOgO[(None, m_blk)])
-                    cute.arch.cp_async_bulk_commit_group()
+                r_o.store((acc_o.load() * o_scale).to(self.dtype))
+                self._store_o(r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx)
             if warp_idx == _WG_THREADS // 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _activate(self, acc_s, tScS, tile, n_tiles, ragged_cols, scale, slope):
-        """P = act(scale · S) in place; on the last key tile, columns past Nk are set to 0."""
+    def _store_o(self, r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx):
+        """O into this warpgroup's rows of the O tile once the previous tile's store has read it, then one
+        TMA store of the whole tile, left to drain while the next tile computes."""
+        d = self.head_dim
+        if warp_idx == _WG_THREADS // 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        pipeline.arrive_and_wait(barrier_id=self.epilogue_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
+        cute.autovec_copy(r_o, tOsO_mma)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        pipeline.arrive_and_wait(barrier_id=self.consumer_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
+        if warp_idx == _WG_THREADS // 32:
+            tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(mO[None, None, h, z], (self.tile_m, d), (None, 0)))
+            cute.copy(tma_o, tOsO[(None, 0)], tOgO[(None, m_blk)])
+            cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def _schedule_wait(self, wg_idx):
+        """Waits for this consumer warpgroup's turn to issue its matmuls: while one warpgroup's pair runs on
+        the tensor cores, the other computes its activation (FA3's ping-pong)."""
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=self.schedule_barrier_base + wg_idx - 1, number_of_threads=2 * _WG_THREADS)
+
+    @cute.jit
+    def _schedule_pass(self, wg_idx):
+        """Hands the turn to the next consumer warpgroup."""
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier_arrive(
+                barrier_id=self.schedule_barrier_base + wg_idx % self.num_mma_wg, number_of_threads=2 * _WG_THREADS
+            )
+
+    @cute.jit
+    def _next_key_tile(
+        self, k_consumer, v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, tSrQ, tSrK, tOrV, tScS, limit, scale,
+        slope, wg_idx, masked: cutlass.Constexpr,
+    ):
+        """One step of the main loop: S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j issued back to back, then
+        P_{j+1} = act(S_{j+1}) while P_j V_j runs."""
+        k_handle = k_consumer.wait_and_advance()
+        self._schedule_wait(wg_idx)
+        warpgroup.fence()
+        fresh_gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
+        warpgroup.commit_group()
+        v_handle = v_consumer.wait_and_advance()
+        fresh_gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
+        warpgroup.commit_group()
+        self._schedule_pass(wg_idx)
+        warpgroup.wait_group(1)
+        k_handle.release()
+        self._activate(acc_s, tScS, limit, scale, slope, masked)
+        warpgroup.wait_group(0)
+        v_handle.release()
+        store_operand_a(acc_s, r_p)
+        # the pipelines' read positions moved: handed back so the caller rebinds them as loop-carried locals
+        return k_consumer, v_consumer
+
+    @cute.jit
+    def _activate(self, acc_s, tScS, limit, scale, slope, masked: cutlass.Constexpr):
+        """P = act(scale · S) in place; ``masked``: columns at or past ``limit`` (keys past Nk) are set to 0,
+        by a select per score (an ``if`` would carry the whole fragment through both branches, and that
+        register pressure makes ptxas serialize every wgmma of the kernel)."""
         for i in cutlass.range_constexpr(cute.size(acc_s)):
-            acc_s[i] = self.activation(acc_s[i] * scale, slope)
-        if tile == n_tiles - 1:
-            if ragged_cols < self.tile_n:
-                for i in cutlass.range_constexpr(cute.size(acc_s)):
-                    if tScS[i][1] >= ragged_cols:
-                        acc_s[i] = cutlass.Float32(0.0)
+            p = self.activation(acc_s[i], scale, slope)
+            if cutlass.const_expr(masked):
+                p = p if tScS[i][1] < limit else cutlass.Float32(0.0)
+            acc_s[i] = p
 
     def _tiled_mmas(self):
         """(S = Q Kᵀ from shared memory, O += P V with P from registers), one wgmma atom per consumer
