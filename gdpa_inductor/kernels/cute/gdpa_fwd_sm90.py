@@ -8,9 +8,13 @@ static round robin (every tile costs the same in a dense batch); three warpgroup
 - two consumer warpgroups, 64 query rows each, one tiled MMA over both: S = Q Kᵀ by wgmma from shared
   memory, the activation on the fp32 accumulator, then O += P V by wgmma with P taken straight from
   registers (no shared-memory round trip for P). S_{j+1} is issued right before P_j V_j, so the activation
-  of tile j+1 runs while tile j's second matmul is on the tensor cores.
+  of tile j+1 runs while tile j's second matmul is on the tensor cores. With ``pingpong`` the two warpgroups
+  also take turns issuing those matmuls (named barriers, FA3's scheme), so one's activation runs under the
+  other's matmuls. The forward is bound by the activation's arithmetic, not by the tensor cores, so the
+  activation forms fold the scale into their constants (``activation_math.forward_form``).
 No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and the
-last key tile's padded columns are masked to P = 0, so a non-finite query cannot leak NaN from them. The
+last key tile's padded columns are masked to P = 0 (in a peeled last step: the steady-state loop has no
+mask), so a non-finite query cannot leak NaN from them. The
 epilogue scales O once, writes it to its own shared-memory tile (each warpgroup its own rows) and stores it
 with one TMA copy, which clips rows past Nq; the copy drains while the next tile computes.
 """
@@ -47,8 +51,9 @@ def _tma_part(atom, s, g):
 
 
 class GdpaFwdSm90:
-    """Compile-time parameters: element type, head dim (= value head dim), the activation's CuTe form,
-    key tile and number of K/V stages."""
+    """Compile-time parameters: element type, head dim (= value head dim), the activation's forward form
+    (``activation_math.forward_form``) and whether it returns act / (scale / 2), key tile, number of K/V
+    stages, ping-pong."""
 
     def __init__(
         self, dtype, head_dim: int, activation: Callable, times_half_scale: bool = False, tile_n: int = 128,
