@@ -18,6 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
+from bench_gdpa import warm_up_gpu  # beside this file
 
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, compile_fwd, fwd_supported, gdpa_fwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference
@@ -161,6 +162,7 @@ def main():
     print("compile", time.time() - t, flush=True)
     ok = True if args.skip_check else correctness(rows)
     print("CORRECT" if ok else "MISMATCH", flush=True)
+    warm_up_gpu(3.0)
     timing(rows, args.batch, args.heads, args.activation)
     if args.out:
         with open(args.out + ".json", "w") as f:

@@ -35,6 +35,23 @@ def test_cute_forward_matches_float64(case, cute_backend):
     assert rel_error(out, ref) <= 2 * rel_error(eager_gdpa(q, k, v, act, scale, post), ref) + FLOOR
 
 
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
+@pytest.mark.parametrize(
+    ("magnitude", "scale"), [(0.2, None), (3.0, None), (1.0, 1.0)], ids=["small", "large", "unscaled"]
+)
+def test_cute_forward_packed_forms_across_score_ranges(act, magnitude, scale, cute_backend):
+    """bf16 gelu_tanh and silu run on bf16x2 pairs (tanh argument and P rounded to bf16): their error stays
+    within 2x eager's where the scores are small, large, and unscaled (scale 1: scores of tens)."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(2, 4, 512, 128, device="cuda", dtype=torch.bfloat16, generator=gen) * magnitude
+    k = torch.randn(2, 4, 700, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(2, 4, 700, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    scale = 128**-0.5 if scale is None else scale
+    ref = gdpa_reference(q.double(), k.double(), v.double(), None, act, scale, 1e-3)
+    out = gdpa(q, k, v, activation=act, scale=scale, post_scale=1e-3)
+    assert rel_error(out, ref) <= 2 * rel_error(eager_gdpa(q, k, v, act, scale, 1e-3), ref) + FLOOR
+
+
 @pytest.mark.parametrize("act", ["relu", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("nk", [200, 600])
 def test_cute_forward_nonfinite_like_eager_pattern(act, nk, cute_backend):

@@ -3,7 +3,8 @@ tensors): every activation at D=128 and a subset at D=64 (the forward with and w
 whose activation forms differ; the backward in both its dQ forms: summed in an fp32 buffer, or in place in
 the operands' dtype), each checked for wgmma (every matmul), TMA loads and stores (and the backward's TMA
 reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split), tanh.approx
-for the tanh-based activations, no register spills in ptxas's report, and no "wgmma serialized" warning
+for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
+gelu_tanh and silu, f32 elsewhere), no register spills in ptxas's report, and no "wgmma serialized" warning
 (ptxas then waits after every wgmma, which cost the forward 5-10%). Backward activations whose
 (value, derivative) form still spills a few words are marked as strict expected failures: the day they
 stop spilling the test says so.
@@ -24,10 +25,11 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
+from gdpa_inductor.kernels.cute.activation_math import PACKED_BF16_ACTIVATIONS  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS  # noqa: E402
 
 CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh"), (64, "relu")]
-# the forward's other forms: without ping-pong (short key ranges), fp16 (activations without the folded scale)
+# the forward's other forms: without ping-pong (short key ranges), fp16 (fp32 activation forms, not packed)
 FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, "gelu_tanh"), ("fwd_no_pingpong", 64, "silu"),
                      ("fwd_fp16", 128, "gelu_tanh"), ("fwd_fp16", 128, "silu")]
 FWD_CASES = [("fwd", *c) for c in CASES] + FWD_VARIANT_CASES
@@ -64,10 +66,9 @@ def test_cute_fwd_compiles_for_sm90a(case, reports):
     assert r["setmaxnreg"] == 2, "producer gives registers away, consumers take them"
     # ping-pong: each consumer warpgroup waits for its turn and hands it on through named barriers
     assert (r["named_barrier_arrives"] > 0) == (case[0] != "fwd_no_pingpong"), r
-    if case[2] in TANH_BASED:
-        assert r["tanh_approx"] > 0, f"{case[2]} should use tanh.approx.f32"
-    else:
-        assert r["tanh_approx"] == 0
+    packed = case[0] != "fwd_fp16" and case[2] in PACKED_BF16_ACTIVATIONS
+    assert (r["tanh_approx_bf16x2"] > 0) == packed and (r["fma_bf16x2"] > 0) == packed, r
+    assert (r["tanh_approx"] > 0) == (case[2] in TANH_BASED and not packed), r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 
@@ -123,6 +124,8 @@ def _compile_all(cases) -> list[dict]:
             stmatrix=ptx.count("stmatrix"),
             setmaxnreg=ptx.count("setmaxnreg."),
             tanh_approx=ptx.count("tanh.approx.f32"),
+            tanh_approx_bf16x2=ptx.count("tanh.approx.bf16x2"),
+            fma_bf16x2=ptx.count("fma.rn.bf16x2"),
             spill_stores=sum(int(s) for s, _ in spills),
             spill_loads=sum(int(x) for _, x in spills),
             wgmma_serialized="wgmma.mma_async instructions are serialized" in log,

@@ -18,7 +18,7 @@ from ..triton.gdpa_fwd_tma import capability_major, tma_layout
 from ..triton.layout import as_4d
 from .compile_cache import cached_compile
 
-# Head dims whose Q tile plus four K/V stages fit in shared memory with 128x128 tiles.
+# Head dims whose two Q stages, four K/V stages and O tile fit in shared memory with 128x128 tiles.
 SUPPORTED_HEAD_DIMS = (64, 128)
 # every activation of the table has a CuTe form (activation_math.py, same names)
 SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES
@@ -123,8 +123,8 @@ def compile_fwd(
         element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
         args = operands if operands is not None else _fake_operands(element, 4)
         one = cutlass.Float32(1.0)
-        form, times_half_scale = activation_math.forward_form(activation, element is cutlass.BFloat16)
-        kernel = GdpaFwdSm90(element, head_dim, form, times_half_scale=times_half_scale, pingpong=pingpong)
+        form = activation_math.forward_form(activation, element is cutlass.BFloat16)
+        kernel = GdpaFwdSm90(element, head_dim, form, pingpong=pingpong)
         return cute.compile(
             kernel, *args, one, one, one, cutlass.Int32(1), make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
         )

@@ -2,16 +2,20 @@
 
 Persistent: one CTA per SM walks the (128-row query tile, head, sample) tiles, query tiles fastest, in a
 static round robin (every tile costs the same in a dense batch); three warpgroups:
-- a producer warpgroup that gives its registers away and issues the TMA loads: per tile the Q tile, then
-  the K and V tiles into two rings of shared-memory stages. It runs ahead into the next tile: its Q and
-  first K/V tiles load while the consumers finish the last P·V and the epilogue of the current one;
+- a producer warpgroup that gives its registers away and issues the TMA loads: per tile the Q tile into a
+  ring of two stages (one for the fp32 forms with ping-pong at D=128, which would spill), then the K and V
+  tiles into two rings of their own. It runs ahead into the next tile:
+  its Q and first K/V tiles load while the consumers still work on the current one (with two key tiles per
+  query tile, a single Q stage left the consumers waiting for Q at every tile);
 - two consumer warpgroups, 64 query rows each, one tiled MMA over both: S = Q Kᵀ by wgmma from shared
   memory, the activation on the fp32 accumulator, then O += P V by wgmma with P taken straight from
   registers (no shared-memory round trip for P). S_{j+1} is issued right before P_j V_j, so the activation
   of tile j+1 runs while tile j's second matmul is on the tensor cores. With ``pingpong`` the two warpgroups
   also take turns issuing those matmuls (named barriers, FA3's scheme), so one's activation runs under the
   other's matmuls. The forward is bound by the activation's arithmetic, not by the tensor cores, so the
-  activation forms fold the scale into their constants (``activation_math.forward_form``).
+  activation forms fold the scale into their constants, and in bf16 gelu_tanh and silu run two scores per
+  instruction on bf16x2 registers, their last step writing P straight into the P·V operand
+  (``activation_math.forward_form``).
 No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and the
 last key tile's padded columns are masked to P = 0 (in a peeled last step: the steady-state loop has no
 mask), so a non-finite query cannot leak NaN from them. The
@@ -31,6 +35,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from .activation_math import PackedForm, fma_bf16x2, pack_bf16x2, tanh_bf16x2
 from .wgmma import fresh_gemm, operand_a_like, store_operand_a
 
 # wgmma's M per warpgroup
@@ -52,21 +57,28 @@ def _tma_part(atom, s, g):
 
 class GdpaFwdSm90:
     """Compile-time parameters: element type, head dim (= value head dim), the activation's forward form
-    (``activation_math.forward_form``) and whether it returns act / (scale / 2), key tile, number of K/V
-    stages, ping-pong."""
+    (``activation_math.forward_form``: an fp32 form per score, or a PackedForm on bf16x2 pairs), key tile,
+    number of K/V stages, ping-pong, number of Q stages (None: two where that does not spill)."""
 
     def __init__(
-        self, dtype, head_dim: int, activation: Callable, times_half_scale: bool = False, tile_n: int = 128,
-        kv_stages: int = 2, pingpong: bool = True,
+        self, dtype, head_dim: int, activation: Callable | PackedForm, tile_n: int = 128, kv_stages: int = 2,
+        pingpong: bool = True, q_stages: int | None = None,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
         self.activation = activation
-        self.times_half_scale = times_half_scale
+        # a packed form gives act(scale · x) / (scale / 2): O takes the factor once
+        self.packed = isinstance(activation, PackedForm)
         self.num_mma_wg = 2
         self.tile_m = _WG_ROWS * self.num_mma_wg
         self.tile_n = tile_n
         self.kv_stages = kv_stages
+        # A second Q stage lets the next tile's Q load before this tile's last Q Kᵀ (short key ranges waited
+        # for Q at every tile). Its dynamic stage index costs registers: the fp32 forms with ping-pong at
+        # D=128 then spill (~104 bytes), and they gain nothing from it (three key tiles or more hide the load).
+        if q_stages is None:
+            q_stages = 1 if pingpong and head_dim >= 128 and not self.packed else 2
+        self.q_stages = q_stages
         self.pingpong = pingpong
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
         # the producer keeps 24 registers so the consumers can take 240 (24·128 + 240·256 <= 64K)
@@ -100,7 +112,10 @@ class GdpaFwdSm90:
         )
         q, k, o = mQ, mK, mO
         d = self.head_dim
-        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, 1)
+        q_smem = sm90_utils.make_smem_layout_a(
+            utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.q_stages
+        )
+        o_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, 1)
         k_smem = sm90_utils.make_smem_layout_b(
             utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.kv_stages
         )
@@ -118,19 +133,19 @@ class GdpaFwdSm90:
 
         @cute.struct
         class SharedStorage:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            q_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
             k_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             v_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
-            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(o_smem)], 1024]
 
         self.shared_storage = SharedStorage
         num_m = cute.ceil_div(q.shape[0], self.tile_m)
         self.kernel(
             tma_q, tq, tma_k, tk, tma_v, tv, tma_o, to,
-            scale, post_scale, slope, q_smem, k_smem, v_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],
+            scale, post_scale, slope, q_smem, k_smem, v_smem, o_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],
         ).launch(
             grid=[num_ctas, 1, 1],
             block=[self.threads, 1, 1],
@@ -156,6 +171,7 @@ class GdpaFwdSm90:
         q_smem: cute.ComposedLayout,
         k_smem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
+        o_smem: cute.ComposedLayout,
         num_m: cutlass.Int32,
         num_q_heads: cutlass.Int32,
         group: cutlass.Int32,
@@ -172,7 +188,7 @@ class GdpaFwdSm90:
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
         q_producer, q_consumer = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
             consumer_group=consumer_warps, tx_count=self.q_bytes, defer_sync=True,
         ).make_participants()
         # K and V in separate rings: the consumers take K_{j+1} before V_j
@@ -188,7 +204,7 @@ class GdpaFwdSm90:
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
         sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
-        sO = storage.sO.get_tensor(q_smem.outer, swizzle=q_smem.inner)
+        sO = storage.sO.get_tensor(o_smem.outer, swizzle=o_smem.inner)
 
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1, 1), is_relaxed=True)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
@@ -208,7 +224,7 @@ class GdpaFwdSm90:
                     tKsK, tKgK = _tma_part(tma_k, sK, cute.local_tile(mK[None, None, hk, z], (self.tile_n, d), (None, 0)))
                     tVsV, tVgV = _tma_part(tma_v, sV, cute.local_tile(mV[None, None, hk, z], (d, self.tile_n), (0, None)))
                     handle = q_producer.acquire_and_advance()
-                    cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, 0)], tma_bar_ptr=handle.barrier)
+                    cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
                     for j in cutlass.range(n_tiles, unroll=1):
                         handle = k_producer.acquire_and_advance()
                         cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
@@ -229,10 +245,14 @@ class GdpaFwdSm90:
             tOsO_mma = pv_thr.partition_C(sO[None, None, 0])
             ragged_cols = nk - (n_tiles - 1) * self.tile_n
             o_scale = post_scale
-            if cutlass.const_expr(self.times_half_scale):
+            consts = None
+            if cutlass.const_expr(self.packed):
                 o_scale = post_scale * (0.5 * scale)
+                consts = self.activation.constants(scale)
             acc_s = qk_thr.make_fragment_C(s_shape)
             r_p = operand_a_like(acc_s, pv_mma, self.dtype)
+            # packed forms: x and tanh(u) per pair of scores, held until P_j V_j has read P_j
+            pairs = cute.make_rmem_tensor((cute.size(acc_s) // 2, 2), cutlass.Int32)
 
             if cutlass.const_expr(self.pingpong):
                 # the first consumer warpgroup takes the first turn
@@ -248,24 +268,25 @@ class GdpaFwdSm90:
                 # masks its columns past Nk, so the loop is peeled: no per-score mask in the steady state.
                 k_handle = k_consumer.wait_and_advance()
                 warpgroup.fence()
-                fresh_gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
+                rQ = tSrQ[None, None, None, q_handle.index]
+                fresh_gemm(qk_mma, acc_s, rQ, tSrK[None, None, None, k_handle.index], False)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 k_handle.release()
                 first_limit = self.tile_n
                 if n_tiles == 1:
                     first_limit = ragged_cols
-                self._activate(acc_s, tScS, first_limit, scale, slope, True)
-                store_operand_a(acc_s, r_p)
+                self._activate(acc_s, pairs, tScS, first_limit, scale, slope, consts, True)
+                self._write_p(acc_s, pairs, r_p)
                 for _ in cutlass.range(n_tiles - 2, unroll=1):
                     k_consumer, v_consumer = self._next_key_tile(
-                        k_consumer, v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, tSrQ, tSrK, tOrV, tScS,
-                        self.tile_n, scale, slope, wg_idx, False,
+                        k_consumer, v_consumer, qk_mma, pv_mma, acc_s, pairs, acc_o, r_p, rQ, tSrK, tOrV, tScS,
+                        self.tile_n, scale, slope, consts, wg_idx, False,
                     )
                 if n_tiles > 1:
                     k_consumer, v_consumer = self._next_key_tile(
-                        k_consumer, v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, tSrQ, tSrK, tOrV, tScS,
-                        ragged_cols, scale, slope, wg_idx, True,
+                        k_consumer, v_consumer, qk_mma, pv_mma, acc_s, pairs, acc_o, r_p, rQ, tSrK, tOrV, tScS,
+                        ragged_cols, scale, slope, consts, wg_idx, True,
                     )
                 # every Q Kᵀ of this tile is done: the producer may load the next tile's Q
                 q_handle.release()
@@ -315,15 +336,15 @@ class GdpaFwdSm90:
 
     @cute.jit
     def _next_key_tile(
-        self, k_consumer, v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, tSrQ, tSrK, tOrV, tScS, limit, scale,
-        slope, wg_idx, masked: cutlass.Constexpr,
+        self, k_consumer, v_consumer, qk_mma, pv_mma, acc_s, pairs, acc_o, r_p, rQ, tSrK, tOrV, tScS, limit,
+        scale, slope, consts, wg_idx, masked: cutlass.Constexpr,
     ):
         """One step of the main loop: S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j issued back to back, then
         P_{j+1} = act(S_{j+1}) while P_j V_j runs."""
         k_handle = k_consumer.wait_and_advance()
         self._schedule_wait(wg_idx)
         warpgroup.fence()
-        fresh_gemm(qk_mma, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_handle.index], False)
+        fresh_gemm(qk_mma, acc_s, rQ, tSrK[None, None, None, k_handle.index], False)
         warpgroup.commit_group()
         v_handle = v_consumer.wait_and_advance()
         fresh_gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
@@ -331,23 +352,47 @@ class GdpaFwdSm90:
         self._schedule_pass(wg_idx)
         warpgroup.wait_group(1)
         k_handle.release()
-        self._activate(acc_s, tScS, limit, scale, slope, masked)
+        self._activate(acc_s, pairs, tScS, limit, scale, slope, consts, masked)
         warpgroup.wait_group(0)
         v_handle.release()
-        store_operand_a(acc_s, r_p)
+        self._write_p(acc_s, pairs, r_p)
         # the pipelines' read positions moved: handed back so the caller rebinds them as loop-carried locals
         return k_consumer, v_consumer
 
     @cute.jit
-    def _activate(self, acc_s, tScS, limit, scale, slope, masked: cutlass.Constexpr):
-        """P = act(scale · S) in place; ``masked``: columns at or past ``limit`` (keys past Nk) are set to 0,
-        by a select per score (an ``if`` would carry the whole fragment through both branches, and that
-        register pressure makes ptxas serialize every wgmma of the kernel)."""
-        for i in cutlass.range_constexpr(cute.size(acc_s)):
-            p = self.activation(acc_s[i], scale, slope)
-            if cutlass.const_expr(masked):
-                p = p if tScS[i][1] < limit else cutlass.Float32(0.0)
-            acc_s[i] = p
+    def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts, masked: cutlass.Constexpr):
+        """P = act(scale · S): in place for an fp32 form; for a packed form, per pair of scores x in bf16x2
+        and tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). ``masked``: columns at or past ``limit`` (keys
+        past Nk) give P = 0, by a select per score (an ``if`` would carry the whole fragment through both
+        branches, and that register pressure makes ptxas serialize every wgmma of the kernel); a packed form
+        selects its input, as its act(0) = 0."""
+        if cutlass.const_expr(self.packed):
+            for i in cutlass.range_constexpr(cute.size(acc_s) // 2):
+                x0, x1 = acc_s[2 * i], acc_s[2 * i + 1]
+                if cutlass.const_expr(masked):
+                    x0 = x0 if tScS[2 * i][1] < limit else cutlass.Float32(0.0)
+                    x1 = x1 if tScS[2 * i + 1][1] < limit else cutlass.Float32(0.0)
+                x = pack_bf16x2(x0, x1)
+                pairs[i, 0] = x
+                pairs[i, 1] = tanh_bf16x2(self.activation.argument(x, consts))
+        else:
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                p = self.activation(acc_s[i], scale, slope)
+                if cutlass.const_expr(masked):
+                    p = p if tScS[i][1] < limit else cutlass.Float32(0.0)
+                acc_s[i] = p
+
+    @cute.jit
+    def _write_p(self, acc_s, pairs, r_p):
+        """P into the P·V operand registers once the previous P·V has read them: a conversion of the fp32
+        form's values, or a packed form's P = x + x tanh(u), two scores per instruction."""
+        if cutlass.const_expr(self.packed):
+            # the operand seen through the accumulator's layout, two bf16 per 32-bit register
+            r_p32 = cute.recast_tensor(cute.make_tensor(r_p.iterator, acc_s.layout), cutlass.Int32)
+            for i in cutlass.range_constexpr(cute.size(acc_s) // 2):
+                r_p32[i] = fma_bf16x2(pairs[i, 0], pairs[i, 1], pairs[i, 0])
+        else:
+            store_operand_a(acc_s, r_p)
 
     def _tiled_mmas(self):
         """(S = Q Kᵀ from shared memory, O += P V with P from registers), one wgmma atom per consumer
