@@ -4,9 +4,9 @@ Persistent: one CTA per SM walks the (128-row query tile, head, sample) tiles, q
 static round robin (every tile costs the same in a dense batch); three warpgroups:
 - a producer warpgroup that gives its registers away and issues the TMA loads: per tile the Q tile into a
   ring of two stages (one for the fp32 forms with ping-pong at D=128, which would spill), then the K and V
-  tiles into two rings of their own. It runs ahead into the next tile:
-  its Q and first K/V tiles load while the consumers still work on the current one (with two key tiles per
-  query tile, a single Q stage left the consumers waiting for Q at every tile);
+  tiles into two rings of their own. It runs ahead into the next tile: its Q and first K/V tiles load while
+  the consumers still work on the current one (with two key tiles per query tile, a single Q stage left the
+  consumers waiting for Q at every tile);
 - two consumer warpgroups, 64 query rows each, one tiled MMA over both: S = Q Kᵀ by wgmma from shared
   memory, the activation on the fp32 accumulator, then O += P V by wgmma with P taken straight from
   registers (no shared-memory round trip for P). S_{j+1} is issued right before P_j V_j, so the activation
