@@ -184,10 +184,10 @@ _PACKED_BF16 = {
 PACKED_BF16_ACTIVATIONS = frozenset(_PACKED_BF16)
 
 
-def forward_form(name: str, bf16: bool, packed: bool = True):
+def forward_form(name: str, bf16: bool):
     """The forward's per-score form of activation ``name``: a PackedForm for bf16 gelu_tanh and silu (O must
     then be multiplied by scale / 2), otherwise the fp32 form act(scale · x)."""
-    if bf16 and packed and name in _PACKED_BF16:
+    if bf16 and name in _PACKED_BF16:
         return _PACKED_BF16[name]
     return globals()[name]
 

@@ -75,7 +75,8 @@ class GdpaFwdSm90:
         self.kv_stages = kv_stages
         # A second Q stage lets the next tile's Q load before this tile's last Q Kᵀ (short key ranges waited
         # for Q at every tile). Its dynamic stage index costs registers: the fp32 forms with ping-pong at
-        # D=128 then spill (~104 bytes), and they gain nothing from it (three key tiles or more hide the load).
+        # D=128 then spill (~104 bytes), so they keep one (ping-pong means three key tiles or more, where
+        # gelu_tanh at 2048² measured no gain from the second stage).
         if q_stages is None:
             q_stages = 1 if pingpong and head_dim >= 128 and not self.packed else 2
         self.q_stages = q_stages
