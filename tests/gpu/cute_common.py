@@ -1,6 +1,8 @@
 """What the CuTe-DSL GPU tests share (their fixture ``cute_backend`` is in conftest.py): the skip marks, the
 eager math, the relative error and the cases
-(every activation at a ragged 300x300, fp16, GQA 8->2 and 4->1, D 64 and 128, 1x17, 17x2048)."""
+(every activation at a ragged 300x300, fp16, GQA 8->2 and 4->1, D 64 and 128, 1x17, 17x2048, and batches of more
+query tiles than SMs, where each CTA runs several tiles and the steps cross from one tile to the next: key
+counts of one and two key tiles, ragged and exact)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ CASES = [("bf16", act, 2, 4, 4, 300, 300, 128) for act in SUPPORTED_ACTIVATIONS]
     ("bf16", "silu", 3, 4, 4, 1, 17, 64),
     ("bf16", "gelu_tanh", 2, 4, 1, 2048, 2048, 64),
     ("bf16", "sigmoid", 1, 2, 2, 17, 2048, 128),
+    ("bf16", "gelu_tanh", 40, 4, 4, 512, 256, 128),
+    ("bf16", "silu", 60, 4, 2, 200, 100, 128),
+    ("bf16", "relu", 40, 4, 4, 300, 200, 64),
+    ("bf16", "gelu_tanh", 300, 1, 1, 64, 128, 64),
+    ("fp16", "sigmoid", 30, 4, 4, 384, 640, 128),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

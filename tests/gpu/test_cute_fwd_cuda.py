@@ -68,13 +68,17 @@ def test_cute_forward_nonfinite_like_eager_pattern(act, nk, cute_backend):
 
 @pytest.mark.parametrize("act", ["gelu_tanh", "silu", "relu"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_cute_forward_pingpong_changes_no_bit(act, dtype):
-    """Ping-pong only orders when each consumer warpgroup issues its matmuls: with and without it the
-    forward gives the same bits (a race in the turns or the peeled last key tile would show here)."""
+@pytest.mark.parametrize("nk", [1000, 1024], ids=["ragged", "exact"])
+def test_cute_forward_schedules_change_no_bit(act, dtype, nk):
+    """Ping-pong only orders when each consumer warpgroup issues its matmuls, and a split O store only who
+    stores which rows: all four schedules give the same bits, with several tiles per CTA (a race in the turns,
+    the stores or the steps that cross into the next tile would show here)."""
     gen = torch.Generator(device="cuda").manual_seed(2)
-    q = torch.randn(3, 4, 700, 128, device="cuda", dtype=dtype, generator=gen)
-    k = torch.randn(3, 4, 1000, 128, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(3, 4, 1000, 128, device="cuda", dtype=dtype, generator=gen)
-    turns = gdpa_fwd_cute(q, k, v, act, 128**-0.5, 1e-3, 0.01, pingpong=True)
-    plain = gdpa_fwd_cute(q, k, v, act, 128**-0.5, 1e-3, 0.01, pingpong=False)
-    assert torch.isfinite(turns).all() and torch.equal(turns, plain)
+    q = torch.randn(30, 4, 700, 128, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(30, 4, nk, 128, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(30, 4, nk, 128, device="cuda", dtype=dtype, generator=gen)
+    outs = [gdpa_fwd_cute(q, k, v, act, 128**-0.5, 1e-3, 0.01, pingpong=pp, split_store=split)
+            for pp in (True, False) for split in (True, False)]
+    assert torch.isfinite(outs[0]).all()
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])

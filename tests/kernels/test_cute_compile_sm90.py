@@ -1,6 +1,7 @@
 """The CuTe-DSL Hopper forward and backward compile for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake
-tensors): every activation at D=128 and a subset at D=64 (the forward with and without ping-pong and in fp16,
-whose activation forms differ; the backward in both its dQ forms: summed in an fp32 buffer, or in place in
+tensors): every activation at D=128 and a subset at D=64 (the forward in the schedule each head dim takes, in
+the two others, for key counts that are a multiple of the key tile (no mask) and in fp16, whose activation
+forms differ; the backward in both its dQ forms: summed in an fp32 buffer, or in place in
 the operands' dtype), each checked for wgmma (every matmul), TMA loads and stores (and the backward's TMA
 reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split), tanh.approx
 for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
@@ -26,13 +27,22 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 from gdpa_inductor.kernels.cute.activation_math import PACKED_BF16_ACTIVATIONS  # noqa: E402
-from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, fwd_schedule  # noqa: E402
 
 CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh"), (64, "relu")]
-# the forward's other forms: without ping-pong (short key ranges), fp16 (fp32 activation forms, not packed)
-# (without ping-pong every form takes two Q stages: sigmoid is the fp32 form that spilled with them and ping-pong)
-FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, "gelu_tanh"), ("fwd_no_pingpong", 64, "silu"),
-                     ("fwd_no_pingpong", 128, "sigmoid"), ("fwd_fp16", 128, "gelu_tanh"), ("fwd_fp16", 128, "silu")]
+# compile_fwd's arguments per forward kind: "fwd" is the schedule the launcher takes for the head dim, with the
+# mask of keys past Nk; the others are D=128's two other schedules, Nk a multiple of the key tile, fp16
+FWD_KINDS = {
+    "fwd": {},
+    "fwd_no_pingpong": dict(pingpong=False, split_store=False),
+    "fwd_shared_store": dict(pingpong=True, split_store=False),
+    "fwd_exact_keys": dict(mask_keys=False),
+    "fwd_fp16": {},
+}
+FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, "gelu_tanh"), ("fwd_no_pingpong", 128, "sigmoid"),
+                     ("fwd_shared_store", 128, "gelu_tanh"), ("fwd_shared_store", 128, "relu"),
+                     ("fwd_exact_keys", 128, "gelu_tanh"), ("fwd_exact_keys", 128, "relu"),
+                     ("fwd_exact_keys", 64, "gelu_tanh"), ("fwd_fp16", 128, "gelu_tanh"), ("fwd_fp16", 128, "silu")]
 FWD_CASES = [("fwd", *c) for c in CASES] + FWD_VARIANT_CASES
 BWD_CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh")]
 # measured with cutlass-dsl 4.8.1: 4 to 148 bytes of spills in the consumers' (value, derivative) pass
@@ -66,12 +76,23 @@ def test_cute_fwd_compiles_for_sm90a(case, reports):
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/K/V loads and the O store go through TMA"
     assert r["setmaxnreg"] == 2, "producer gives registers away, consumers take them"
     # ping-pong: each consumer warpgroup waits for its turn and hands it on through named barriers
-    assert (r["named_barrier_arrives"] > 0) == (case[0] != "fwd_no_pingpong"), r
+    pingpong = FWD_KINDS[case[0]].get("pingpong", fwd_schedule(case[1])[0])
+    assert (r["named_barrier_arrives"] > 0) == pingpong, r
     packed = case[0] != "fwd_fp16" and case[2] in PACKED_BF16_ACTIVATIONS
     assert (r["tanh_approx_bf16x2"] > 0) == packed and (r["fma_bf16x2"] > 0) == packed, r
     assert (r["tanh_approx"] > 0) == (case[2] in TANH_BASED and not packed), r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
+
+
+@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] == "fwd_exact_keys"], ids=str)
+def test_cute_fwd_without_mask_selects_less(case, reports):
+    """With Nk a multiple of the key tile no step selects P = 0 per score: fewer selects than the masked kernel
+    (none at all for gelu_tanh, whose activation has no select of its own)."""
+    exact, masked = reports[case]["selp_f32"], reports[("fwd", *case[1:])]["selp_f32"]
+    assert exact < masked, (exact, masked)
+    if case[2] == "gelu_tanh":
+        assert exact == 0
 
 
 @pytest.mark.parametrize(
@@ -107,7 +128,7 @@ def _compile_all(cases) -> list[dict]:
     for kind, d, act in cases:
         if kind.startswith("fwd"):
             dtype = torch.float16 if kind == "fwd_fp16" else torch.bfloat16
-            ptx = compile_fwd(dtype, d, act, keep_ptx=True, pingpong=kind != "fwd_no_pingpong").artifacts.PTX
+            ptx = compile_fwd(dtype, d, act, keep_ptx=True, **FWD_KINDS[kind]).artifacts.PTX
         else:
             ptx = compile_bwd(torch.bfloat16, d, act, keep_ptx=True, dq_direct=kind == "bwd_dq_direct").artifacts.PTX
         with open("k.ptx", "w") as f:
@@ -127,6 +148,7 @@ def _compile_all(cases) -> list[dict]:
             tanh_approx=ptx.count("tanh.approx.f32"),
             tanh_approx_bf16x2=ptx.count("tanh.approx.bf16x2"),
             fma_bf16x2=ptx.count("fma.rn.bf16x2"),
+            selp_f32=ptx.count("selp.f32"),
             spill_stores=sum(int(s) for s, _ in spills),
             spill_loads=sum(int(x) for _, x in spills),
             wgmma_serialized="wgmma.mma_async instructions are serialized" in log,

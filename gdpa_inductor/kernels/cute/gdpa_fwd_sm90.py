@@ -62,7 +62,7 @@ class GdpaFwdSm90:
 
     def __init__(
         self, dtype, head_dim: int, activation: Callable | PackedForm, tile_n: int = 128, kv_stages: int = 2,
-        pingpong: bool = True, q_stages: int | None = None,
+        pingpong: bool = True, split_store: bool = False, mask_keys: bool = True,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -73,20 +73,20 @@ class GdpaFwdSm90:
         self.tile_m = _WG_ROWS * self.num_mma_wg
         self.tile_n = tile_n
         self.kv_stages = kv_stages
-        # A second Q stage lets the next tile's Q load before this tile's last Q Kᵀ (short key ranges waited
-        # for Q at every tile). Its dynamic stage index costs registers: the fp32 forms with ping-pong at
-        # D=128 then spill (~104 bytes), so they keep one (ping-pong means three key tiles or more, where
-        # gelu_tanh at 2048² measured no gain from the second stage).
-        if q_stages is None:
-            q_stages = 1 if pingpong and head_dim >= 128 and not self.packed else 2
-        self.q_stages = q_stages
+        # two Q stages: the next query tile's Q loads while this one's last Q Kᵀ still reads its stage
+        self.q_stages = 2
         self.pingpong = pingpong
+        # each consumer warpgroup stores its own 64 rows of O (neither waits for the other at the tile's end),
+        # or both store one 128-row tile together
+        self.split_store = split_store
+        # keys past Nk (Nk not a multiple of the key tile) masked to P = 0; without it no step pays the select
+        self.mask_keys = mask_keys
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
         # the producer keeps 24 registers so the consumers can take 240 (24·128 + 240·256 <= 64K)
         self.regs_producer = 24
         self.regs_consumer = 240
-        self.consumer_barrier_id = 1
-        self.epilogue_barrier_id = 2
+        # the O store's named barrier: one per consumer warpgroup with split stores (ids 1, 2)
+        self.store_barrier_base = 1
         # one named barrier per consumer warpgroup: its turn to issue matmuls (ping-pong)
         self.schedule_barrier_base = 3
 
@@ -116,7 +116,10 @@ class GdpaFwdSm90:
         q_smem = sm90_utils.make_smem_layout_a(
             utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.q_stages
         )
-        o_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, 1)
+        self.o_rows = _WG_ROWS if self.split_store else self.tile_m
+        o_smem = sm90_utils.make_smem_layout_a(
+            utils.LayoutEnum.ROW_MAJOR, (self.o_rows, self.tile_n, d), self.dtype, self.tile_m // self.o_rows
+        )
         k_smem = sm90_utils.make_smem_layout_b(
             utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.kv_stages
         )
@@ -128,7 +131,9 @@ class GdpaFwdSm90:
         tma_q, tq = cpasync.make_tiled_tma_atom(load, q, q_tile, (self.tile_m, d))
         tma_k, tk = cpasync.make_tiled_tma_atom(load, k, cute.slice_(k_smem, (None, None, 0)), (self.tile_n, d))
         tma_v, tv = cpasync.make_tiled_tma_atom(load, v, cute.slice_(v_smem, (None, None, 0)), (d, self.tile_n))
-        tma_o, to = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), o, q_tile, (self.tile_m, d))
+        tma_o, to = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), o, cute.slice_(o_smem, (None, None, 0)), (self.o_rows, d)
+        )
         self.q_bytes = cute.size_in_bytes(self.dtype, q_tile)
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, (None, None, 0)))
 
@@ -243,7 +248,11 @@ class GdpaFwdSm90:
             acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((self.tile_m, d)))
             s_shape = qk_thr.partition_shape_C((self.tile_m, self.tile_n))
             tScS = qk_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-            tOsO_mma = pv_thr.partition_C(sO[None, None, 0])
+            if cutlass.const_expr(self.split_store):
+                o_thr = self._tiled_mma_pv(1).get_slice(ctid % _WG_THREADS)
+                tOsO_mma = o_thr.partition_C(sO[None, None, wg_idx - 1])
+            else:
+                tOsO_mma = pv_thr.partition_C(sO[None, None, 0])
             ragged_cols = nk - (n_tiles - 1) * self.tile_n
             o_scale = post_scale
             consts = None
@@ -259,65 +268,85 @@ class GdpaFwdSm90:
                 # the first consumer warpgroup takes the first turn
                 if wg_idx == 1:
                     cute.arch.barrier_arrive(barrier_id=self.schedule_barrier_base, number_of_threads=2 * _WG_THREADS)
+            # The steps run across query tiles: S_0 of the next tile is issued with the last P·V of this one, so
+            # its activation runs under that matmul (with two key tiles, a tile alone left the first Q Kᵀ, the
+            # first activation and the last P·V exposed). Here, S_0 of this CTA's first tile (every CTA has one).
+            q_handle = q_consumer.wait_and_advance()
+            k_handle = k_consumer.wait_and_advance()
+            warpgroup.fence()
+            fresh_gemm(qk_mma, acc_s, tSrQ[None, None, None, q_handle.index], tSrK[None, None, None, k_handle.index], False)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            k_handle.release()
+            first_limit = ragged_cols if n_tiles == 1 else self.tile_n
+            self._activate(acc_s, pairs, tScS, first_limit, scale, slope, consts)
+            self._write_p(acc_s, pairs, r_p)
             for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
-                m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
+                m_blk, h, _, z = _tile_coords(tile, num_m, num_q_heads, group)
                 acc_o.fill(0.0)
-                q_handle = q_consumer.wait_and_advance()
-
-                # S_0, then per key tile j: issue S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j back to back; the
-                # activation of S_{j+1} runs while P_j V_j is still on the tensor cores. Only the last key tile
-                # masks its columns past Nk, so the loop is peeled: no per-score mask in the steady state.
-                k_handle = k_consumer.wait_and_advance()
-                warpgroup.fence()
                 rQ = tSrQ[None, None, None, q_handle.index]
-                fresh_gemm(qk_mma, acc_s, rQ, tSrK[None, None, None, k_handle.index], False)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                k_handle.release()
-                first_limit = self.tile_n
-                if n_tiles == 1:
-                    first_limit = ragged_cols
-                self._activate(acc_s, pairs, tScS, first_limit, scale, slope, consts, True)
-                self._write_p(acc_s, pairs, r_p)
-                for _ in cutlass.range(n_tiles - 2, unroll=1):
-                    k_consumer, v_consumer = self._next_key_tile(
-                        k_consumer, v_consumer, qk_mma, pv_mma, acc_s, pairs, acc_o, r_p, rQ, tSrK, tOrV, tScS,
-                        self.tile_n, scale, slope, consts, wg_idx, False,
+                # step j: S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j issued back to back, act(S_{j+1}) under P_j V_j
+                for j in cutlass.range(n_tiles - 1, unroll=1):
+                    k_handle = k_consumer.wait_and_advance()
+                    v_consumer, v_handle = self._issue_pair(
+                        v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, rQ, tSrK[None, None, None, k_handle.index],
+                        tOrV, wg_idx,
                     )
-                if n_tiles > 1:
-                    k_consumer, v_consumer = self._next_key_tile(
-                        k_consumer, v_consumer, qk_mma, pv_mma, acc_s, pairs, acc_o, r_p, rQ, tSrK, tOrV, tScS,
-                        ragged_cols, scale, slope, consts, wg_idx, True,
-                    )
-                # every Q Kᵀ of this tile is done: the producer may load the next tile's Q
+                    warpgroup.wait_group(1)
+                    k_handle.release()
+                    self._activate(acc_s, pairs, tScS, ragged_cols if j + 2 == n_tiles else self.tile_n, scale,
+                                   slope, consts)
+                    warpgroup.wait_group(0)
+                    v_handle.release()
+                    self._write_p(acc_s, pairs, r_p)
+                # every Q Kᵀ of this tile is done: the producer may load the tile after next's Q
                 q_handle.release()
-                v_handle = v_consumer.wait_and_advance()
-                warpgroup.fence()
-                fresh_gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
-                warpgroup.commit_group()
+                # the last P·V with S_0 of the next query tile. Past the last tile that Q Kᵀ still runs, on the
+                # last Q and K tiles (nothing loads over them any more): a conditional matmul would keep the old
+                # scores alive through this step (registers).
+                has_next = tile + num_ctas < num_tiles
+                if has_next:
+                    q_handle = q_consumer.wait_and_advance()
+                    k_handle = k_consumer.wait_and_advance()
+                v_consumer, v_handle = self._issue_pair(
+                    v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, tSrQ[None, None, None, q_handle.index],
+                    tSrK[None, None, None, k_handle.index], tOrV, wg_idx,
+                )
+                warpgroup.wait_group(1)
+                if has_next:
+                    k_handle.release()
+                self._activate(acc_s, pairs, tScS, first_limit, scale, slope, consts)
                 warpgroup.wait_group(0)
                 v_handle.release()
-
+                self._write_p(acc_s, pairs, r_p)
                 r_o = cute.make_fragment_like(acc_o, self.dtype)
                 r_o.store((acc_o.load() * o_scale).to(self.dtype))
-                self._store_o(r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx)
-            if warp_idx == _WG_THREADS // 32:
+                self._store_o(r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx, wg_idx)
+            if warp_idx % 4 == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _store_o(self, r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx):
-        """O into this warpgroup's rows of the O tile once the previous tile's store has read it, then one
-        TMA store of the whole tile, left to drain while the next tile computes."""
+    def _store_o(self, r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx, wg_idx):
+        """O into shared memory once the previous TMA store has read it, then one TMA store, left to drain while
+        the next tile computes: per warpgroup of its 64 rows (``split_store``), or of the whole tile."""
         d = self.head_dim
-        if warp_idx == _WG_THREADS // 32:
+        barrier, threads, stage, tile, issuer = (
+            self.store_barrier_base, self.num_mma_wg * _WG_THREADS, 0, m_blk, warp_idx == _WG_THREADS // 32
+        )
+        if cutlass.const_expr(self.split_store):
+            stage = wg_idx - 1
+            barrier, threads, tile, issuer = (
+                self.store_barrier_base + stage, _WG_THREADS, m_blk * self.num_mma_wg + stage, warp_idx % 4 == 0
+            )
+        if issuer:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-        pipeline.arrive_and_wait(barrier_id=self.epilogue_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
+        cute.arch.barrier(barrier_id=barrier, number_of_threads=threads)
         cute.autovec_copy(r_o, tOsO_mma)
         cute.arch.fence_proxy("async.shared", space="cta")
-        pipeline.arrive_and_wait(barrier_id=self.consumer_barrier_id, num_threads=self.num_mma_wg * _WG_THREADS)
-        if warp_idx == _WG_THREADS // 32:
-            tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(mO[None, None, h, z], (self.tile_m, d), (None, 0)))
-            cute.copy(tma_o, tOsO[(None, 0)], tOgO[(None, m_blk)])
+        cute.arch.barrier(barrier_id=barrier, number_of_threads=threads)
+        if issuer:
+            tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(mO[None, None, h, z], (self.o_rows, d), (None, 0)))
+            cute.copy(tma_o, tOsO[(None, stage)], tOgO[(None, tile)])
             cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
@@ -336,32 +365,22 @@ class GdpaFwdSm90:
             )
 
     @cute.jit
-    def _next_key_tile(
-        self, k_consumer, v_consumer, qk_mma, pv_mma, acc_s, pairs, acc_o, r_p, rQ, tSrK, tOrV, tScS, limit,
-        scale, slope, consts, wg_idx, masked: cutlass.Constexpr,
-    ):
-        """One step of the main loop: S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j issued back to back, then
-        P_{j+1} = act(S_{j+1}) while P_j V_j runs."""
-        k_handle = k_consumer.wait_and_advance()
+    def _issue_pair(self, v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, rQ, rK, tOrV, wg_idx):
+        """Issues S = Q Kᵀ and O += P V back to back (in this warpgroup's turn under ping-pong); returns the V
+        pipeline (its read position moved: the caller rebinds it as a loop-carried local) and V's handle, to
+        release once P·V is done."""
         self._schedule_wait(wg_idx)
         warpgroup.fence()
-        fresh_gemm(qk_mma, acc_s, rQ, tSrK[None, None, None, k_handle.index], False)
+        fresh_gemm(qk_mma, acc_s, rQ, rK, False)
         warpgroup.commit_group()
         v_handle = v_consumer.wait_and_advance()
         fresh_gemm(pv_mma, acc_o, r_p, tOrV[None, None, None, v_handle.index], True)
         warpgroup.commit_group()
         self._schedule_pass(wg_idx)
-        warpgroup.wait_group(1)
-        k_handle.release()
-        self._activate(acc_s, pairs, tScS, limit, scale, slope, consts, masked)
-        warpgroup.wait_group(0)
-        v_handle.release()
-        self._write_p(acc_s, pairs, r_p)
-        # the pipelines' read positions moved: handed back so the caller rebinds them as loop-carried locals
-        return k_consumer, v_consumer
+        return v_consumer, v_handle
 
     @cute.jit
-    def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts, masked: cutlass.Constexpr):
+    def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts):
         """P = act(scale · S): in place for an fp32 form; for a packed form, per pair of scores x in bf16x2
         and tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). ``masked``: columns at or past ``limit`` (keys
         past Nk) give P = 0, by a select per score (an ``if`` would carry the whole fragment through both
@@ -370,7 +389,7 @@ class GdpaFwdSm90:
         if cutlass.const_expr(self.packed):
             for i in cutlass.range_constexpr(cute.size(acc_s) // 2):
                 x0, x1 = acc_s[2 * i], acc_s[2 * i + 1]
-                if cutlass.const_expr(masked):
+                if cutlass.const_expr(self.mask_keys):
                     x0 = x0 if tScS[2 * i][1] < limit else cutlass.Float32(0.0)
                     x1 = x1 if tScS[2 * i + 1][1] < limit else cutlass.Float32(0.0)
                 x = pack_bf16x2(x0, x1)
@@ -379,7 +398,7 @@ class GdpaFwdSm90:
         else:
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 p = self.activation(acc_s[i], scale, slope)
-                if cutlass.const_expr(masked):
+                if cutlass.const_expr(self.mask_keys):
                     p = p if tScS[i][1] < limit else cutlass.Float32(0.0)
                 acc_s[i] = p
 
@@ -395,6 +414,13 @@ class GdpaFwdSm90:
         else:
             store_operand_a(acc_s, r_p)
 
+    def _tiled_mma_pv(self, warpgroups: int):
+        """O += P V with P from registers, ``warpgroups`` consumer warpgroups of 64 rows each."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            cutlass.Float32, (warpgroups, 1, 1), (_WG_ROWS, self.head_dim), warpgroup.OperandSource.RMEM,
+        )
+
     def _tiled_mmas(self):
         """(S = Q Kᵀ from shared memory, O += P V with P from registers), one wgmma atom per consumer
         warpgroup; the matmuls run on fresh atoms (``fresh_gemm``), these give the partitions."""
@@ -402,8 +428,4 @@ class GdpaFwdSm90:
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
             cutlass.Float32, (self.num_mma_wg, 1, 1), (_WG_ROWS, self.tile_n),
         )
-        pv_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
-            cutlass.Float32, (self.num_mma_wg, 1, 1), (_WG_ROWS, self.head_dim), warpgroup.OperandSource.RMEM,
-        )
-        return qk_mma, pv_mma
+        return qk_mma, self._tiled_mma_pv(self.num_mma_wg)
