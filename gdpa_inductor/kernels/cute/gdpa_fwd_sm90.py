@@ -3,24 +3,23 @@
 Persistent: one CTA per SM walks the (128-row query tile, head, sample) tiles, query tiles fastest, in a
 static round robin (every tile costs the same in a dense batch); three warpgroups:
 - a producer warpgroup that gives its registers away and issues the TMA loads: per tile the Q tile into a
-  ring of two stages (one for the fp32 forms with ping-pong at D=128, which would spill), then the K and V
-  tiles into two rings of their own. It runs ahead into the next tile: its Q and first K/V tiles load while
-  the consumers still work on the current one (with two key tiles per query tile, a single Q stage left the
-  consumers waiting for Q at every tile);
+  ring of two stages, then the K and V tiles into two rings of their own. It runs ahead into the next tile:
+  its Q and first K/V tiles load while the consumers still work on the current one;
 - two consumer warpgroups, 64 query rows each, one tiled MMA over both: S = Q Kᵀ by wgmma from shared
   memory, the activation on the fp32 accumulator, then O += P V by wgmma with P taken straight from
-  registers (no shared-memory round trip for P). S_{j+1} is issued right before P_j V_j, so the activation
-  of tile j+1 runs while tile j's second matmul is on the tensor cores. With ``pingpong`` the two warpgroups
-  also take turns issuing those matmuls (named barriers, FA3's scheme), so one's activation runs under the
-  other's matmuls. The forward is bound by the activation's arithmetic, not by the tensor cores, so the
-  activation forms fold the scale into their constants, and in bf16 gelu_tanh and silu run two scores per
-  instruction on bf16x2 registers, their last step writing P straight into the P·V operand
-  (``activation_math.forward_form``).
-No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and the
-last key tile's padded columns are masked to P = 0 (in a peeled last step: the steady-state loop has no
-mask), so a non-finite query cannot leak NaN from them. The
-epilogue scales O once, writes it to its own shared-memory tile (each warpgroup its own rows) and stores it
-with one TMA copy, which clips rows past Nq; the copy drains while the next tile computes.
+  registers (no shared-memory round trip for P). Each step issues S_{j+1} right before P_j V_j, so the
+  activation of key tile j+1 runs while P_j V_j is on the tensor cores, and the steps run on across query
+  tiles: S_0 of the next query tile goes with the last P·V of this one (with two key tiles, a tile alone
+  left its first Q Kᵀ, first activation and last P·V exposed). With ``pingpong`` the two warpgroups also
+  take turns issuing those matmuls (named barriers, FA3's scheme), so one's activation runs under the
+  other's matmuls. The activation forms fold the scale into their constants, and in bf16 gelu_tanh and
+  silu run two scores per instruction on bf16x2 registers, their last step writing P straight into the P·V
+  operand (``activation_math.forward_form``).
+No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and
+with ``mask_keys`` (Nk not a multiple of the key tile) the last key tile's padded columns are selected to
+P = 0, so a non-finite query cannot leak NaN from them. The epilogue scales O once, writes it to shared
+memory and stores it by TMA, which clips rows past Nq, the copy draining while the next tile computes: each
+warpgroup its own 64 rows with ``split_store`` (neither waits for the other), else one copy of the tile.
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ def _tma_part(atom, s, g):
 class GdpaFwdSm90:
     """Compile-time parameters: element type, head dim (= value head dim), the activation's forward form
     (``activation_math.forward_form``: an fp32 form per score, or a PackedForm on bf16x2 pairs), key tile,
-    number of K/V stages, ping-pong, number of Q stages (None: two where that does not spill)."""
+    number of K/V stages, and the schedule: ping-pong, split O stores, the mask of keys past Nk."""
 
     def __init__(
         self, dtype, head_dim: int, activation: Callable | PackedForm, tile_n: int = 128, kv_stages: int = 2,
