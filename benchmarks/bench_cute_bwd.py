@@ -67,6 +67,9 @@ def timing(rows, d, batch, act="gelu_tanh"):
         print("flash-attn-4 unavailable:", repr(e)[:200])
     h = 4
     for nq, nk in META_SHAPES:
+        # every shape starts from an empty allocator cache: the previous shape's blocks are of other sizes
+        q = k = v = do = fns = qs = ks = vs = dos = qt = kt = vt = None
+        torch.cuda.empty_cache()
         z = batch if nq * nk <= 1024 * 1024 else batch // 4
         q = torch.randn(z, h, nq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(z, h, nk, d, device="cuda", dtype=torch.bfloat16)
@@ -99,7 +102,7 @@ def timing(rows, d, batch, act="gelu_tanh"):
             fns["fa4_fb"] = fa4_fb
         for name, fn in fns.items():
             try:
-                ms = triton.testing.do_bench(fn, warmup=25, rep=100)
+                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
                 row[name] = tflops(ms, z, h, nq, nk, d, 2.5 if name.endswith("bwd") else 3.5)
             except Exception as e:  # noqa: BLE001
                 row[name] = None

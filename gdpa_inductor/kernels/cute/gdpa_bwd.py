@@ -13,10 +13,11 @@ from .compile_cache import cached_compile
 from .gdpa_fwd import _as_4d, _as_cute, _fake_operands, fwd_supported
 
 # Up to this many 128-key tiles, dQ tiles are added straight into dQ in the operands' dtype: the fp32
-# buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at 256-512 keys. Each dQ
+# buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at 256-1024 keys. Each dQ
 # value then takes one rounding per key tile plus one per sum: on H200 its error measured 0.8-1.24x eager
-# PyTorch's own at 512 keys (fp32 sums: 0.5-0.8x), growing as sqrt(tiles), so longer ranges keep fp32.
-DQ_DIRECT_MAX_KEY_TILES = 4
+# PyTorch's own at 512 keys and 0.98-1.52x at 1024 (fp32 sums: 0.5-0.8x), growing as sqrt(tiles), so longer
+# ranges keep fp32 (the bound is 2x eager's).
+DQ_DIRECT_MAX_KEY_TILES = 8
 KEY_TILE = 128
 
 
