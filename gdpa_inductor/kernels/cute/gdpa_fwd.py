@@ -27,8 +27,9 @@ SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES
 def fwd_schedule(head_dim: int) -> tuple[bool, bool]:
     """(ping-pong, split O store) for a head dim. Measured on an H200 with the steps running across query tiles
     (bf16 gelu_tanh, 128 to 2048 keys): at D=128 the warpgroups taking turns on the tensor cores, each storing
-    its own rows of O, is fastest at every shape (+1-5% at 128-256 keys over the other three schedules, even at
-    long keys); at D=64 the matmuls are too short for turns to pay (-3 to -5%) and one shared store is best."""
+    its own rows of O, is fastest or tied at every shape (+1-5% at 128-256 keys over the other three
+    schedules, +1% at long keys); at D=64 the matmuls are too short for turns to pay (-3 to -5%) and one
+    shared store is best."""
     return (True, True) if head_dim >= 128 else (False, False)
 
 

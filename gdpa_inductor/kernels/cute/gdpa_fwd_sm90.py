@@ -273,7 +273,9 @@ class GdpaFwdSm90:
             q_handle = q_consumer.wait_and_advance()
             k_handle = k_consumer.wait_and_advance()
             warpgroup.fence()
-            fresh_gemm(qk_mma, acc_s, tSrQ[None, None, None, q_handle.index], tSrK[None, None, None, k_handle.index], False)
+            fresh_gemm(
+                qk_mma, acc_s, tSrQ[None, None, None, q_handle.index], tSrK[None, None, None, k_handle.index], False
+            )
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             k_handle.release()
