@@ -82,6 +82,25 @@ def warm_up_gpu(seconds: float):
         torch.cuda.synchronize()
 
 
+def median_over_rounds(fns: dict[str, Callable], rounds: int = 3, **bench) -> dict[str, float | None]:
+    """Median ms of each provider over ``rounds`` rounds, each provider timed once per round (a do_bench
+    median), every round in a rotated order. Under load the GPU sits at its power cap and lowers its clocks
+    (H200: 1.5-1.8 GHz against 1.98 idle), so a provider's rate depends on what ran just before it; rotating
+    gives each provider each place in the order. A provider that fails is reported once and gives None."""
+    names = list(fns)
+    times: dict[str, list[float] | None] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if times[name] is None:
+                continue
+            try:
+                times[name].append(triton.testing.do_bench(fns[name], return_mode="median", **bench))
+            except Exception as e:  # noqa: BLE001
+                print(name, "failed:", type(e).__name__, str(e)[:300], flush=True)
+                times[name] = None
+    return {n: (sorted(t)[len(t) // 2] if t else None) for n, t in times.items()}
+
+
 def time_provider(fn, q, k, v, do) -> tuple[float, float]:
     """Median ms of the forward and of forward+backward (gradients of q, k, v)."""
     fwd_ms = triton.testing.do_bench(lambda: fn(q, k, v), warmup=50, rep=300, return_mode="median")

@@ -294,19 +294,17 @@ class GdpaBwdSm90:
                 r_p = operand_a_like(acc_s, dkv_mma, self.dtype)
                 p_acc = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
                 # keys past Nk (last key tile) and queries past Nq (last query tile) read as zeros: masked
-                # so a non-finite input cannot reach the sums through them
+                # so a non-finite input cannot reach the sums through them, by a select per score on every
+                # tile (a branch on whether the tile is ragged made ptxas keep its predicate in a register and
+                # test it again per score)
                 valid_rows = self.tile_m
                 if m == num_m - 1:
                     valid_rows = valid_rows_last
-                ragged = valid_keys < self.tile_n or valid_rows < self.tile_m
                 for i in cutlass.range_constexpr(cute.size(acc_s)):
                     y, g = self.act_and_grad(acc_s[i] * scale, slope)
-                    if ragged:
-                        if tScS[i][0] >= valid_keys or tScS[i][1] >= valid_rows:
-                            y = cutlass.Float32(0.0)
-                            g = cutlass.Float32(0.0)
-                    p_acc[i] = y
-                    acc_s[i] = g
+                    keep = tScS[i][0] < valid_keys and tScS[i][1] < valid_rows
+                    p_acc[i] = y if keep else cutlass.Float32(0.0)
+                    acc_s[i] = g if keep else cutlass.Float32(0.0)
                 store_operand_a(p_acc, r_p)
 
                 warpgroup.wait_group(0)
