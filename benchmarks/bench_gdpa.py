@@ -82,11 +82,15 @@ def warm_up_gpu(seconds: float):
         torch.cuda.synchronize()
 
 
-def median_over_rounds(fns: dict[str, Callable], rounds: int = 3, **bench) -> dict[str, float | None]:
+def median_over_rounds(
+    fns: dict[str, Callable], rounds: int = 3, settle_ms: float = 0.0, **bench
+) -> dict[str, float | None]:
     """Median ms of each provider over ``rounds`` rounds, each provider timed once per round (a do_bench
     median), every round in a rotated order. Under load the GPU sits at its power cap and lowers its clocks
     (H200: 1.5-1.8 GHz against 1.98 idle), so a provider's rate depends on what ran just before it; rotating
-    gives each provider each place in the order. A provider that fails is reported once and gives None."""
+    gives each provider each place in the order, but not another predecessor. ``settle_ms``: each provider
+    first runs untimed for that long, so the clocks settle to its own load whatever ran before it. A provider
+    that fails is reported once and gives None."""
     names = list(fns)
     times: dict[str, list[float] | None] = {n: [] for n in names}
     for r in range(rounds):
@@ -94,11 +98,22 @@ def median_over_rounds(fns: dict[str, Callable], rounds: int = 3, **bench) -> di
             if times[name] is None:
                 continue
             try:
+                _run_for(fns[name], settle_ms)
                 times[name].append(triton.testing.do_bench(fns[name], return_mode="median", **bench))
             except Exception as e:  # noqa: BLE001
                 print(name, "failed:", type(e).__name__, str(e)[:300], flush=True)
                 times[name] = None
     return {n: (sorted(t)[len(t) // 2] if t else None) for n, t in times.items()}
+
+
+def _run_for(fn: Callable, ms: float):
+    """Calls ``fn`` until ``ms`` milliseconds of wall time have passed (none when ms <= 0)."""
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        # a few calls per check keep the GPU as busy as do_bench's back-to-back calls do
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
 
 
 def time_provider(fn, q, k, v, do) -> tuple[float, float]:

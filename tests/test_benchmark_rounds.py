@@ -55,3 +55,26 @@ def test_a_failing_provider_gives_none_and_is_not_retried(recorder, capsys):
     assert median_over_rounds(fns, rounds=3) == {"ok": 2.0, "broken": None}
     assert recorder.count("broken") == 1
     assert "broken failed: RuntimeError" in capsys.readouterr().out
+
+
+def test_settle_runs_each_provider_untimed_before_its_timing(monkeypatch):
+    """With ``settle_ms`` every timing of a provider comes right after untimed calls of that same provider (its
+    own load sets the clocks, not its predecessor's); without it, nothing runs untimed."""
+    monkeypatch.setattr("torch.cuda.synchronize", lambda: None)
+    events: list[str] = []
+
+    def fake_do_bench(fn, return_mode, **bench):
+        events.append("timed")
+        return 1.0
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    fns = {n: (lambda n=n: events.append(n)) for n in ("a", "b")}
+    median_over_rounds(fns, rounds=2, settle_ms=2.0)
+    timed_at = [i for i, e in enumerate(events) if e == "timed"]
+    assert len(timed_at) == 4
+    starts = [0] + [i + 1 for i in timed_at[:-1]]
+    for start, end, name in zip(starts, timed_at, ["a", "b", "b", "a"]):
+        assert len(events[start:end]) >= 5 and set(events[start:end]) == {name}, events[start:end]
+    events.clear()
+    median_over_rounds(fns, rounds=2)
+    assert events == ["timed"] * 4

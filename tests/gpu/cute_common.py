@@ -1,8 +1,8 @@
 """What the CuTe-DSL GPU tests share (their fixture ``cute_backend`` is in conftest.py): the skip marks, the
 eager math, the relative error and the cases
-(every activation at a ragged 300x300, fp16, GQA 8->2 and 4->1, D 64 and 128, 1x17, 17x2048, and batches of more
-query tiles than SMs, where each CTA runs several tiles and the steps cross from one tile to the next: key
-counts of one and two key tiles, ragged and exact)."""
+(every activation at a ragged 300x300, fp16, GQA 8->2 and 4->1, D and Dv in {64, 96, 128}, equal and not, 1x17,
+17x2048, and batches of more query tiles than SMs, where each CTA runs several tiles and the steps cross from one
+tile to the next: key counts of one and two key tiles, ragged and exact)."""
 
 from __future__ import annotations
 
@@ -21,18 +21,26 @@ NEEDS_CUTE = [
 ]
 # absolute slack under the 2x-eager bound, for errors near zero
 FLOOR = 1e-4
-# (dtype, activation, Z, H, Hkv, Nq, Nk, D)
-CASES = [("bf16", act, 2, 4, 4, 300, 300, 128) for act in SUPPORTED_ACTIVATIONS] + [
-    ("fp16", "gelu_tanh", 2, 4, 4, 257, 129, 128),
-    ("bf16", "silu", 2, 8, 2, 128, 1000, 128),
-    ("bf16", "silu", 3, 4, 4, 1, 17, 64),
-    ("bf16", "gelu_tanh", 2, 4, 1, 2048, 2048, 64),
-    ("bf16", "sigmoid", 1, 2, 2, 17, 2048, 128),
-    ("bf16", "gelu_tanh", 40, 4, 4, 512, 256, 128),
-    ("bf16", "silu", 60, 4, 2, 200, 100, 128),
-    ("bf16", "relu", 40, 4, 4, 300, 200, 64),
-    ("bf16", "gelu_tanh", 300, 1, 1, 64, 128, 64),
-    ("fp16", "sigmoid", 30, 4, 4, 384, 640, 128),
+# (dtype, activation, Z, H, Hkv, Nq, Nk, D, Dv)
+CASES = [("bf16", act, 2, 4, 4, 300, 300, 128, 128) for act in SUPPORTED_ACTIVATIONS] + [
+    ("fp16", "gelu_tanh", 2, 4, 4, 257, 129, 128, 128),
+    ("bf16", "silu", 2, 8, 2, 128, 1000, 128, 128),
+    ("bf16", "silu", 3, 4, 4, 1, 17, 64, 64),
+    ("bf16", "gelu_tanh", 2, 4, 1, 2048, 2048, 64, 64),
+    ("bf16", "sigmoid", 1, 2, 2, 17, 2048, 128, 128),
+    ("bf16", "gelu_tanh", 40, 4, 4, 512, 256, 128, 128),
+    ("bf16", "silu", 60, 4, 2, 200, 100, 128, 128),
+    ("bf16", "relu", 40, 4, 4, 300, 200, 64, 64),
+    ("bf16", "gelu_tanh", 300, 1, 1, 64, 128, 64, 64),
+    ("fp16", "sigmoid", 30, 4, 4, 384, 640, 128, 128),
+    # D = 96 and Dv != D: ragged, GQA, several tiles per CTA, fp16
+    ("bf16", "gelu_tanh", 2, 4, 4, 300, 300, 96, 96),
+    ("bf16", "silu", 40, 4, 4, 300, 200, 96, 96),
+    ("bf16", "relu", 2, 8, 2, 257, 1000, 64, 128),
+    ("bf16", "gelu_tanh", 30, 4, 4, 384, 640, 128, 64),
+    ("fp16", "sigmoid", 2, 4, 4, 300, 129, 96, 128),
+    ("bf16", "relu_square", 2, 4, 2, 200, 700, 128, 96),
+    ("bf16", "hardswish", 3, 4, 4, 130, 300, 64, 96),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

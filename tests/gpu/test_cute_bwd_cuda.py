@@ -24,7 +24,9 @@ from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, eager_gdpa, rel_error
 
 pytestmark = NEEDS_CUTE
 # the forward's cases plus a ragged fp16 D=64 one and Meta's 2048x256
-CASES = SHARED_CASES + [("fp16", "silu", 1, 4, 4, 1000, 200, 64), ("bf16", "gelu_tanh", 2, 4, 4, 2048, 256, 128)]
+CASES = SHARED_CASES + [
+    ("fp16", "silu", 1, 4, 4, 1000, 200, 64, 64), ("bf16", "gelu_tanh", 2, 4, 4, 2048, 256, 128, 128)
+]
 
 
 
@@ -37,11 +39,13 @@ def _eager_grads(q, k, v, do, activation, scale, post_scale):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_cute_backward_matches_float64(case, cute_backend):
-    dtype_name, act, z, h, hkv, nq, nk, d = case
+    dtype_name, act, z, h, hkv, nq, nk, d, dv = case
     dtype = DTYPES[dtype_name]
     gen = torch.Generator(device="cuda").manual_seed(2)
-    q, do = (torch.randn(z, h, nq, d, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-    k, v = (torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    q = torch.randn(z, h, nq, d, device="cuda", dtype=dtype, generator=gen)
+    do = torch.randn(z, h, nq, dv, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(z, hkv, nk, dv, device="cuda", dtype=dtype, generator=gen)
     scale, post = d**-0.5, 1.0 / nk
     assert select_backward_impl(q, k, v, None, False, act) == "cute"
     refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[:3]

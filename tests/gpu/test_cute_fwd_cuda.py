@@ -3,7 +3,7 @@ on the lent H200 cutlass-dsl is staged with ../shared/device/stage-cute-dsl.sh).
 
 Against a float64 reference, the CuTe forward's relative error is at most 2x eager PyTorch's own error in
 the same dtype at the same inputs, over every activation, ragged lengths (TMA's zero fill plus the last key
-tile's mask), GQA, D in {64, 128}, fp16 and bf16, through the op with ``config.backend = "cute"``.
+tile's mask), GQA, D and Dv in {64, 96, 128}, fp16 and bf16, through the op with ``config.backend = "cute"``.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ pytestmark = NEEDS_CUTE
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_cute_forward_matches_float64(case, cute_backend):
-    dtype_name, act, z, h, hkv, nq, nk, d = case
+    dtype_name, act, z, h, hkv, nq, nk, d, dv = case
     dtype = DTYPES[dtype_name]
     gen = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randn(z, h, nq, d, device="cuda", dtype=dtype, generator=gen)
     k = torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(z, hkv, nk, dv, device="cuda", dtype=dtype, generator=gen)
     scale, post = d**-0.5, 1.0 / nk
     ref = gdpa_reference(q.double(), k.double(), v.double(), None, act, scale, post)
     out = gdpa(q, k, v, activation=act, scale=scale, post_scale=post)
-    assert out.dtype == dtype and out.shape == (z, h, nq, d)
+    assert out.dtype == dtype and out.shape == (z, h, nq, dv)
     assert rel_error(out, ref) <= 2 * rel_error(eager_gdpa(q, k, v, act, scale, post), ref) + FLOOR
 
 
@@ -80,5 +80,20 @@ def test_cute_forward_schedules_change_no_bit(act, dtype, nk):
     outs = [gdpa_fwd_cute(q, k, v, act, 128**-0.5, 1e-3, 0.01, pingpong=pp, split_store=split)
             for pp in (True, False) for split in (True, False)]
     assert torch.isfinite(outs[0]).all()
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+
+
+@pytest.mark.parametrize(("d", "dv"), [(96, 96), (128, 64), (64, 128)])
+def test_cute_forward_schedules_agree_across_head_dims(d, dv):
+    """The four schedules at D = 96 and at Dv != D (O's tile, its stores and the P·V matmul take Dv, the
+    Q Kᵀ matmul D) give the same bits, with several tiles per CTA and a ragged last key tile."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    q = torch.randn(30, 4, 700, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(30, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(30, 4, 1000, dv, device="cuda", dtype=torch.bfloat16, generator=gen)
+    outs = [gdpa_fwd_cute(q, k, v, "gelu_tanh", d**-0.5, 1e-3, 0.01, pingpong=pp, split_store=split)
+            for pp in (True, False) for split in (True, False)]
+    assert outs[0].shape == (30, 4, 700, dv) and torch.isfinite(outs[0]).all()
     for out in outs[1:]:
         assert torch.equal(out, outs[0])

@@ -1,7 +1,7 @@
 """The CuTe-DSL Hopper forward and backward compile for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake
-tensors): every activation at D=128 and a subset at D=64 (the forward in the schedule each head dim takes, in
-the two others, for key counts that are a multiple of the key tile (no mask) and in fp16, whose activation
-forms differ; the backward in both its dQ forms: summed in an fp32 buffer, or in place in
+tensors): every activation at D=128, a subset at D=64, and D=96 and Dv != D (the forward in the schedule each
+pair of head dims takes, in the two others, for key counts that are a multiple of the key tile (no mask) and in
+fp16, whose activation forms differ; the backward in both its dQ forms: summed in an fp32 buffer, or in place in
 the operands' dtype), each checked for wgmma (every matmul), TMA loads and stores (and the backward's TMA
 reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split), tanh.approx
 for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
@@ -29,7 +29,9 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 from gdpa_inductor.kernels.cute.activation_math import PACKED_BF16_ACTIVATIONS  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, fwd_schedule  # noqa: E402
 
-CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh"), (64, "relu")]
+# (D, Dv, activation)
+CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh"), (64, 64, "relu")]
+HEAD_DIM_CASES = [(96, 96, "gelu_tanh"), (64, 128, "relu"), (128, 64, "silu"), (96, 128, "sigmoid"), (128, 96, "gelu")]
 # compile_fwd's arguments per forward kind: "fwd" is the schedule the launcher takes for the head dim, with the
 # mask of keys past Nk; the others are D=128's two other schedules, Nk a multiple of the key tile, fp16
 FWD_KINDS = {
@@ -39,16 +41,17 @@ FWD_KINDS = {
     "fwd_exact_keys": dict(mask_keys=False),
     "fwd_fp16": {},
 }
-FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, "gelu_tanh"), ("fwd_no_pingpong", 128, "sigmoid"),
-                     ("fwd_shared_store", 128, "gelu_tanh"), ("fwd_shared_store", 128, "relu"),
-                     ("fwd_exact_keys", 128, "gelu_tanh"), ("fwd_exact_keys", 128, "relu"),
-                     ("fwd_exact_keys", 64, "gelu_tanh"), ("fwd_fp16", 128, "gelu_tanh"), ("fwd_fp16", 128, "silu")]
-FWD_CASES = [("fwd", *c) for c in CASES] + FWD_VARIANT_CASES
-BWD_CASES = [(128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, "gelu_tanh")]
+FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpong", 128, 128, "sigmoid"),
+                     ("fwd_shared_store", 128, 128, "gelu_tanh"), ("fwd_shared_store", 128, 128, "relu"),
+                     ("fwd_exact_keys", 128, 128, "gelu_tanh"), ("fwd_exact_keys", 128, 128, "relu"),
+                     ("fwd_exact_keys", 64, 64, "gelu_tanh"), ("fwd_fp16", 128, 128, "gelu_tanh"),
+                     ("fwd_fp16", 128, 128, "silu"), ("fwd_no_pingpong", 96, 128, "gelu_tanh")]
+FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES] + FWD_VARIANT_CASES
+BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
 # measured with cutlass-dsl 4.8.1: 4 to 140 bytes of spills in the consumers' (value, derivative) pass
-BWD_SPILLING = {("bwd", 128, act) for act in ("relu_square", "leaky_relu", "gelu", "silu", "sigmoid", "hardswish")} | {
-    ("bwd_dq_direct", 128, act) for act in ("leaky_relu", "hardswish")
-}
+BWD_SPILLING = {
+    ("bwd", 128, 128, act) for act in ("relu_square", "leaky_relu", "gelu", "silu", "sigmoid", "hardswish")
+} | {("bwd_dq_direct", 128, 128, act) for act in ("leaky_relu", "hardswish")}
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 # the dQ sums: in an fp32 buffer, or in place in bf16 (short key ranges)
 BWD_KINDS = ("bwd", "bwd_dq_direct")
@@ -68,19 +71,19 @@ def reports(tmp_path_factory):
     return {tuple(r["case"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-@pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: f"{c[0]}-D{c[1]}-{c[2]}")
+@pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}")
 def test_cute_fwd_compiles_for_sm90a(case, reports):
     r = reports[case]
     assert r["target"] == "sm_90a"
-    assert r["wgmma"] >= 2 * (case[1] // 16), "QK and PV must both be wgmma (one per 16-wide k-block)"
+    assert r["wgmma"] >= case[1] // 16 + 128 // 16, "QK and PV must both be wgmma (one per 16-wide k-block)"
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/K/V loads and the O store go through TMA"
     assert r["setmaxnreg"] == 2, "producer gives registers away, consumers take them"
     # ping-pong: each consumer warpgroup waits for its turn and hands it on through named barriers
-    pingpong = FWD_KINDS[case[0]].get("pingpong", fwd_schedule(case[1])[0])
+    pingpong = FWD_KINDS[case[0]].get("pingpong", fwd_schedule(case[1], case[2])[0])
     assert (r["named_barrier_arrives"] > 0) == pingpong, r
-    packed = case[0] != "fwd_fp16" and case[2] in PACKED_BF16_ACTIVATIONS
+    packed = case[0] != "fwd_fp16" and case[3] in PACKED_BF16_ACTIVATIONS
     assert (r["tanh_approx_bf16x2"] > 0) == packed and (r["fma_bf16x2"] > 0) == packed, r
-    assert (r["tanh_approx"] > 0) == (case[2] in TANH_BASED and not packed), r
+    assert (r["tanh_approx"] > 0) == (case[3] in TANH_BASED and not packed), r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 
@@ -91,7 +94,7 @@ def test_cute_fwd_without_mask_selects_less(case, reports):
     (none at all for gelu_tanh, whose activation has no select of its own)."""
     exact, masked = reports[case]["selp_f32"], reports[("fwd", *case[1:])]["selp_f32"]
     assert exact < masked, (exact, masked)
-    if case[2] == "gelu_tanh":
+    if case[3] == "gelu_tanh":
         assert exact == 0
 
 
@@ -99,19 +102,19 @@ def test_cute_fwd_without_mask_selects_less(case, reports):
     "case",
     [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="spills a few words"))
      if c in BWD_SPILLING else c for c in [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES]],
-    ids=lambda c: f"{c[0]}-D{c[1]}-{c[2]}",
+    ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}",
 )
 def test_cute_bwd_compiles_for_sm90a(case, reports):
     r = reports[case]
-    d = case[1]
+    d, dv = case[1], case[2]
     assert r["target"] == "sm_90a"
-    # S and dP (k = D), dV and dK (k = 64 queries), dQ (k = 128 keys), one wgmma per 16-wide k-block
-    assert r["wgmma"] >= 2 * (d // 16) + 2 * (64 // 16) + 128 // 16
+    # S (k = D) and dP (k = Dv), dV and dK (k = 64 queries), dQ (k = 128 keys), one wgmma per 16-wide k-block
+    assert r["wgmma"] >= d // 16 + dv // 16 + 2 * (64 // 16) + 128 // 16
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/dO/K/V loads and the dK/dV stores go through TMA"
     assert r["tma_reduce"] > 0, "dQ tiles are added by TMA reduce-add"
     assert r["stmatrix"] > 0, "dS goes to shared memory by stmatrix"
     assert r["setmaxnreg"] == 2
-    assert (r["tanh_approx"] > 0) == (case[2] in TANH_BASED)
+    assert (r["tanh_approx"] > 0) == (case[3] in TANH_BASED)
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 
@@ -125,19 +128,21 @@ def _compile_all(cases) -> list[dict]:
 
     ptxas = get_ptxas(90).path
     out = []
-    for kind, d, act in cases:
+    for kind, d, dv, act in cases:
         if kind.startswith("fwd"):
             dtype = torch.float16 if kind == "fwd_fp16" else torch.bfloat16
-            ptx = compile_fwd(dtype, d, act, keep_ptx=True, **FWD_KINDS[kind]).artifacts.PTX
+            ptx = compile_fwd(dtype, d, act, keep_ptx=True, head_dim_v=dv, **FWD_KINDS[kind]).artifacts.PTX
         else:
-            ptx = compile_bwd(torch.bfloat16, d, act, keep_ptx=True, dq_direct=kind == "bwd_dq_direct").artifacts.PTX
+            ptx = compile_bwd(
+                torch.bfloat16, d, act, keep_ptx=True, dq_direct=kind == "bwd_dq_direct", head_dim_v=dv
+            ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
         log = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", "k.ptx", "-o", "k.cubin"],
                              capture_output=True, text=True, check=True).stderr
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
         out.append(dict(
-            case=[kind, d, act],
+            case=[kind, d, dv, act],
             target=re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1),
             wgmma=ptx.count("wgmma.mma_async"),
             tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cta\.global", ptx)),

@@ -27,13 +27,16 @@ def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
 
 
 def compile_bwd(
-    dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False, dq_direct: bool = False
+    dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False,
+    dq_direct: bool = False, head_dim_v: int | None = None,
 ):
-    """The compiled backward for (dtype, head dim, activation, dQ accumulation type), cached in memory and on
-    disk (``compile_cache``); sizes and strides are runtime values. ``dq_direct``: dQ tiles are added into dQ itself (in ``dtype``), not into an
-    fp32 buffer. ``operands``: the call's seven tensors in the kernel's form; without them, fake tensors."""
+    """The compiled backward for (dtype, head dims, activation, dQ accumulation type), cached in memory and on
+    disk (``compile_cache``); sizes and strides are runtime values. ``dq_direct``: dQ tiles are added into dQ
+    itself (in ``dtype``), not into an fp32 buffer. ``operands``: the call's seven tensors in the kernel's form;
+    without them, fake tensors. ``head_dim_v``: V's and dO's head dim (None: ``head_dim``)."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    key = ("bwd", str(dtype), head_dim, activation, dq_direct, operands is None, keep_ptx)
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_direct, operands is None, keep_ptx)
 
     def build():
         import cutlass
@@ -52,7 +55,9 @@ def compile_bwd(
             dk, dv = _fake_operands(element, 2)
             args = [q, k, v, do, dq, dk, dv]
         one = cutlass.Float32(1.0)
-        kernel = GdpaBwdSm90(element, head_dim, getattr(activation_math, f"{activation}_and_grad"), dq_element)
+        kernel = GdpaBwdSm90(
+            element, head_dim, head_dim_v, getattr(activation_math, f"{activation}_and_grad"), dq_element
+        )
         return cute.compile(
             kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
         )
@@ -68,13 +73,14 @@ def dq_direct(num_keys: int) -> bool:
 def gdpa_bwd_cute(
     q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float, direct=None
 ):
-    """q/grad_out [Z, H, Nq, D], k/v [Z, Hkv, Nk, D] (``bwd_supported`` checked) -> (dq, dk, dv).
+    """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv], grad_out [Z, H, Nq, Dv] (``bwd_supported``
+    checked) -> (dq, dk, dv).
     ``direct``: sum dQ in the operands' dtype (None: ``dq_direct`` decides by the key count)."""
     import cuda.bindings.driver as cuda
     import cutlass
 
     z, h, nq, d = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
+    hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     group = h // hkv
     if group > 1:
         # per query head, summed over each kv head's group below
@@ -84,10 +90,10 @@ def gdpa_bwd_cute(
     direct = dq_direct(nk) if direct is None else direct
     dq_acc = torch.zeros((z, h, nq, d), dtype=q.dtype if direct else torch.float32, device=q.device)
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
-    dv = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
+    dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     if dq_acc.numel() and dk.numel():
         operands = [_as_cute(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)]
-        fn = compile_bwd(q.dtype, d, activation, operands, dq_direct=direct)
+        fn = compile_bwd(q.dtype, d, activation, operands, dq_direct=direct, head_dim_v=d_v)
         stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
         fn(*operands, cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope), stream)
     else:
@@ -96,7 +102,7 @@ def gdpa_bwd_cute(
     dq = dq_acc if direct else dq_acc.to(q.dtype)
     if group > 1:
         dk = dk.view(z, hkv, group, nk, d).sum(2)
-        dv = dv.view(z, hkv, group, nk, d).sum(2)
+        dv = dv.view(z, hkv, group, nk, d_v).sum(2)
     return dq, dk, dv
 
 
@@ -104,6 +110,6 @@ def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: str, scale: float, post
     """The op's backward on the CuTe kernel: [..., H, N, D] operands of one batch shape (``cute_fwd_support``
     checked: no broadcast dims) -> (dq, dk, dv) in the inputs' shapes."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
-    do4 = grad_out.reshape(q4.shape)
+    do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])
     dq, dk, dv = gdpa_bwd_cute(q4, k4, v4, do4, activation, scale, post_scale, negative_slope)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)

@@ -53,13 +53,17 @@ def _transposed(t: cute.Tensor) -> cute.Tensor:
 
 
 class GdpaBwdSm90:
-    """Compile-time parameters: element type, head dim (= value head dim) and the activation's CuTe
+    """Compile-time parameters: element type, head dims of Q/K and of V/dO, and the activation's CuTe
     (value, derivative) form."""
 
-    def __init__(self, dtype, head_dim: int, act_and_grad: Callable, dq_dtype=cutlass.Float32, q_stages: int = 2):
+    def __init__(
+        self, dtype, head_dim: int, head_dim_v: int, act_and_grad: Callable, dq_dtype=cutlass.Float32,
+        q_stages: int = 2,
+    ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
         self.head_dim = head_dim
+        self.head_dim_v = head_dim_v
         self.act_and_grad = act_and_grad
         self.num_mma_wg = 2
         self.tile_n = _WG_ROWS * self.num_mma_wg  # keys per CTA
@@ -87,32 +91,37 @@ class GdpaBwdSm90:
         slope: cutlass.Float32,
         stream: cuda.CUstream,
     ):
-        """mQ, mdO: (Nq, D, H, Z); mK, mV, mdK, mdV: (Nk, D, H, Z), D contiguous, K/V already expanded to
-        the query heads; mdQ: (Nq, D, H, Z) in ``dq_dtype``, zero-initialized, receives dQ."""
-        d = self.head_dim
+        """mQ: (Nq, D, H, Z); mdO: (Nq, Dv, H, Z); mK, mdK: (Nk, D, H, Z); mV, mdV: (Nk, Dv, H, Z); D and Dv
+        contiguous, K/V already expanded to the query heads; mdQ: (Nq, D, H, Z) in ``dq_dtype``,
+        zero-initialized, receives dQ."""
+        d, dv = self.head_dim, self.head_dim_v
         q_smem = _smem_layout(self.dtype, (self.tile_m, d), self.q_stages)
-        do_smem = _smem_layout(self.dtype, (self.tile_m, d), self.q_stages)
+        do_smem = _smem_layout(self.dtype, (self.tile_m, dv), self.q_stages)
         # K is also dQ's B operand, split along D between the warpgroups
         k_smem = _smem_layout(self.dtype, (self.tile_n, d), 1, d // self.num_mma_wg)
-        v_smem = _smem_layout(self.dtype, (self.tile_n, d), 1)
+        v_smem = _smem_layout(self.dtype, (self.tile_n, dv), 1)
         ds_smem = _smem_layout(self.dtype, (self.tile_m, self.tile_n), self.q_stages, _WG_ROWS)
-        dq_smem = _smem_layout(self.dq_dtype, (self.tile_m, d), 1)
+        # each warpgroup writes its half of D: at D = 96 a 48-wide half must not straddle a swizzle atom
+        dq_smem = _smem_layout(self.dq_dtype, (self.tile_m, d), 1, None if d % 64 == 0 else d // self.num_mma_wg)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         store = cpasync.CopyBulkTensorTileS2GOp()
         one = (None, None, 0)
         tma_q, tq = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(q_smem, one), (self.tile_m, d))
-        tma_do, tdo = cpasync.make_tiled_tma_atom(load, mdO, cute.slice_(do_smem, one), (self.tile_m, d))
+        tma_do, tdo = cpasync.make_tiled_tma_atom(load, mdO, cute.slice_(do_smem, one), (self.tile_m, dv))
         tma_k, tk = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(k_smem, one), (self.tile_n, d))
-        tma_v, tv = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(v_smem, one), (self.tile_n, d))
+        tma_v, tv = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(v_smem, one), (self.tile_n, dv))
         tma_dk, tdk = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(k_smem, one), (self.tile_n, d))
-        tma_dv, tdv = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(v_smem, one), (self.tile_n, d))
+        tma_dv, tdv = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(v_smem, one), (self.tile_n, dv))
         tma_dq, tdq = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(cpasync.ReductionOp.ADD), mdQ, cute.slice_(dq_smem, one),
             (self.tile_m, d),
         )
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(q_smem, one))
-        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, one))
+        self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(do_smem, one))
+        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, one)) + cute.size_in_bytes(
+            self.dtype, cute.slice_(v_smem, one)
+        )
 
         @cute.struct
         class SharedStorage:
@@ -175,7 +184,7 @@ class GdpaBwdSm90:
         n_blk = bidx % num_n
         h = bidx // num_n % num_heads
         z = bidx // num_n // num_heads
-        d = self.head_dim
+        d, dv = self.head_dim, self.head_dim_v
         nq = mQ.shape[0]
         nk = mK.shape[0]
         num_m = cute.ceil_div(nq, self.tile_m)
@@ -185,7 +194,7 @@ class GdpaBwdSm90:
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
         kv_producer, kv_consumer = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.kv_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=2 * self.kv_bytes, defer_sync=True,
+            consumer_group=consumer_warps, tx_count=self.kv_bytes, defer_sync=True,
         ).make_participants()
         q_producer, q_consumer = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.q_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
@@ -193,7 +202,7 @@ class GdpaBwdSm90:
         ).make_participants()
         do_producer, do_consumer = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.do_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=self.q_bytes, defer_sync=True,
+            consumer_group=consumer_warps, tx_count=self.do_bytes, defer_sync=True,
         ).make_participants()
 
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
@@ -204,11 +213,11 @@ class GdpaBwdSm90:
         sdQ = storage.sdQ.get_tensor(dq_smem.outer, swizzle=dq_smem.inner)
 
         gQ = cute.local_tile(mQ[None, None, h, z], (self.tile_m, d), (None, 0))
-        gdO = cute.local_tile(mdO[None, None, h, z], (self.tile_m, d), (None, 0))
+        gdO = cute.local_tile(mdO[None, None, h, z], (self.tile_m, dv), (None, 0))
         gK = cute.local_tile(mK[None, None, h, z], (self.tile_n, d), (None, 0))
-        gV = cute.local_tile(mV[None, None, h, z], (self.tile_n, d), (None, 0))
+        gV = cute.local_tile(mV[None, None, h, z], (self.tile_n, dv), (None, 0))
         gdK = cute.local_tile(mdK[None, None, h, z], (self.tile_n, d), (None, 0))
-        gdV = cute.local_tile(mdV[None, None, h, z], (self.tile_n, d), (None, 0))
+        gdV = cute.local_tile(mdV[None, None, h, z], (self.tile_n, dv), (None, 0))
         gdQ = cute.local_tile(mdQ[None, None, h, z], (self.tile_m, d), (None, 0))
         no_cluster = cute.make_layout(1)
 
@@ -245,9 +254,10 @@ class GdpaBwdSm90:
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             ctid = tidx - _WG_THREADS
-            sdp_mma, dkv_mma, dq_mma = self._tiled_mmas()
+            sdp_mma, dk_mma, dv_mma, dq_mma = self._tiled_mmas()
             sdp = sdp_mma.get_slice(ctid)
-            dkv = dkv_mma.get_slice(ctid)
+            dk_thr = dk_mma.get_slice(ctid)
+            dv_thr = dv_mma.get_slice(ctid)
             dq = dq_mma.get_slice(ctid)
             sK0 = sK[None, None, 0]
             sV0 = sV[None, None, 0]
@@ -255,8 +265,8 @@ class GdpaBwdSm90:
             tSrQ = sdp.make_fragment_B(sdp.partition_B(sQ))
             tPrV = sdp.make_fragment_A(sdp.partition_A(sV0))
             tPrdO = sdp.make_fragment_B(sdp.partition_B(sdO))
-            tVrdO = dkv.make_fragment_B(dkv.partition_B(_transposed(sdO)))
-            tKrQ = dkv.make_fragment_B(dkv.partition_B(_transposed(sQ)))
+            tVrdO = dv_thr.make_fragment_B(dv_thr.partition_B(_transposed(sdO)))
+            tKrQ = dk_thr.make_fragment_B(dk_thr.partition_B(_transposed(sQ)))
             tQrdS = dq.make_fragment_A(dq.partition_A(sdS))
             tQrK = dq.make_fragment_B(dq.partition_B(_transposed(sK0)))
             # dSᵀ registers to dS in shared memory by stmatrix.trans (8x8 blocks, transposed on the way)
@@ -266,8 +276,8 @@ class GdpaBwdSm90:
             tdSsdS = ds_copy.get_slice(ctid).partition_D(_transposed(sdS))
             tQsdQ = dq.partition_C(sdQ[None, None, 0])
 
-            acc_dv = dkv.make_fragment_C(dkv.partition_shape_C((self.tile_n, d)))
-            acc_dk = dkv.make_fragment_C(dkv.partition_shape_C((self.tile_n, d)))
+            acc_dv = dv_thr.make_fragment_C(dv_thr.partition_shape_C((self.tile_n, dv)))
+            acc_dk = dk_thr.make_fragment_C(dk_thr.partition_shape_C((self.tile_n, d)))
             acc_dv.fill(0.0)
             acc_dk.fill(0.0)
             st_shape = sdp.partition_shape_C((self.tile_n, self.tile_m))
@@ -291,7 +301,7 @@ class GdpaBwdSm90:
                 warpgroup.wait_group(1)
 
                 # Pᵀ into the dV operand; act' kept in acc_s for dS
-                r_p = operand_a_like(acc_s, dkv_mma, self.dtype)
+                r_p = operand_a_like(acc_s, dv_mma, self.dtype)
                 p_acc = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
                 # keys past Nk (last key tile) and queries past Nq (last query tile) read as zeros: masked
                 # so a non-finite input cannot reach the sums through them, by a select per score on every
@@ -310,14 +320,14 @@ class GdpaBwdSm90:
                 warpgroup.wait_group(0)
                 for i in cutlass.range_constexpr(cute.size(acc_dp)):
                     acc_dp[i] = acc_dp[i] * acc_s[i]
-                r_ds = operand_a_like(acc_dp, dkv_mma, self.dtype)
+                r_ds = operand_a_like(acc_dp, dk_mma, self.dtype)
                 store_operand_a(acc_dp, r_ds)
                 stage = q_handle.index
                 cute.copy(ds_copy, ds_copy.retile(cute.make_tensor(r_ds.iterator, acc_dp.layout)),
                           tdSsdS[None, None, None, stage])
 
                 warpgroup.fence()
-                fresh_gemm(dkv_mma, acc_dv, r_p, tVrdO[None, None, None, do_handle.index], True)
+                fresh_gemm(dv_mma, acc_dv, r_p, tVrdO[None, None, None, do_handle.index], True)
                 warpgroup.commit_group()
 
                 # dS complete in shared memory (both warpgroups' keys); the previous dQ tile's
@@ -330,7 +340,7 @@ class GdpaBwdSm90:
                 acc_dq = dq.make_fragment_C(dq.partition_shape_C((self.tile_m, d)))
                 fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, stage], tQrK, False)
                 warpgroup.commit_group()
-                fresh_gemm(dkv_mma, acc_dk, r_ds, tKrQ[None, None, None, q_handle.index], True)
+                fresh_gemm(dk_mma, acc_dk, r_ds, tKrQ[None, None, None, q_handle.index], True)
                 warpgroup.commit_group()
                 warpgroup.wait_group(2)
                 do_handle.release()
@@ -354,8 +364,8 @@ class GdpaBwdSm90:
             r_dk = cute.make_fragment_like(acc_dk, self.dtype)
             r_dk.store((acc_dk.load() * ds_scale).to(self.dtype))
             cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=self.num_mma_wg * _WG_THREADS)
-            cute.autovec_copy(r_dv, dkv.partition_C(sV0))
-            cute.autovec_copy(r_dk, dkv.partition_C(sK0))
+            cute.autovec_copy(r_dv, dv_thr.partition_C(sV0))
+            cute.autovec_copy(r_dk, dk_thr.partition_C(sK0))
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=self.num_mma_wg * _WG_THREADS)
             if warp_idx == _WG_THREADS // 32:
@@ -365,19 +375,22 @@ class GdpaBwdSm90:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     def _tiled_mmas(self):
-        """Sᵀ/dPᵀ (keys x queries, both operands from shared memory), dK/dV (keys x D, A from registers),
-        dQ (queries x D, D split between the warpgroups)."""
+        """Sᵀ/dPᵀ (keys x queries, both operands from shared memory), dK (keys x D) and dV (keys x Dv), A
+        from registers, dQ (queries x D, D split between the warpgroups)."""
         k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         sdp_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, k_major, k_major, cutlass.Float32, (self.num_mma_wg, 1, 1),
             (_WG_ROWS, self.tile_m),
         )
-        dkv_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, mn_major, cutlass.Float32, (self.num_mma_wg, 1, 1),
-            (_WG_ROWS, self.head_dim), warpgroup.OperandSource.RMEM,
+        dk_mma, dv_mma = (
+            sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, k_major, mn_major, cutlass.Float32, (self.num_mma_wg, 1, 1),
+                (_WG_ROWS, width), warpgroup.OperandSource.RMEM,
+            )
+            for width in (self.head_dim, self.head_dim_v)
         )
         dq_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, k_major, mn_major, cutlass.Float32, (1, self.num_mma_wg, 1),
             (self.tile_m, self.head_dim // self.num_mma_wg),
         )
-        return sdp_mma, dkv_mma, dq_mma
+        return sdp_mma, dk_mma, dv_mma, dq_mma

@@ -18,19 +18,25 @@ from ..triton.gdpa_fwd_tma import capability_major, tma_layout
 from ..triton.layout import as_4d
 from .compile_cache import cached_compile
 
-# Head dims whose two Q stages, four K/V stages and O tile fit in shared memory with 128x128 tiles.
-SUPPORTED_HEAD_DIMS = (64, 128)
+# Head dims of Q/K (D) and of V/O (Dv), in any combination: with 128x128 tiles the forward's two Q stages,
+# four K/V stages and O tile take 1024·D + 768·Dv bytes of shared memory (224 KiB at D = Dv = 128), and the
+# consumers' O accumulator Dv/2 registers a thread; wgmma's k-blocks need multiples of 16.
+SUPPORTED_HEAD_DIMS = (64, 96, 128)
 # every activation of the table has a CuTe form (activation_math.py, same names)
 SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES
 
 
-def fwd_schedule(head_dim: int) -> tuple[bool, bool]:
-    """(ping-pong, split O store) for a head dim. Measured on an H200 with the steps running across query tiles
-    (bf16 gelu_tanh, 128 to 2048 keys): at D=128 the warpgroups taking turns on the tensor cores, each storing
-    its own rows of O, is fastest or tied at every shape (+1-5% at 128-256 keys over the other three
-    schedules, +1% at long keys); at D=64 the matmuls are too short for turns to pay (-3 to -5%) and one
-    shared store is best."""
-    return (True, True) if head_dim >= 128 else (False, False)
+def fwd_schedule(head_dim: int, head_dim_v: int | None = None) -> tuple[bool, bool]:
+    """(ping-pong, split O store) for head dims D and Dv (None: Dv = D), by the matmul work per score, D + Dv.
+    Measured on an H200 (bf16 gelu_tanh, 256 to 2048 keys, every provider settled to its own load before its
+    timing): at D = Dv = 128 the warpgroups taking turns on the tensor cores, each storing its own rows of O, is
+    fastest or tied at every shape (+7% at 256 keys); at D + Dv of 192-224 (96/96, 64/128, 128/64, 96/128) the
+    two schedules are within 3% of each other at all but one shape, turns ahead at 256 keys (+1-3%) and behind
+    at 96/96, 2048 keys (-4%); at D = Dv = 64 and at 64/96 the matmuls are too short for turns to pay (up to
+    -5%, tied at 256 keys) and one shared store is best. 96/64 (not settled, one run): tied at 1024-2048 keys,
+    turns +6% at 256."""
+    work = head_dim + (head_dim if head_dim_v is None else head_dim_v)
+    return (True, True) if work >= 192 else (False, False)
 
 
 def cute_dsl_available() -> bool:
@@ -69,8 +75,8 @@ def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
     if q.dtype not in (torch.float16, torch.bfloat16) or not (q.dtype == k.dtype == v.dtype):
         return False, "the CuTe forward takes fp16/bf16 operands of one dtype"
     d, dv = q.shape[-1], v.shape[-1]
-    if d != dv or d not in SUPPORTED_HEAD_DIMS:
-        return False, f"head dims (D={d}, Dv={dv}) must be equal and one of {SUPPORTED_HEAD_DIMS}"
+    if d not in SUPPORTED_HEAD_DIMS or dv not in SUPPORTED_HEAD_DIMS:
+        return False, f"head dims (D={d}, Dv={dv}) must each be one of {SUPPORTED_HEAD_DIMS}"
     for name, t in (("query", q), ("key", k), ("value", v)):
         if t.stride(-1) != 1:
             return False, f"{name} must have a contiguous last dim"
@@ -104,18 +110,22 @@ def _as_cute(t: torch.Tensor):
 def compile_fwd(
     dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False,
     pingpong: bool | None = None, split_store: bool | None = None, mask_keys: bool = True,
+    head_dim_v: int | None = None,
 ):
-    """The compiled forward for (dtype, head dim, activation, schedule, masking), compiled once and cached in
+    """The compiled forward for (dtype, head dims, activation, schedule, masking), compiled once and cached in
     memory and on disk (``compile_cache``): its sizes and strides are runtime values, so every shape reuses it.
     ``operands``: the call's four tensors in the kernel's form (``_as_cute``); without them the kernel is
     compiled against fake tensors, which needs no GPU (target sm_90a). ``keep_ptx`` keeps the PTX in
-    ``.artifacts`` (compile tests). ``pingpong``/``split_store``: None takes ``fwd_schedule(head_dim)``.
-    ``mask_keys``: Nk is not a multiple of the key tile (the last key tile's padded columns give P = 0)."""
+    ``.artifacts`` (compile tests). ``pingpong``/``split_store``: None takes ``fwd_schedule``.
+    ``mask_keys``: Nk is not a multiple of the key tile (the last key tile's padded columns give P = 0).
+    ``head_dim_v``: V's and O's head dim (None: ``head_dim``)."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    schedule = fwd_schedule(head_dim)
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    schedule = fwd_schedule(head_dim, head_dim_v)
     pingpong = schedule[0] if pingpong is None else pingpong
     split_store = schedule[1] if split_store is None else split_store
-    key = ("fwd", str(dtype), head_dim, activation, operands is None, keep_ptx, pingpong, split_store, mask_keys)
+    key = ("fwd", str(dtype), head_dim, head_dim_v, activation, operands is None, keep_ptx, pingpong, split_store,
+           mask_keys)
 
     def build():
         import cutlass
@@ -130,7 +140,7 @@ def compile_fwd(
         one = cutlass.Float32(1.0)
         form = activation_math.forward_form(activation, element is cutlass.BFloat16)
         kernel = GdpaFwdSm90(
-            element, head_dim, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys
+            element, head_dim, head_dim_v, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys
         )
         return cute.compile(
             kernel, *args, one, one, one, cutlass.Int32(1), make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
@@ -144,19 +154,19 @@ def gdpa_fwd_cute(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, scale: float, post_scale: float,
     negative_slope: float, pingpong: bool | None = None, split_store: bool | None = None,
 ) -> torch.Tensor:
-    """q [Z, H, Nq, D], k/v [Z, Hkv, Nk, D] (checked by ``fwd_supported``) -> out [Z, H, Nq, D].
-    ``pingpong`` and ``split_store`` override ``fwd_schedule(D)`` (benchmarks, tests)."""
+    """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv] (checked by ``fwd_supported``) -> out
+    [Z, H, Nq, Dv]. ``pingpong`` and ``split_store`` override ``fwd_schedule`` (benchmarks, tests)."""
     import cuda.bindings.driver as cuda
     import cutlass
 
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     if k.shape[2] == 0:
         return out.zero_()
     operands = [_as_cute(t) for t in (q, k, v, out)]
     fn = compile_fwd(q.dtype, q.shape[-1], activation, operands, pingpong=pingpong, split_store=split_store,
-                     mask_keys=k.shape[2] % 128 != 0)
+                     mask_keys=k.shape[2] % 128 != 0, head_dim_v=v.shape[-1])
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     # persistent: one CTA per SM (its shared memory and registers admit one), never more than the tiles
     tiles = -(-q.shape[2] // 128) * q.shape[1] * q.shape[0]

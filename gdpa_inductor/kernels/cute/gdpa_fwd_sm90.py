@@ -55,16 +55,17 @@ def _tma_part(atom, s, g):
 
 
 class GdpaFwdSm90:
-    """Compile-time parameters: element type, head dim (= value head dim), the activation's forward form
+    """Compile-time parameters: element type, head dims of Q/K and of V/O, the activation's forward form
     (``activation_math.forward_form``: an fp32 form per score, or a PackedForm on bf16x2 pairs), key tile,
     number of K/V stages, and the schedule: ping-pong, split O stores, the mask of keys past Nk."""
 
     def __init__(
-        self, dtype, head_dim: int, activation: Callable | PackedForm, tile_n: int = 128, kv_stages: int = 2,
-        pingpong: bool = True, split_store: bool = False, mask_keys: bool = True,
+        self, dtype, head_dim: int, head_dim_v: int, activation: Callable | PackedForm, tile_n: int = 128,
+        kv_stages: int = 2, pingpong: bool = True, split_store: bool = False, mask_keys: bool = True,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
+        self.head_dim_v = head_dim_v
         self.activation = activation
         # a packed form gives act(scale · x) / (scale / 2): O takes the factor once
         self.packed = isinstance(activation, PackedForm)
@@ -102,39 +103,40 @@ class GdpaFwdSm90:
         num_ctas: cutlass.Int32,
         stream: cuda.CUstream,
     ):
-        """mQ, mO: (Nq, D, H, Z); mK, mV: (Nk, D, Hkv, Z); D contiguous. ``num_ctas``: the persistent grid
-        (at most the number of tiles; one CTA per SM fits)."""
-        # V as (D, N, Hkv, Z): the B operand of P·V, contiguous along its N mode (D)
+        """mQ: (Nq, D, H, Z); mK: (Nk, D, Hkv, Z); mV: (Nk, Dv, Hkv, Z); mO: (Nq, Dv, H, Z); D, Dv contiguous.
+        ``num_ctas``: the persistent grid (at most the number of tiles; one CTA per SM fits)."""
+        # V as (Dv, N, Hkv, Z): the B operand of P·V, contiguous along its N mode (Dv)
         v = cute.make_tensor(
             mV.iterator,
             cute.make_layout((mV.shape[1], mV.shape[0], mV.shape[2], mV.shape[3]),
                              stride=(mV.stride[1], mV.stride[0], mV.stride[2], mV.stride[3])),
         )
         q, k, o = mQ, mK, mO
-        d = self.head_dim
+        d, dv = self.head_dim, self.head_dim_v
         q_smem = sm90_utils.make_smem_layout_a(
             utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.q_stages
         )
         self.o_rows = _WG_ROWS if self.split_store else self.tile_m
         o_smem = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.ROW_MAJOR, (self.o_rows, self.tile_n, d), self.dtype, self.tile_m // self.o_rows
+            utils.LayoutEnum.ROW_MAJOR, (self.o_rows, self.tile_n, dv), self.dtype, self.tile_m // self.o_rows
         )
         k_smem = sm90_utils.make_smem_layout_b(
             utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.kv_stages
         )
         v_smem = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, self.kv_stages
+            utils.LayoutEnum.COL_MAJOR, (self.tile_m, dv, self.tile_n), self.dtype, self.kv_stages
         )
         q_tile = cute.slice_(q_smem, (None, None, 0))
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tq = cpasync.make_tiled_tma_atom(load, q, q_tile, (self.tile_m, d))
         tma_k, tk = cpasync.make_tiled_tma_atom(load, k, cute.slice_(k_smem, (None, None, 0)), (self.tile_n, d))
-        tma_v, tv = cpasync.make_tiled_tma_atom(load, v, cute.slice_(v_smem, (None, None, 0)), (d, self.tile_n))
+        tma_v, tv = cpasync.make_tiled_tma_atom(load, v, cute.slice_(v_smem, (None, None, 0)), (dv, self.tile_n))
         tma_o, to = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), o, cute.slice_(o_smem, (None, None, 0)), (self.o_rows, d)
+            cpasync.CopyBulkTensorTileS2GOp(), o, cute.slice_(o_smem, (None, None, 0)), (self.o_rows, dv)
         )
         self.q_bytes = cute.size_in_bytes(self.dtype, q_tile)
-        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, (None, None, 0)))
+        self.k_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, (None, None, 0)))
+        self.v_bytes = cute.size_in_bytes(self.dtype, cute.slice_(v_smem, (None, None, 0)))
 
         @cute.struct
         class SharedStorage:
@@ -185,7 +187,7 @@ class GdpaFwdSm90:
         bidx, _, _ = cute.arch.block_idx()
         num_ctas, _, _ = cute.arch.grid_dim()
         num_tiles = num_m * num_q_heads * mQ.shape[3]
-        d = self.head_dim
+        d, dv = self.head_dim, self.head_dim_v
         nk = mK.shape[0]
         n_tiles = cute.ceil_div(nk, self.tile_n)
 
@@ -199,11 +201,11 @@ class GdpaFwdSm90:
         # K and V in separate rings: the consumers take K_{j+1} before V_j
         k_producer, k_consumer = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.kv_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=self.kv_bytes, defer_sync=True,
+            consumer_group=consumer_warps, tx_count=self.k_bytes, defer_sync=True,
         ).make_participants()
         v_producer, v_consumer = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.kv_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=self.kv_bytes, defer_sync=True,
+            consumer_group=consumer_warps, tx_count=self.v_bytes, defer_sync=True,
         ).make_participants()
 
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
@@ -227,7 +229,9 @@ class GdpaFwdSm90:
                     m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
                     tQsQ, tQgQ = _tma_part(tma_q, sQ, cute.local_tile(mQ[None, None, h, z], (self.tile_m, d), (None, 0)))
                     tKsK, tKgK = _tma_part(tma_k, sK, cute.local_tile(mK[None, None, hk, z], (self.tile_n, d), (None, 0)))
-                    tVsV, tVgV = _tma_part(tma_v, sV, cute.local_tile(mV[None, None, hk, z], (d, self.tile_n), (0, None)))
+                    tVsV, tVgV = _tma_part(
+                        tma_v, sV, cute.local_tile(mV[None, None, hk, z], (dv, self.tile_n), (0, None))
+                    )
                     handle = q_producer.acquire_and_advance()
                     cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
                     for j in cutlass.range(n_tiles, unroll=1):
@@ -244,7 +248,7 @@ class GdpaFwdSm90:
             tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
             tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))
             tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))
-            acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((self.tile_m, d)))
+            acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((self.tile_m, dv)))
             s_shape = qk_thr.partition_shape_C((self.tile_m, self.tile_n))
             tScS = qk_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
             if cutlass.const_expr(self.split_store):
@@ -330,7 +334,7 @@ class GdpaFwdSm90:
     def _store_o(self, r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx, wg_idx):
         """O into shared memory once the previous TMA store has read it, then one TMA store, left to drain while
         the next tile computes: per warpgroup of its 64 rows (``split_store``), or of the whole tile."""
-        d = self.head_dim
+        dv = self.head_dim_v
         barrier, threads, stage, tile, issuer = (
             self.store_barrier_base, self.num_mma_wg * _WG_THREADS, 0, m_blk, warp_idx == _WG_THREADS // 32
         )
@@ -346,7 +350,7 @@ class GdpaFwdSm90:
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=barrier, number_of_threads=threads)
         if issuer:
-            tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(mO[None, None, h, z], (self.o_rows, d), (None, 0)))
+            tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(mO[None, None, h, z], (self.o_rows, dv), (None, 0)))
             cute.copy(tma_o, tOsO[(None, stage)], tOgO[(None, tile)])
             cute.arch.cp_async_bulk_commit_group()
 
@@ -419,7 +423,7 @@ class GdpaFwdSm90:
         """O += P V with P from registers, ``warpgroups`` consumer warpgroups of 64 rows each."""
         return sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
-            cutlass.Float32, (warpgroups, 1, 1), (_WG_ROWS, self.head_dim), warpgroup.OperandSource.RMEM,
+            cutlass.Float32, (warpgroups, 1, 1), (_WG_ROWS, self.head_dim_v), warpgroup.OperandSource.RMEM,
         )
 
     def _tiled_mmas(self):

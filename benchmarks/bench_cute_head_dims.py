@@ -1,0 +1,156 @@
+"""CuTe-DSL Hopper kernels at D = 96 and Dv != D against the Triton kernels and softmax attention (SDPA, and
+flash-attn-4 where it takes the head dims), one process, same shapes, bf16 (GPU only; cutlass-dsl staged with
+../shared/device/stage-cute-dsl.sh). D = Dv = 128 runs first as the anchor.
+
+Per (D, Dv) and shape: the forward in the schedule ``fwd_schedule`` picks and in the other one (ping-pong and
+split O stores on or off), the backward, and forward+backward; each provider's do_bench median in three rounds of
+rotated order, each provider first running untimed for 300 ms so the clocks settle to its own load (the GPU
+runs at its power cap: without it a provider that follows a heavy forward+backward read 2-6% low), the median
+of those (``median_over_rounds``). FLOPs count D and Dv apart: the forward's two
+matmuls 2·N²·D and 2·N²·Dv, the backward's five 2·N²·(3D + 2Dv).
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_head_dims.py --out results/cute_head_dims
+    python3 benchmarks/bench_cute_head_dims.py --plot-from results/cute_head_dims.json --out results/x   # the plot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+import triton
+from bench_gdpa import median_over_rounds, warm_up_gpu  # beside this file
+
+from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
+from gdpa_inductor.kernels.cute.gdpa_fwd import fwd_schedule, gdpa_fwd_cute
+from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
+from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
+
+HEAD_DIMS = [(128, 128), (96, 96), (64, 128), (128, 64), (96, 128), (64, 96)]
+SHAPES = [(1024, 1024), (2048, 2048), (2048, 256)]
+
+
+def _fa4():
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+    except Exception as e:  # noqa: BLE001 - not staged, or no SM90 build
+        print("flash-attn-4 unavailable:", repr(e)[:200], flush=True)
+        return None
+    return flash_attn_func
+
+
+def timing(rows, batch, heads, act, head_dims, passes, settle_ms):
+    fa4 = _fa4()
+    for d, dv in head_dims:
+        pingpong, split = fwd_schedule(d, dv)
+        for nq, nk in SHAPES:
+            q = k = v = do = fns = None
+            torch.cuda.empty_cache()
+            z = batch if nq * nk <= 1024 * 1024 else batch // 4
+            q = torch.randn(z, heads, nq, d, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(z, heads, nk, d, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(z, heads, nk, dv, device="cuda", dtype=torch.bfloat16)
+            do = torch.randn(z, heads, nq, dv, device="cuda", dtype=torch.bfloat16)
+            scale, post = d**-0.5, 1.0 / nk
+            fwd_flops = 2.0 * z * heads * nq * nk * (d + dv)
+            bwd_flops = 2.0 * z * heads * nq * nk * (3 * d + 2 * dv)
+            qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+
+            def sdpa_fb():
+                F.scaled_dot_product_attention(qt, kt, vt, scale=scale).backward(do)
+
+            fns = {
+                "cute_fwd": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
+                "cute_fwd_other": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, pingpong=not pingpong,
+                                                        split_store=not split),
+                "triton_fwd": lambda: gdpa_fwd_triton(q, k, v, None, act, scale, post, False, 0.01),
+                "sdpa_fwd": lambda: F.scaled_dot_product_attention(q, k, v, scale=scale),
+                "cute_bwd": lambda: gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01),
+                "triton_bwd": lambda: gdpa_bwd_triton(do, q, k, v, None, act, scale, post, False, 0.01, False),
+                "cute_fb": lambda: (gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
+                                    gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01)),
+                "sdpa_fb": sdpa_fb,
+            }
+            if fa4 is not None:
+                qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+                dos = do.transpose(1, 2).contiguous()
+
+                def fa4_fb():
+                    o = fa4(qs, ks, vs, softmax_scale=scale)
+                    (o[0] if isinstance(o, tuple) else o).backward(dos)
+
+                fns["fa4_fwd"] = lambda: fa4(qs.detach(), ks.detach(), vs.detach(), softmax_scale=scale)
+                fns["fa4_fb"] = fa4_fb
+            fns = {name: fn for name, fn in fns.items() if name.split("_")[1] in passes}
+            row = dict(kind="time", d=d, dv=dv, z=z, heads=heads, nq=nq, nk=nk, pingpong=pingpong, split_store=split)
+            # provider names read "<provider>_<pass>[_variant]"
+            flops = dict(fwd=fwd_flops, bwd=bwd_flops, fb=fwd_flops + bwd_flops)
+            for name, ms in median_over_rounds(fns, settle_ms=settle_ms, warmup=25, rep=100).items():
+                if ms is not None:
+                    row[name] = flops[name.split("_")[1]] / ms * 1e-9
+            rows.append(row)
+            print({k_: (round(v_, 1) if isinstance(v_, float) else v_) for k_, v_ in row.items()}, flush=True)
+
+
+PANELS = [
+    ("forward TF/s", [("cute_fwd", "CuTe"), ("triton_fwd", "Triton"), ("sdpa_fwd", "SDPA (softmax)"),
+                      ("fa4_fwd", "FA4 (softmax)")]),
+    ("backward TF/s", [("cute_bwd", "CuTe"), ("triton_bwd", "Triton")]),
+    ("forward+backward TF/s", [("cute_fb", "CuTe"), ("sdpa_fb", "SDPA (softmax)"), ("fa4_fb", "FA4 (softmax)")]),
+]
+
+COLORS = {"CuTe": "C0", "Triton": "C1", "SDPA (softmax)": "C2", "FA4 (softmax)": "C3"}
+
+
+def plot(rows, path):
+    """One panel per pass, grouped bars per (D, Dv, shape); a provider that did not run has no bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(15, 11))
+    labels = [f"{r['d']}/{r['dv']}\n{r['nq']}x{r['nk']}" for r in rows]
+    for ax, (ylabel, providers) in zip(axes, PANELS):
+        width = 0.8 / len(providers)
+        for i, (key, name) in enumerate(providers):
+            ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0 for r in rows], width, label=name,
+                   color=COLORS[name])
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8, ncol=len(providers))
+    axes[0].set_title("bf16 gelu_tanh, H=4, D/Dv and q x kv")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=1152)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--activation", default="gelu_tanh")
+    ap.add_argument("--head-dims", default=",".join(f"{d}x{dv}" for d, dv in HEAD_DIMS), help="DxDv,...")
+    ap.add_argument("--passes", default="fwd,bwd,fb", help="which of fwd, bwd, fb to time")
+    ap.add_argument("--settle-ms", type=float, default=300.0, help="untimed run of each provider before its timing")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
+    args = ap.parse_args()
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            plot(json.load(f)["rows"], (args.out or args.plot_from.removesuffix(".json")) + ".png")
+        return
+    head_dims = [tuple(int(x) for x in hd.split("x")) for hd in args.head_dims.split(",")]
+    rows = []
+    warm_up_gpu(3.0)
+    timing(rows, args.batch, args.heads, args.activation, head_dims, args.passes.split(","), args.settle_ms)
+    if args.out:
+        with open(args.out + ".json", "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                           activation=args.activation, rows=rows), f, indent=1)
+        plot(rows, args.out + ".png")
+
+
+if __name__ == "__main__":
+    main()
