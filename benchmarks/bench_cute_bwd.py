@@ -4,7 +4,8 @@ one process, same shapes, bf16 (GPU only; cutlass-dsl staged with ../shared/devi
 First a correctness sweep of the CuTe backward against float64 (every activation, ragged lengths, GQA,
 D in {64, 128}, fp16/bf16; dq, dk and dv each next to the Triton backward's error at the same inputs), then
 backward-only and forward+backward TF/s at Meta's shapes (H=4; D=128 and 64): each provider's do_bench median
-in three rounds of rotated order, the median of those (``median_over_rounds``).
+in three rounds of rotated order, each provider first running untimed for ``SETTLE_MS`` so the clocks settle to
+its own load, the median of those (``median_over_rounds``).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_bwd.py --out results/cute_bwd
     python3 benchmarks/bench_cute_bwd.py --plot-from results/cute_bwd.json --out results/cute_bwd   # the plot
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from bench_cute_fwd import CHECK_CASES, META_SHAPES, _rel, plot  # beside this file
-from bench_gdpa import median_over_rounds, warm_up_gpu
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import bwd_supported, compile_bwd, gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
@@ -102,7 +103,7 @@ def timing(rows, d, batch, act="gelu_tanh"):
                 o = o[0] if isinstance(o, tuple) else o
                 o.backward(dos)
             fns["fa4_fb"] = fa4_fb
-        for name, ms in median_over_rounds(fns, warmup=25, rep=100).items():
+        for name, ms in median_over_rounds(fns, settle_ms=SETTLE_MS, warmup=25, rep=100).items():
             row[name] = None if ms is None else tflops(ms, z, h, nq, nk, d, 2.5 if name.endswith("bwd") else 3.5)
         rows.append(row)
         print(row, flush=True)

@@ -4,7 +4,8 @@ imports), one process, same shapes, bf16 (GPU only; cutlass-dsl staged with ../s
 First a correctness sweep of the CuTe kernel against a float64 reference (every activation, ragged lengths,
 GQA, D in {64, 128}, fp16/bf16), next to the Triton kernel's error at the same inputs; then forward TF/s at
 Meta's shapes (B=1152, H=4; D=128 and D=64): each provider's do_bench median in three rounds of rotated order,
-the median of those (``median_over_rounds``).
+each provider first running untimed for ``SETTLE_MS`` so the clocks settle to its own load, the median of those
+(``median_over_rounds``).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_fwd.py --out results/cute_fwd
     python3 benchmarks/bench_cute_fwd.py --plot-from results/cute_fwd.json --out results/cute_fwd   # the plot
@@ -19,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from bench_gdpa import median_over_rounds, warm_up_gpu  # beside this file
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu  # beside this file
 
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, compile_fwd, fwd_supported, gdpa_fwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference
@@ -102,7 +103,7 @@ def timing(rows, batch, heads, act):
                 qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
                 providers["fa4"] = lambda: fa4(qb, kb, vb, softmax_scale=scale)
             row = dict(kind="fwd", d=d, nq=nq, nk=nk, batch=batch, heads=heads)
-            for name, ms in median_over_rounds(providers).items():
+            for name, ms in median_over_rounds(providers, settle_ms=SETTLE_MS).items():
                 if ms is not None:
                     row[name] = flops / ms * 1e-9
             for other in ("triton", "sdpa", "fa4"):

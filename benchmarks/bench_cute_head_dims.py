@@ -21,7 +21,7 @@ import json
 import torch
 import torch.nn.functional as F
 import triton
-from bench_gdpa import median_over_rounds, warm_up_gpu  # beside this file
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu  # beside this file
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import fwd_schedule, gdpa_fwd_cute
@@ -133,7 +133,7 @@ def main():
     ap.add_argument("--activation", default="gelu_tanh")
     ap.add_argument("--head-dims", default=",".join(f"{d}x{dv}" for d, dv in HEAD_DIMS), help="DxDv,...")
     ap.add_argument("--passes", default="fwd,bwd,fb", help="which of fwd, bwd, fb to time")
-    ap.add_argument("--settle-ms", type=float, default=300.0, help="untimed run of each provider before its timing")
+    ap.add_argument("--settle-ms", type=float, default=SETTLE_MS, help="untimed run of each provider before its timing")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
     args = ap.parse_args()

@@ -82,6 +82,11 @@ def warm_up_gpu(seconds: float):
         torch.cuda.synchronize()
 
 
+# untimed run of each provider before its timing in ``median_over_rounds`` (the CuTe benchmarks): with 300 ms
+# one kernel timed twice in a row after a heavy forward+backward read within 0.9%, without it up to 3% apart
+SETTLE_MS = 300.0
+
+
 def median_over_rounds(
     fns: dict[str, Callable], rounds: int = 3, settle_ms: float = 0.0, **bench
 ) -> dict[str, float | None]:
