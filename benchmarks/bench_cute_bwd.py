@@ -62,6 +62,18 @@ def tflops(ms, z, h, nq, nk, d, factor):
     return factor * 4 * z * h * nq * nk * d / ms / 1e9
 
 
+def fresh_operands(batch, heads, nq, nk, d, dv, device="cuda"):
+    """(z, q, k, v, do) in bf16 from an emptied allocator cache (the previous shape's blocks are of other sizes);
+    a quarter of the batch past 1024² so every shape fits."""
+    torch.cuda.empty_cache()
+    z = batch if nq * nk <= 1024 * 1024 else batch // 4
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16)
+
+    return z, randn(z, heads, nq, d), randn(z, heads, nk, d), randn(z, heads, nk, dv), randn(z, heads, nq, dv)
+
+
 def timing(rows, d, batch, act="gelu_tanh"):
     from_fa4 = None
     try:
@@ -70,14 +82,9 @@ def timing(rows, d, batch, act="gelu_tanh"):
         print("flash-attn-4 unavailable:", repr(e)[:200])
     h = 4
     for nq, nk in META_SHAPES:
-        # every shape starts from an empty allocator cache: the previous shape's blocks are of other sizes
+        # the previous shape's tensors go before the allocator cache is emptied
         q = k = v = do = fns = qs = ks = vs = dos = qt = kt = vt = None
-        torch.cuda.empty_cache()
-        z = batch if nq * nk <= 1024 * 1024 else batch // 4
-        q = torch.randn(z, h, nq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(z, h, nk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(z, h, nk, d, device="cuda", dtype=torch.bfloat16)
-        do = torch.randn(z, h, nq, d, device="cuda", dtype=torch.bfloat16)
+        z, q, k, v, do = fresh_operands(batch, h, nq, nk, d, d)
         scale, post = d**-0.5, 1.0 / nk
         row = dict(kind="time", d=d, z=z, nq=nq, nk=nk)
         fns = {

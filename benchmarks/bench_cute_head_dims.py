@@ -21,7 +21,8 @@ import json
 import torch
 import torch.nn.functional as F
 import triton
-from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu  # beside this file
+from bench_cute_bwd import fresh_operands  # beside this file
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import fwd_schedule, gdpa_fwd_cute
@@ -46,13 +47,9 @@ def timing(rows, batch, heads, act, head_dims, passes, settle_ms):
     for d, dv in head_dims:
         pingpong, split = fwd_schedule(d, dv)
         for nq, nk in SHAPES:
+            # the previous shape's tensors go before the allocator cache is emptied
             q = k = v = do = fns = None
-            torch.cuda.empty_cache()
-            z = batch if nq * nk <= 1024 * 1024 else batch // 4
-            q = torch.randn(z, heads, nq, d, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(z, heads, nk, d, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(z, heads, nk, dv, device="cuda", dtype=torch.bfloat16)
-            do = torch.randn(z, heads, nq, dv, device="cuda", dtype=torch.bfloat16)
+            z, q, k, v, do = fresh_operands(batch, heads, nq, nk, d, dv)
             scale, post = d**-0.5, 1.0 / nk
             fwd_flops = 2.0 * z * heads * nq * nk * (d + dv)
             bwd_flops = 2.0 * z * heads * nq * nk * (3 * d + 2 * dv)
