@@ -1,4 +1,4 @@
-"""Launcher of the CuTe-DSL Hopper backward: which calls it takes, one compile per (dtype, head dim,
+"""Launcher of the CuTe-DSL Hopper backward: which calls it takes, one compile per (dtype, head dims D and Dv,
 activation, dQ accumulation type), and the call itself (dQ summed in fp32 by the kernel and cast here, or,
 over short key ranges, summed in place in the operands' dtype)."""
 

@@ -1,4 +1,4 @@
-"""Launcher of the CuTe-DSL Hopper forward: which calls it takes, one compile per (dtype, head dim,
+"""Launcher of the CuTe-DSL Hopper forward: which calls it takes, one compile per (dtype, head dims D and Dv,
 activation), and the call itself.
 
 The kernel is compiled once per key, with every size and stride a runtime value, so every shape reuses it:
@@ -28,13 +28,13 @@ SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES
 
 def fwd_schedule(head_dim: int, head_dim_v: int | None = None) -> tuple[bool, bool]:
     """(ping-pong, split O store) for head dims D and Dv (None: Dv = D), by the matmul work per score, D + Dv.
-    Measured on an H200 (bf16 gelu_tanh, 256 to 2048 keys, every provider settled to its own load before its
+    Measured on an H200 (bf16 gelu_tanh, 256 to 2048 keys, every provider run untimed for 300 ms before its
     timing): at D = Dv = 128 the warpgroups taking turns on the tensor cores, each storing its own rows of O, is
     fastest or tied at every shape (+7% at 256 keys); at D + Dv of 192-224 (96/96, 64/128, 128/64, 96/128) the
-    two schedules are within 3% of each other at all but one shape, turns ahead at 256 keys (+1-3%) and behind
-    at 96/96, 2048 keys (-4%); at D = Dv = 64 and at 64/96 the matmuls are too short for turns to pay (up to
-    -5%, tied at 256 keys) and one shared store is best. 96/64 (not settled, one run): tied at 1024-2048 keys,
-    turns +6% at 256."""
+    two schedules are within 3% of each other at all but one shape: turns ahead at 256 keys for 64/128, 128/64
+    and 96/128 (+2-3%), behind at 96/96 (-1% at 256 keys, -4% at 2048); at 64/96 one shared store is ahead by
+    up to 3%. Without the untimed runs: at D = Dv = 64 turns lose 0.5-4% (and 3-5% in the tenth session), at
+    96/64 they tie at 1024-2048 keys and gain 6% at 256."""
     work = head_dim + (head_dim if head_dim_v is None else head_dim_v)
     return (True, True) if work >= 192 else (False, False)
 
