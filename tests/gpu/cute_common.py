@@ -41,6 +41,7 @@ CASES = [("bf16", act, 2, 4, 4, 300, 300, 128, 128) for act in SUPPORTED_ACTIVAT
     ("fp16", "sigmoid", 2, 4, 4, 300, 129, 96, 128),
     ("bf16", "relu_square", 2, 4, 2, 200, 700, 128, 96),
     ("bf16", "hardswish", 3, 4, 4, 130, 300, 64, 96),
+    ("bf16", "gelu", 2, 4, 2, 300, 260, 96, 64),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
