@@ -37,21 +37,29 @@ def triton_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
 
 def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
     """The dense forward's path: see ``_cute_else_select``."""
-    return _cute_else_select(q, k, v, bias, causal, activation, "forward")
+    from ..kernels.cute.gdpa_fwd import cute_fwd_preferred, cute_fwd_support
+
+    def support(q, k, v, bias, causal, activation):
+        ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
+        if ok and config.backend == "auto":
+            ok, reason = cute_fwd_preferred(q, k, v)
+        return ok, reason
+
+    return _cute_else_select(support, q, k, v, bias, causal, activation, "forward")
 
 
 def select_backward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
     """The dense backward's path: see ``_cute_else_select``."""
-    return _cute_else_select(q, k, v, bias, causal, activation, "backward")
+    from ..kernels.cute.gdpa_bwd import cute_bwd_support
+
+    return _cute_else_select(cute_bwd_support, q, k, v, bias, causal, activation, "backward")
 
 
-def _cute_else_select(q, k, v, bias, causal: bool, activation: str, what: str) -> str:
-    """"cute" where the CuTe-DSL Hopper kernels support the call (under "auto" and "cute"; a ValueError under
-    "cute" when they cannot), otherwise as ``select_impl``."""
+def _cute_else_select(cute_support, q, k, v, bias, causal: bool, activation: str, what: str) -> str:
+    """"cute" where ``cute_support`` says the CuTe-DSL Hopper kernel takes the call (under "auto" and "cute"; a
+    ValueError under "cute" when it cannot), otherwise as ``select_impl``."""
     if config.backend in ("auto", "cute"):
-        from ..kernels.cute.gdpa_fwd import cute_fwd_support
-
-        ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
+        ok, reason = cute_support(q, k, v, bias, causal, activation)
         if ok:
             log.debug("gdpa %s: cute", what)
             return "cute"

@@ -3,7 +3,8 @@ on the lent H200 cutlass-dsl is staged with ../shared/device/stage-cute-dsl.sh).
 
 Against a float64 reference, the CuTe forward's relative error is at most 2x eager PyTorch's own error in
 the same dtype at the same inputs, over every activation, ragged lengths (TMA's zero fill plus the last key
-tile's mask), GQA, D and Dv in {64, 96, 128}, fp16 and bf16, through the op with ``config.backend = "cute"``.
+tile's mask), GQA, D and Dv in {64, 96, 128} and the wide-head tiles at 256 (64-key tiles, O stored from the
+registers with rows past Nq left alone), fp16 and bf16, through the op with ``config.backend = "cute"``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,17 @@ from .cute_common import CASES, DTYPES, FLOOR, NEEDS_CUTE, eager_gdpa, rel_error
 
 pytestmark = NEEDS_CUTE
 
+# head dims past 128 (the forward only): ragged, an exact 64-key tile, GQA with several tiles per CTA, fp16
+WIDE_HEAD_CASES = [
+    ("bf16", "gelu_tanh", 2, 4, 4, 300, 300, 256, 256),
+    ("bf16", "silu", 40, 4, 2, 300, 200, 256, 256),
+    ("fp16", "relu", 2, 4, 4, 257, 1000, 128, 256),
+    ("bf16", "gelu", 3, 4, 4, 130, 64, 256, 64),
+    ("bf16", "sigmoid", 1, 2, 2, 17, 2048, 256, 256),
+]
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+
+@pytest.mark.parametrize("case", CASES + WIDE_HEAD_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_cute_forward_matches_float64(case, cute_backend):
     dtype_name, act, z, h, hkv, nq, nk, d, dv = case
     dtype = DTYPES[dtype_name]
@@ -54,11 +64,12 @@ def test_cute_forward_packed_forms_across_score_ranges(act, magnitude, scale, cu
 
 @pytest.mark.parametrize("act", ["relu", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("nk", [200, 600])
-def test_cute_forward_nonfinite_like_eager_pattern(act, nk, cute_backend):
+@pytest.mark.parametrize("d", [128, 256])
+def test_cute_forward_nonfinite_like_eager_pattern(act, nk, d, cute_backend):
     """A non-finite query spreads over its row only: padded keys past Nk add nothing, not NaN (with and
-    without ping-pong; gelu_tanh and silu in their folded-scale bf16 forms)."""
-    q = torch.randn(1, 2, 130, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, 2, nk, 128, device="cuda", dtype=torch.bfloat16)
+    without ping-pong; gelu_tanh and silu in their folded-scale bf16 forms; 64-key tiles at D = 256)."""
+    q = torch.randn(1, 2, 130, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 2, nk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     q[0, 0, 3, 5] = float("inf")
     out = gdpa(q, k, v, activation=act)
@@ -97,3 +108,42 @@ def test_cute_forward_schedules_agree_across_head_dims(d, dv):
     assert outs[0].shape == (30, 4, 700, dv) and torch.isfinite(outs[0]).all()
     for out in outs[1:]:
         assert torch.equal(out, outs[0])
+
+
+def test_wide_head_rows_past_nq_untouched():
+    """O goes from the registers to global memory at D = 256: the rows of the last query tile past Nq are not
+    written. O is a view of the first 200 rows of a 256-row buffer: the 56 after them keep their sevens."""
+    q = torch.randn(2, 4, 200, 256, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 4, 300, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    buffer = torch.full((2, 4, 256, 256), 7.0, device="cuda", dtype=torch.bfloat16)
+    out = gdpa_fwd_cute(q, k, v, "silu", 256**-0.5, 1.0, 0.01, out=buffer[:, :, :200])
+    ref = gdpa_reference(q.double(), k.double(), v.double(), None, "silu", 256**-0.5, 1.0)
+    assert rel_error(out, ref) <= 2 * rel_error(eager_gdpa(q, k, v, "silu", 256**-0.5, 1.0), ref) + FLOOR
+    assert torch.equal(buffer[:, :, 200:], torch.full_like(buffer[:, :, 200:], 7.0))
+
+
+def test_wide_head_trains_with_the_usual_backward(monkeypatch):
+    """Under "auto" at D = 256 (from 1024 keys) the forward runs the CuTe kernel and the backward the usual path;
+    every gradient within 2x eager's error against float64."""
+    import gdpa_inductor
+    from gdpa_inductor.lowering import dispatch
+
+    monkeypatch.setattr(gdpa_inductor.config, "backend", "auto")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(2, 4, n, 256, device="cuda", dtype=torch.bfloat16, generator=gen) for n in (300, 1100, 1100))
+    do = torch.randn(2, 4, 300, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    assert dispatch.select_forward_impl(q, k, v, None, False, "gelu_tanh") == "cute"
+    assert dispatch.select_backward_impl(q, k, v, None, False, "gelu_tanh") != "cute"
+    scale, post = 256**-0.5, 1.0 / 1100
+
+    def grads(fn, *xs):
+        xs = [x.detach().requires_grad_() for x in xs]
+        fn(*xs).backward(do.to(xs[0].dtype))
+        return [x.grad for x in xs]
+
+    got = grads(lambda a, b, c: gdpa(a, b, c, activation="gelu_tanh", scale=scale, post_scale=post), q, k, v)
+    ref = grads(lambda a, b, c: gdpa_reference(a, b, c, None, "gelu_tanh", scale, post), q.double(), k.double(),
+                v.double())
+    eager = grads(lambda a, b, c: eager_gdpa(a, b, c, "gelu_tanh", scale, post), q, k, v)
+    for g, r, e in zip(got, ref, eager):
+        assert rel_error(g, r) <= 2 * rel_error(e, r) + FLOOR

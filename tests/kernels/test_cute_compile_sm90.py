@@ -1,5 +1,6 @@
 """The CuTe-DSL Hopper forward and backward compile for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake
-tensors): every activation at D=128, a subset at D=64, and D=96 and Dv != D (the forward in the schedule each
+tensors): every activation at D=128, a subset at D=64, D=96 and Dv != D, and the forward alone at head dims of
+256 (its wide-head tiles, O stored from the registers) (the forward in the schedule each
 pair of head dims takes, in the two others, for key counts that are a multiple of the key tile (no mask) and in
 fp16, whose activation forms differ; the backward in both its dQ forms: summed in an fp32 buffer, or in place in
 the operands' dtype), each checked for wgmma (every matmul), TMA loads and stores (and the backward's TMA
@@ -27,11 +28,18 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 from gdpa_inductor.kernels.cute.activation_math import PACKED_BF16_ACTIVATIONS  # noqa: E402
-from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, fwd_schedule  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_fwd import (  # noqa: E402
+    SUPPORTED_ACTIVATIONS,
+    fwd_schedule,
+    key_tile,
+    wide_head_tiles,
+)
 
 # (D, Dv, activation)
 CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh"), (64, 64, "relu")]
 HEAD_DIM_CASES = [(96, 96, "gelu_tanh"), (64, 128, "relu"), (128, 64, "silu"), (96, 128, "sigmoid"), (128, 96, "gelu")]
+# past 128 only the forward (64-key tiles, one Q stage, O stored from the registers)
+WIDE_HEAD_CASES = [(256, 256, "gelu_tanh"), (256, 256, "relu"), (128, 256, "silu"), (256, 64, "gelu")]
 # compile_fwd's arguments per forward kind: "fwd" is the schedule the launcher takes for the head dim, with the
 # mask of keys past Nk; the others are D=128's two other schedules, Nk a multiple of the key tile, fp16
 FWD_KINDS = {
@@ -46,7 +54,7 @@ FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpo
                      ("fwd_exact_keys", 128, 128, "gelu_tanh"), ("fwd_exact_keys", 128, 128, "relu"),
                      ("fwd_exact_keys", 64, 64, "gelu_tanh"), ("fwd_fp16", 128, 128, "gelu_tanh"),
                      ("fwd_fp16", 128, 128, "silu"), ("fwd_no_pingpong", 96, 128, "gelu_tanh")]
-FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES] + FWD_VARIANT_CASES
+FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
 # measured with cutlass-dsl 4.8.1: 4 to 140 bytes of spills in the consumers' (value, derivative) pass
 BWD_SPILLING = {
@@ -75,8 +83,11 @@ def reports(tmp_path_factory):
 def test_cute_fwd_compiles_for_sm90a(case, reports):
     r = reports[case]
     assert r["target"] == "sm_90a"
-    assert r["wgmma"] >= case[1] // 16 + 128 // 16, "QK and PV must both be wgmma (one per 16-wide k-block)"
-    assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/K/V loads and the O store go through TMA"
+    assert r["wgmma"] >= case[1] // 16 + key_tile(*case[1:3]) // 16, "QK and PV must both be wgmma (one per k-block)"
+    assert r["tma_loads"] > 0, "Q/K/V loads go through TMA"
+    wide = wide_head_tiles(*case[1:3]).get("o_from_registers", False)
+    assert (r["tma_stores"] > 0) == (not wide), "O goes through shared memory and TMA unless the head is wide"
+    assert (r["st_global"] > 0) == wide, "a wide head's O goes from the registers to global memory"
     assert r["setmaxnreg"] == 2, "producer gives registers away, consumers take them"
     # ping-pong: each consumer warpgroup waits for its turn and hands it on through named barriers
     pingpong = FWD_KINDS[case[0]].get("pingpong", fwd_schedule(case[1], case[2])[0])
@@ -148,6 +159,7 @@ def _compile_all(cases) -> list[dict]:
             tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cta\.global", ptx)),
             tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx)),
             tma_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
+            st_global=len(re.findall(r"\bst\.global\.", ptx)),
             stmatrix=ptx.count("stmatrix"),
             setmaxnreg=ptx.count("setmaxnreg."),
             tanh_approx=ptx.count("tanh.approx.f32"),

@@ -10,6 +10,7 @@ import torch
 
 import gdpa_inductor
 from gdpa_inductor import gdpa
+from gdpa_inductor.kernels.cute import gdpa_bwd as cute_bwd
 from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl, select_impl
 
@@ -85,7 +86,9 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
         (dict(dv=64), ""),
         (dict(d=64, dv=96), ""),
         (dict(d=80), "head dims"),
-        (dict(dv=256), "head dims"),
+        (dict(dv=192), "head dims"),
+        (dict(dv=256), ""),
+        (dict(d=256, dv=64), ""),
         (dict(transpose=True), "contiguous last dim"),
         (dict(broadcast_q=True), "strides"),
     ],
@@ -101,3 +104,37 @@ def test_support_reasons(monkeypatch, change, reason):
     ok, why = cute_fwd.cute_fwd_support(q, k, v, bias, change.get("causal", False), change.get("activation", "silu"))
     assert ok == (reason == "")
     assert reason in why
+
+
+@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.parametrize("d, dv", [(256, 256), (128, 256), (256, 64), (128, 128), (96, 64)])
+def test_backward_stops_at_head_dim_128(monkeypatch, backend, d, dv):
+    """Past D or Dv = 128 the forward runs the CuTe kernel and the backward the usual choice, with the reason
+    in the support check."""
+    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    backend("auto")
+    q, k, v = _qkv(d=d, dv=dv)
+    k, v = (torch.cat([t] * 13, dim=-2) for t in (k, v))  # 1040 keys: where "auto" takes the wide-head forward
+    wide = max(d, dv) > 128
+    ok, why = cute_bwd.cute_bwd_support(q, k, v, None, False, "silu")
+    assert ok == (not wide)
+    assert ("for the CuTe backward" in why) == wide
+    assert select_forward_impl(q, k, v, None, False, "silu") == "cute"
+    expected = select_impl(q, k, v, None, "backward") if wide else "cute"
+    assert select_backward_impl(q, k, v, None, False, "silu") == expected
+
+
+@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.parametrize("name, keys, expected", [("auto", 80, "reference"), ("auto", 1024, "cute"),
+                                                  ("cute", 80, "cute")])
+def test_wide_head_forward_from_min_keys_under_auto(monkeypatch, backend, name, keys, expected):
+    """"auto" runs the wide-head CuTe forward from ``WIDE_HEAD_MIN_KEYS`` keys (below, the usual choice: the
+    reference on these CPU tensors); forcing "cute" runs it at any key count."""
+    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    backend(name)
+    q = torch.randn(2, 4, 64, 256, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 4, keys, 256, dtype=torch.bfloat16) for _ in range(2))
+    assert cute_fwd.WIDE_HEAD_MIN_KEYS == 1024
+    assert select_forward_impl(q, k, v, None, False, "silu") == expected

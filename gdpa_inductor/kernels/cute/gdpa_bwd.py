@@ -10,7 +10,7 @@ import torch
 
 from ..triton.gdpa_fwd_tma import tma_layout
 from .compile_cache import cached_compile
-from .gdpa_fwd import _as_4d, _as_cute, _fake_operands, fwd_supported
+from .gdpa_fwd import _as_4d, _as_cute, _fake_operands, cute_fwd_support, fwd_supported
 
 # Up to this many 128-key tiles, dQ tiles are added straight into dQ in the operands' dtype: the fp32
 # buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at 256-1024 keys. Each dQ
@@ -21,9 +21,31 @@ DQ_DIRECT_MAX_KEY_TILES = 8
 KEY_TILE = 128
 
 
+# Each consumer warpgroup keeps dK and dV of its 64 keys in registers, (D + Dv) / 2 fp32 values a thread (128 at
+# D = Dv = 128): larger head dims leave no room for the scores
+BWD_HEAD_DIMS = (64, 96, 128)
+
+
+def _bwd_head_dims_reason(d: int, dv: int) -> str:
+    if d in BWD_HEAD_DIMS and dv in BWD_HEAD_DIMS:
+        return ""
+    return f"head dims (D={d}, Dv={dv}) must each be one of {BWD_HEAD_DIMS} for the CuTe backward"
+
+
 def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
-    """(ok, reason) for the CuTe backward on [Z, H, N, D] operands: the forward's cases."""
-    return fwd_supported(q, k, v, bias, causal, activation)
+    """(ok, reason) for the CuTe backward on [Z, H, N, D] operands: the forward's cases up to D = Dv = 128."""
+    ok, reason = fwd_supported(q, k, v, bias, causal, activation)
+    if ok:
+        reason = _bwd_head_dims_reason(q.shape[-1], v.shape[-1])
+    return not reason, reason
+
+
+def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+    """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting)."""
+    ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
+    if ok:
+        reason = _bwd_head_dims_reason(q.shape[-1], v.shape[-1])
+    return not reason, reason
 
 
 def compile_bwd(
@@ -107,7 +129,7 @@ def gdpa_bwd_cute(
 
 
 def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float):
-    """The op's backward on the CuTe kernel: [..., H, N, D] operands of one batch shape (``cute_fwd_support``
+    """The op's backward on the CuTe kernel: [..., H, N, D] operands of one batch shape (``cute_bwd_support``
     checked: no broadcast dims) -> (dq, dk, dv) in the inputs' shapes."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
     do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])

@@ -20,8 +20,9 @@ from .compile_cache import cached_compile
 
 # Head dims of Q/K (D) and of V/O (Dv), in any combination: with 128x128 tiles the forward's two Q stages,
 # four K/V stages and O tile take 1024·D + 768·Dv bytes of shared memory (224 KiB at D = Dv = 128), and the
-# consumers' O accumulator Dv/2 registers a thread; wgmma's k-blocks need multiples of 16.
-SUPPORTED_HEAD_DIMS = (64, 96, 128)
+# consumers' O accumulator Dv/2 registers a thread; wgmma's k-blocks need multiples of 16. Past 128 the forward
+# takes other tiles (``wide_head_tiles``); the backward stops at 128 (``BWD_HEAD_DIMS``).
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 256)
 # every activation of the table has a CuTe form (activation_math.py, same names)
 SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES
 
@@ -37,6 +38,33 @@ def fwd_schedule(head_dim: int, head_dim_v: int | None = None) -> tuple[bool, bo
     96/64 they tie at 1024-2048 keys and gain 6% at 256."""
     work = head_dim + (head_dim if head_dim_v is None else head_dim_v)
     return (True, True) if work >= 192 else (False, False)
+
+
+def wide_head_tiles(head_dim: int, head_dim_v: int) -> dict:
+    """GdpaFwdSm90's tiling where a head dim is above 128: 64-key tiles, one Q stage and O stored from the
+    registers, so Q (64 KB at D = 256) and two stages of K and V fit in shared memory (192 KB at D = Dv = 256)
+    and the O accumulator (128 registers a thread at Dv = 256) leaves room for the scores."""
+    if max(head_dim, head_dim_v) <= 128:
+        return {}
+    return dict(tile_n=64, q_stages=1, o_from_registers=True)
+
+
+# Where "auto" takes the wide-head forward: on an H200 (bf16 gelu_tanh, H=4) it ran 1.3-1.9x Triton's forward at
+# 1024 and 2048 keys for D/Dv of 256/256 and 256/128 and 1.05-1.2x for 128/256, but at 256 keys 1.06x, 1.34x and
+# 0.57x (its O stores from the registers weigh most where the keys are few): Triton below this many keys.
+WIDE_HEAD_MIN_KEYS = 1024
+
+
+def cute_fwd_preferred(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    """(ok, reason): whether "auto" should run a supported call on the CuTe forward."""
+    if max(q.shape[-1], v.shape[-1]) > 128 and k.shape[-2] < WIDE_HEAD_MIN_KEYS:
+        return False, f"head dims past 128 take the CuTe forward from {WIDE_HEAD_MIN_KEYS} keys"
+    return True, ""
+
+
+def key_tile(head_dim: int, head_dim_v: int) -> int:
+    """Keys per step of the forward for these head dims."""
+    return wide_head_tiles(head_dim, head_dim_v).get("tile_n", 128)
 
 
 def cute_dsl_available() -> bool:
@@ -140,7 +168,8 @@ def compile_fwd(
         one = cutlass.Float32(1.0)
         form = activation_math.forward_form(activation, element is cutlass.BFloat16)
         kernel = GdpaFwdSm90(
-            element, head_dim, head_dim_v, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys
+            element, head_dim, head_dim_v, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys,
+            **wide_head_tiles(head_dim, head_dim_v),
         )
         return cute.compile(
             kernel, *args, one, one, one, cutlass.Int32(1), make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
@@ -153,20 +182,23 @@ def compile_fwd(
 def gdpa_fwd_cute(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, scale: float, post_scale: float,
     negative_slope: float, pingpong: bool | None = None, split_store: bool | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv] (checked by ``fwd_supported``) -> out
-    [Z, H, Nq, Dv]. ``pingpong`` and ``split_store`` override ``fwd_schedule`` (benchmarks, tests)."""
+    [Z, H, Nq, Dv]. ``pingpong`` and ``split_store`` override ``fwd_schedule`` (benchmarks, tests). ``out``: a
+    tensor of that shape and q's dtype to write (TMA's layout rules, as for q), else a new one."""
     import cuda.bindings.driver as cuda
     import cutlass
 
-    out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     if k.shape[2] == 0:
         return out.zero_()
     operands = [_as_cute(t) for t in (q, k, v, out)]
     fn = compile_fwd(q.dtype, q.shape[-1], activation, operands, pingpong=pingpong, split_store=split_store,
-                     mask_keys=k.shape[2] % 128 != 0, head_dim_v=v.shape[-1])
+                     mask_keys=k.shape[2] % key_tile(q.shape[-1], v.shape[-1]) != 0, head_dim_v=v.shape[-1])
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     # persistent: one CTA per SM (its shared memory and registers admit one), never more than the tiles
     tiles = -(-q.shape[2] // 128) * q.shape[1] * q.shape[0]

@@ -19,7 +19,9 @@ No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as z
 with ``mask_keys`` (Nk not a multiple of the key tile) the last key tile's padded columns are selected to
 P = 0, so a non-finite query cannot leak NaN from them. The epilogue scales O once, writes it to shared
 memory and stores it by TMA, which clips rows past Nq, the copy draining while the next tile computes: each
-warpgroup its own 64 rows with ``split_store`` (neither waits for the other), else one copy of the tile.
+warpgroup its own 64 rows with ``split_store`` (neither waits for the other), else one copy of the tile. With
+``o_from_registers`` (head dims past 128, where shared memory has no room for an O tile) each thread stores its
+accumulator values straight to global memory, rows past Nq predicated off.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class GdpaFwdSm90:
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, activation: Callable | PackedForm, tile_n: int = 128,
         kv_stages: int = 2, pingpong: bool = True, split_store: bool = False, mask_keys: bool = True,
+        q_stages: int = 2, o_from_registers: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -73,8 +76,12 @@ class GdpaFwdSm90:
         self.tile_m = _WG_ROWS * self.num_mma_wg
         self.tile_n = tile_n
         self.kv_stages = kv_stages
-        # two Q stages: the next query tile's Q loads while this one's last Q Kᵀ still reads its stage
-        self.q_stages = 2
+        # two Q stages: the next query tile's Q loads while this one's last Q Kᵀ still reads its stage (one
+        # where two do not fit: D = 256)
+        self.q_stages = q_stages
+        # O stored straight from the accumulator registers (rows past Nq predicated off), where shared memory
+        # has no room for an O tile
+        self.o_from_registers = o_from_registers
         self.pingpong = pingpong
         # each consumer warpgroup stores its own 64 rows of O (neither waits for the other at the tile's end),
         # or both store one 128-row tile together
@@ -139,24 +146,28 @@ class GdpaFwdSm90:
         self.v_bytes = cute.size_in_bytes(self.dtype, cute.slice_(v_smem, (None, None, 0)))
 
         @cute.struct
-        class SharedStorage:
+        class OperandStorage:
             q_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
             k_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             v_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
+
+        @cute.struct
+        class SharedStorage:
+            operands: OperandStorage
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(o_smem)], 1024]
 
-        self.shared_storage = SharedStorage
+        self.shared_storage = OperandStorage if self.o_from_registers else SharedStorage
         num_m = cute.ceil_div(q.shape[0], self.tile_m)
         self.kernel(
-            tma_q, tq, tma_k, tk, tma_v, tv, tma_o, to,
+            tma_q, tq, tma_k, tk, tma_v, tv, tma_o, o if self.o_from_registers else to,
             scale, post_scale, slope, q_smem, k_smem, v_smem, o_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],
         ).launch(
             grid=[num_ctas, 1, 1],
             block=[self.threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(),
+            smem=self.shared_storage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
         )
@@ -192,6 +203,10 @@ class GdpaFwdSm90:
         n_tiles = cute.ceil_div(nk, self.tile_n)
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
+        sO = None
+        if cutlass.const_expr(not self.o_from_registers):
+            sO = storage.sO.get_tensor(o_smem.outer, swizzle=o_smem.inner)
+            storage = storage.operands
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
         q_producer, q_consumer = pipeline.PipelineTmaAsync.create(
@@ -211,7 +226,6 @@ class GdpaFwdSm90:
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
         sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
-        sO = storage.sO.get_tensor(o_smem.outer, swizzle=o_smem.inner)
 
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1, 1), is_relaxed=True)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
@@ -251,7 +265,10 @@ class GdpaFwdSm90:
             acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((self.tile_m, dv)))
             s_shape = qk_thr.partition_shape_C((self.tile_m, self.tile_n))
             tScS = qk_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-            if cutlass.const_expr(self.split_store):
+            tOsO_mma = None
+            if cutlass.const_expr(self.o_from_registers):
+                tOsO_mma = pv_thr
+            elif cutlass.const_expr(self.split_store):
                 o_thr = self._tiled_mma_pv(1).get_slice(ctid % _WG_THREADS)
                 tOsO_mma = o_thr.partition_C(sO[None, None, wg_idx - 1])
             else:
@@ -326,7 +343,10 @@ class GdpaFwdSm90:
                 self._write_p(acc_s, pairs, r_p)
                 r_o = cute.make_fragment_like(acc_o, self.dtype)
                 r_o.store((acc_o.load() * o_scale).to(self.dtype))
-                self._store_o(r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx, wg_idx)
+                if cutlass.const_expr(self.o_from_registers):
+                    self._store_o_from_registers(r_o, tOsO_mma, mO, m_blk, h, z)
+                else:
+                    self._store_o(r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx, wg_idx)
             if warp_idx % 4 == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -353,6 +373,17 @@ class GdpaFwdSm90:
             tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(mO[None, None, h, z], (self.o_rows, dv), (None, 0)))
             cute.copy(tma_o, tOsO[(None, stage)], tOgO[(None, tile)])
             cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def _store_o_from_registers(self, r_o, pv_thr, mO, m_blk, h, z):
+        """O straight from the registers into global memory, rows past Nq predicated off."""
+        shape = (self.tile_m, self.head_dim_v)
+        tOgO = pv_thr.partition_C(cute.local_tile(mO[None, None, h, z], shape, (m_blk, 0)))
+        tOcO = pv_thr.partition_C(cute.make_identity_tensor(shape))
+        valid_rows = mO.shape[0] - m_blk * self.tile_m
+        for i in cutlass.range_constexpr(cute.size(r_o)):
+            if tOcO[i][0] < valid_rows:
+                tOgO[i] = r_o[i]
 
     @cute.jit
     def _schedule_wait(self, wg_idx):
