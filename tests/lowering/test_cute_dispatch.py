@@ -115,7 +115,8 @@ def test_backward_stops_at_head_dim_128(monkeypatch, backend, d, dv):
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend("auto")
     q, k, v = _qkv(d=d, dv=dv)
-    k, v = (torch.cat([t] * 13, dim=-2) for t in (k, v))  # 1040 keys: where "auto" takes the wide-head forward
+    # enough keys that "auto" takes the wide-head forward
+    k, v = (t.repeat_interleave(-(-cute_fwd.WIDE_HEAD_MIN_KEYS // t.shape[-2]), dim=-2) for t in (k, v))
     wide = max(d, dv) > 128
     ok, why = cute_bwd.cute_bwd_support(q, k, v, None, False, "silu")
     assert ok == (not wide)
@@ -126,7 +127,8 @@ def test_backward_stops_at_head_dim_128(monkeypatch, backend, d, dv):
 
 
 @pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
-@pytest.mark.parametrize("name, keys, expected", [("auto", 80, "reference"), ("auto", 1024, "cute"),
+@pytest.mark.parametrize("name, keys, expected", [("auto", cute_fwd.WIDE_HEAD_MIN_KEYS - 1, "reference"),
+                                                  ("auto", cute_fwd.WIDE_HEAD_MIN_KEYS, "cute"),
                                                   ("cute", 80, "cute")])
 def test_wide_head_forward_from_min_keys_under_auto(monkeypatch, backend, name, keys, expected):
     """"auto" runs the wide-head CuTe forward from ``WIDE_HEAD_MIN_KEYS`` keys (below, the usual choice: the
@@ -136,5 +138,4 @@ def test_wide_head_forward_from_min_keys_under_auto(monkeypatch, backend, name, 
     backend(name)
     q = torch.randn(2, 4, 64, 256, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 4, keys, 256, dtype=torch.bfloat16) for _ in range(2))
-    assert cute_fwd.WIDE_HEAD_MIN_KEYS == 1024
     assert select_forward_impl(q, k, v, None, False, "silu") == expected

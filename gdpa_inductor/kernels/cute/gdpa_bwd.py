@@ -26,26 +26,22 @@ KEY_TILE = 128
 BWD_HEAD_DIMS = (64, 96, 128)
 
 
-def _bwd_head_dims_reason(d: int, dv: int) -> str:
-    if d in BWD_HEAD_DIMS and dv in BWD_HEAD_DIMS:
-        return ""
-    return f"head dims (D={d}, Dv={dv}) must each be one of {BWD_HEAD_DIMS} for the CuTe backward"
+def _within_bwd_head_dims(check: tuple[bool, str], q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    """A forward support check's (ok, reason), narrowed to the backward's head dims."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if check[0] and not (d in BWD_HEAD_DIMS and dv in BWD_HEAD_DIMS):
+        return False, f"head dims (D={d}, Dv={dv}) must each be one of {BWD_HEAD_DIMS} for the CuTe backward"
+    return check
 
 
 def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
     """(ok, reason) for the CuTe backward on [Z, H, N, D] operands: the forward's cases up to D = Dv = 128."""
-    ok, reason = fwd_supported(q, k, v, bias, causal, activation)
-    if ok:
-        reason = _bwd_head_dims_reason(q.shape[-1], v.shape[-1])
-    return not reason, reason
+    return _within_bwd_head_dims(fwd_supported(q, k, v, bias, causal, activation), q, v)
 
 
 def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting)."""
-    ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
-    if ok:
-        reason = _bwd_head_dims_reason(q.shape[-1], v.shape[-1])
-    return not reason, reason
+    return _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation), q, v)
 
 
 def compile_bwd(
