@@ -56,10 +56,12 @@ FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpo
                      ("fwd_fp16", 128, 128, "silu"), ("fwd_no_pingpong", 96, 128, "gelu_tanh")]
 FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
-# measured with cutlass-dsl 4.8.1: 4 to 140 bytes of spills in the consumers' (value, derivative) pass
+# measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (gelu_tanh
+# since the dQ warp and the one-tile-late dQ: 20 bytes, measured faster than the unspilled kernel before them)
 BWD_SPILLING = {
-    ("bwd", 128, 128, act) for act in ("relu_square", "leaky_relu", "gelu", "silu", "sigmoid", "hardswish")
-} | {("bwd_dq_direct", 128, 128, act) for act in ("leaky_relu", "hardswish")}
+    ("bwd", 128, 128, act)
+    for act in ("relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish")
+} | {("bwd_dq_direct", 128, 128, act) for act in ("gelu_tanh", "hardswish")}
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 # the dQ sums: in an fp32 buffer, or in place in bf16 (short key ranges)
 BWD_KINDS = ("bwd", "bwd_dq_direct")
@@ -124,6 +126,7 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/dO/K/V loads and the dK/dV stores go through TMA"
     assert r["tma_reduce"] > 0, "dQ tiles are added by TMA reduce-add"
     assert r["stmatrix"] > 0, "dS goes to shared memory by stmatrix"
+    assert r["named_barrier_arrives"] > 0, "the consumers signal their dS and dQ without waiting for each other"
     assert r["setmaxnreg"] == 2
     assert (r["tanh_approx"] > 0) == (case[3] in TANH_BASED)
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
