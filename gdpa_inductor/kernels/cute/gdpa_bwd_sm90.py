@@ -316,7 +316,8 @@ class GdpaBwdSm90:
             ds_threads = self.num_mma_wg * _WG_THREADS
 
             kv_consumer.wait_and_advance()
-            # half a tile behind the first warpgroup (2048², gelu_tanh, H200: 471 -> 477 TF/s)
+            # half a tile behind the first warpgroup (2048², H200, one A/B run: gelu_tanh 471 -> 477, silu
+            # 476 -> 486 TF/s)
             if cwg == 1:
                 cute.arch.barrier(barrier_id=self.barrier_offset, number_of_threads=ds_threads)
             # Query tiles that need no mask (every tile but the last, when this CTA's keys are all in range) run
