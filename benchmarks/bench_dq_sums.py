@@ -1,10 +1,11 @@
-"""How the CuTe backward should sum dQ over key tiles: in place in the operands' dtype or in an fp32 buffer.
-GPU only (sm_90, cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh).
+"""How the CuTe backward should sum dQ over key tiles: in place in the operands' dtype, by pairs of key tiles
+(fp32 within a cluster of two CTAs, then in place), or in an fp32 buffer. GPU only (sm_90, cutlass-dsl staged
+with ../shared/device/stage-cute-dsl.sh).
 
-For each number of 128-key tiles, dQ's relative error against float64 for both sums, next to eager PyTorch's
-own error at the same inputs (four activations, bf16 and fp16); then backward TF/s of both at Meta's shapes
-(B=1152, H=4, D=128, bf16, do_bench medians). ``DQ_DIRECT_MAX_KEY_TILES`` in kernels/cute/gdpa_bwd.py is
-chosen from this table.
+For each number of 128-key tiles, dQ's relative error against float64 for each sum that takes it (pairs: an
+even number of tiles), next to eager PyTorch's own error at the same inputs (four activations, bf16 and fp16);
+then backward TF/s of each at Meta's shapes (B=1152, H=4, D=128, bf16, do_bench medians).
+``DQ_DIRECT_MAX_KEY_TILES`` and ``dq_sums_for`` in kernels/cute/gdpa_bwd.py are chosen from this table.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_dq_sums.py --out results/dq_sums
 """
@@ -34,7 +35,7 @@ def errors(rows):
     z, h, nq, d = 2, 4, 512, 128
     for dtype in (torch.bfloat16, torch.float16):
         for act in ("silu", "gelu_tanh", "sigmoid", "relu"):
-            for nk in (128, 256, 384, 512, 1024):
+            for nk in (128, 256, 384, 512, 1024, 1536, 2048):
                 q, do = (torch.randn(z, h, nq, d, device="cuda", dtype=dtype) for _ in range(2))
                 k, v = (torch.randn(z, h, nk, d, device="cuda", dtype=dtype) for _ in range(2))
                 scale, post = d**-0.5, 1.0 / nk
@@ -42,11 +43,16 @@ def errors(rows):
                                               post)[0]
                 row = dict(kind="error", dtype=str(dtype), act=act, nk=nk,
                            eager=_rel(_eager_dq(q, k, v, do, act, scale, post), ref))
-                for name, direct in (("fp32", False), ("in_place", True)):
-                    row[name] = _rel(gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, direct=direct)[0], ref)
+                for how in _sums(nk):
+                    row[how] = _rel(gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_sums=how)[0], ref)
                 rows.append(row)
-                print(f"{row['dtype']:15s} {act:10s} nk={nk:5d} fp32={row['fp32']:.2e} "
-                      f"in_place={row['in_place']:.2e} eager={row['eager']:.2e}", flush=True)
+                print(f"{row['dtype']:15s} {act:10s} nk={nk:5d} eager={row['eager']:.2e} "
+                      + " ".join(f"{how}={row[how]:.2e}" for how in _sums(nk)), flush=True)
+
+
+def _sums(nk):
+    """The sums that can take nk keys: pairs need an even number of key tiles."""
+    return ("fp32", "in_place") + (("pairs",) if -(-nk // 128) % 2 == 0 else ())
 
 
 def timing(rows, batch=1152, heads=4, d=128):
@@ -55,13 +61,14 @@ def timing(rows, batch=1152, heads=4, d=128):
         k, v = (torch.randn(batch, heads, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         flops = 2.5 * 4 * batch * heads * nq * nk * d
         row = dict(kind="time", nq=nq, nk=nk)
-        for name, direct in (("fp32", False), ("in_place", True)):
-            ms = triton.testing.do_bench(
-                lambda: gdpa_bwd_cute(q, k, v, do, "silu", d**-0.5, 1.0 / nk, 0.01, direct=direct), warmup=50, rep=300
-            )
-            row[f"{name}_tflops"] = flops / ms / 1e9
+        for how in _sums(nk):
+            def run(how=how, q=q, k=k, v=v, do=do, nk=nk):
+                return gdpa_bwd_cute(q, k, v, do, "silu", d**-0.5, 1.0 / nk, 0.01, dq_sums=how)
+
+            ms = triton.testing.do_bench(run, warmup=50, rep=300)
+            row[f"{how}_tflops"] = flops / ms / 1e9
         rows.append(row)
-        print(f"bwd {nq}x{nk}: fp32 {row['fp32_tflops']:.0f} TF/s, in place {row['in_place_tflops']:.0f} TF/s",
+        print(f"bwd {nq}x{nk}: " + ", ".join(f"{how} {row[f'{how}_tflops']:.0f} TF/s" for how in _sums(nk)),
               flush=True)
 
 

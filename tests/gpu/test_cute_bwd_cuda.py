@@ -15,7 +15,7 @@ import torch
 
 import gdpa_inductor
 from gdpa_inductor import gdpa
-from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_DIRECT_MAX_KEY_TILES, dq_direct, gdpa_bwd_cute
+from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_DIRECT_MAX_KEY_TILES, dq_sums_for, gdpa_bwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl
 
@@ -23,9 +23,11 @@ from .cute_common import CASES as SHARED_CASES
 from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, eager_gdpa, rel_error
 
 pytestmark = NEEDS_CUTE
-# the forward's cases plus a ragged fp16 D=64 one and Meta's 2048x256
+# the forward's cases plus a ragged fp16 D=64 one, Meta's 2048x256, and key ranges whose dQ is summed by pairs of
+# key tiles (12 and 16 tiles; GQA, fp16, D=64)
 CASES = SHARED_CASES + [
-    ("fp16", "silu", 1, 4, 4, 1000, 200, 64, 64), ("bf16", "gelu_tanh", 2, 4, 4, 2048, 256, 128, 128)
+    ("fp16", "silu", 1, 4, 4, 1000, 200, 64, 64), ("bf16", "gelu_tanh", 2, 4, 4, 2048, 256, 128, 128),
+    ("bf16", "silu", 1, 4, 4, 300, 1500, 128, 128), ("fp16", "gelu_tanh", 1, 4, 2, 129, 2045, 64, 64),
 ]
 
 
@@ -81,19 +83,27 @@ def test_cute_backward_nonfinite_like_eager_pattern(cute_backend):
 
 
 @pytest.mark.parametrize("act", ["relu", "silu"])
-@pytest.mark.parametrize("nk", [512, 1024, 1025])
+@pytest.mark.parametrize("nk", [512, 1024, 1025, 1280, 2048])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_dq_sums_in_place_or_fp32_within_eager_error(act, nk, dtype):
-    """dQ summed in place in the operands' dtype (up to DQ_DIRECT_MAX_KEY_TILES key tiles, most roundings at
-    1024 keys) and in fp32 (1025 keys and more): forced either way, each within 2x eager's error."""
+def test_dq_sums_each_within_eager_error(act, nk, dtype):
+    """Every way of summing dQ that can take nk keys, forced: in place (up to DQ_DIRECT_MAX_KEY_TILES + 1 key
+    tiles, one past the launcher's limit), by pairs of key tiles (an even number of tiles; at 2048 keys the
+    most roundings the launcher lets it take) and in fp32, each within 2x eager's error; by pairs, dK and dV
+    equal the fp32 form's bit for bit."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     q, do = (torch.randn(2, 4, 512, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     k, v = (torch.randn(2, 4, nk, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     scale, post = 128**-0.5, 1.0 / nk
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[0]
     base = rel_error(_eager_grads(q, k, v, do, act, scale, post)[0], ref)
-    assert dq_direct(nk) == (nk <= DQ_DIRECT_MAX_KEY_TILES * 128)
-    for direct in (True, False):
-        dq = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, direct=direct)[0]
+    tiles = -(-nk // 128)
+    sums = ["fp32"] + ["in_place"] * (tiles <= DQ_DIRECT_MAX_KEY_TILES + 1) + ["pairs"] * (tiles % 2 == 0)
+    assert dq_sums_for(nk) in sums
+    grads = {}
+    for how in sums:
+        grads[how] = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_sums=how)
+        dq = grads[how][0]
         assert dq.dtype == dtype
-        assert rel_error(dq, ref) <= 2 * base + FLOOR, (direct, rel_error(dq, ref), base)
+        assert rel_error(dq, ref) <= 2 * base + FLOOR, (how, rel_error(dq, ref), base)
+    if "pairs" in grads:
+        assert all(torch.equal(a, b) for a, b in zip(grads["pairs"][1:], grads["fp32"][1:]))

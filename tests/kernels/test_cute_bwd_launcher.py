@@ -1,16 +1,46 @@
-"""Which dQ sum the CuTe backward's launcher picks (no GPU needed): in place in the operands' dtype up to
-eight 128-key tiles, where the extra roundings keep the error within 1.5x eager PyTorch's own (tests/gpu check
-the error on both sides of the boundary against the 2x bound), fp32 beyond."""
+"""How the CuTe backward's launcher sums dQ (no GPU needed): in place in the operands' dtype up to eight
+128-key tiles; by pairs of key tiles (fp32 within a cluster of two CTAs, then in place) for an even number of
+tiles up to sixteen, so that no dQ value takes more than eight roundings; in an fp32 buffer otherwise
+(tests/gpu check each form's error against the 2x-eager bound)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gdpa_inductor.kernels.cute.gdpa_bwd import dq_direct
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+
+import torch  # noqa: E402
+
+from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_SUMS, compile_bwd, dq_sums_for, gdpa_bwd_cute  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    "num_keys, direct", [(1, True), (128, True), (129, True), (1024, True), (1025, False), (2048, False)]
+    "num_keys, sums",
+    [(1, "in_place"), (128, "in_place"), (129, "in_place"), (1024, "in_place"), (1025, "fp32"), (1152, "fp32"),
+     (1153, "pairs"), (1500, "pairs"), (1920, "fp32"), (2047, "pairs"), (2048, "pairs"), (2049, "fp32"),
+     (4096, "fp32")],
 )
-def test_dq_direct_up_to_eight_key_tiles(num_keys, direct):
-    assert dq_direct(num_keys) is direct
+def test_dq_sums_by_key_tiles(num_keys, sums):
+    assert dq_sums_for(num_keys) == sums
+
+
+@pytest.mark.parametrize("num_keys", range(1, 4200, 37))
+def test_dq_sums_never_past_eight_roundings_in_place(num_keys):
+    tiles = -(-num_keys // 128)
+    sums = dq_sums_for(num_keys)
+    assert sums in DQ_SUMS
+    roundings = {"in_place": tiles, "pairs": tiles / 2, "fp32": 0}[sums]
+    assert roundings <= 8
+    assert sums != "pairs" or tiles % 2 == 0
+
+
+def test_pairs_need_an_even_number_of_key_tiles():
+    q = torch.zeros(1, 1, 64, 128, dtype=torch.bfloat16)
+    k = torch.zeros(1, 1, 1300, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="even number of 128-key tiles, got 1300 keys"):
+        gdpa_bwd_cute(q, k, k, q, "silu", 1.0, 1.0, 0.01, dq_sums="pairs")
+
+
+def test_unknown_dq_sums_named():
+    with pytest.raises(ValueError, match="dq_sums must be one of"):
+        compile_bwd(torch.bfloat16, 128, "silu", dq_sums="bf16")

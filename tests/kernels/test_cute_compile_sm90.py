@@ -2,9 +2,10 @@
 tensors): every activation at D=128, a subset at D=64, D=96 and Dv != D, and the forward alone at head dims of
 256 (its wide-head tiles, O stored from the registers) (the forward in the schedule each
 pair of head dims takes, in the two others, for key counts that are a multiple of the key tile (no mask) and in
-fp16, whose activation forms differ; the backward in both its dQ forms: summed in an fp32 buffer, or in place in
-the operands' dtype), each checked for wgmma (every matmul), TMA loads and stores (and the backward's TMA
-reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split), tanh.approx
+fp16, whose activation forms differ; the backward in its three dQ forms: summed in an fp32 buffer, in place in
+the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
+arrives at its mbarrier are checked too), each checked for wgmma (every matmul), TMA loads and stores (and the
+backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split), tanh.approx
 for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
 gelu_tanh and silu, f32 elsewhere), no register spills in ptxas's report, and no "wgmma serialized" warning
 (ptxas then waits after every wgmma, which cost the forward 5-10%). Backward activations whose
@@ -62,10 +63,14 @@ BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu
 BWD_SPILLING = {
     ("bwd", 128, 128, act)
     for act in ("relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish")
-} | {("bwd_dq_direct", 128, 128, act) for act in ("gelu_tanh", "hardswish")}
+} | {("bwd_dq_direct", 128, 128, act) for act in ("gelu_tanh", "hardswish")} | {
+    ("bwd_dq_pairs", 128, 128, act)
+    for act in ("relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish")
+}
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
-# the dQ sums: in an fp32 buffer, or in place in bf16 (short key ranges)
-BWD_KINDS = ("bwd", "bwd_dq_direct")
+# the dQ sums: in an fp32 buffer, in place in bf16 (short key ranges), or by pairs of key tiles
+BWD_KINDS = ("bwd", "bwd_dq_direct", "bwd_dq_pairs")
+BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pairs"}
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +135,10 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     assert r["named_barrier_arrives"] > 0, "the consumers signal their dS and dQ without waiting for each other"
     assert r["setmaxnreg"] == 2
     assert (r["tanh_approx"] > 0) == (case[3] in TANH_BASED)
+    pairs = case[0] == "bwd_dq_pairs"
+    # by pairs: the sending warpgroup's stores into the peer CTA, counted by its mbarrier, and the owning
+    # warps' arrive there once they have read them
+    assert (r["st_async"] > 0) == pairs and (r["cluster_arrives"] > 0) == pairs, r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 
@@ -149,7 +158,7 @@ def _compile_all(cases) -> list[dict]:
             ptx = compile_fwd(dtype, d, act, keep_ptx=True, head_dim_v=dv, **FWD_KINDS[kind]).artifacts.PTX
         else:
             ptx = compile_bwd(
-                torch.bfloat16, d, act, keep_ptx=True, dq_direct=kind == "bwd_dq_direct", head_dim_v=dv
+                torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind], head_dim_v=dv
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
@@ -173,6 +182,8 @@ def _compile_all(cases) -> list[dict]:
             spill_stores=sum(int(s) for s, _ in spills),
             spill_loads=sum(int(x) for _, x in spills),
             wgmma_serialized="wgmma.mma_async instructions are serialized" in log,
+            st_async=len(re.findall(r"\bst\.async\.shared::cluster\.mbarrier::complete_tx::bytes", ptx)),
+            cluster_arrives=len(re.findall(r"\bmbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)),
             named_barrier_arrives=len(re.findall(r"\bbarrier\.(?:cta\.)?arrive|\bbar\.arrive", ptx)),
         ))
     return out

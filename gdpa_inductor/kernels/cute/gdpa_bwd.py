@@ -1,6 +1,7 @@
 """Launcher of the CuTe-DSL Hopper backward: which calls it takes, one compile per (dtype, head dims D and Dv,
-activation, dQ accumulation type), and the call itself (dQ summed in fp32 by the kernel and cast here, or,
-over short key ranges, summed in place in the operands' dtype)."""
+activation, way of summing dQ), and the call itself (dQ summed in place in the operands' dtype over short key
+ranges, by pairs of key tiles in clusters of two CTAs over ranges up to twice as long, otherwise in fp32 by the
+kernel and cast here)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ from .gdpa_fwd import _as_4d, _as_cute, _fake_operands, cute_fwd_support, fwd_su
 # ranges keep fp32 (the bound is 2x eager's).
 DQ_DIRECT_MAX_KEY_TILES = 8
 KEY_TILE = 128
+
+# How the backward sums dQ over key tiles: in place in the operands' dtype, one rounding per key tile
+# ("in_place"); in fp32 within each cluster of two CTAs (key tiles 2j, 2j + 1) and then in place, one rounding
+# per pair of tiles ("pairs": the rounding count of "in_place" over ranges twice as long, an even number of
+# tiles); or in an fp32 buffer cast at the end ("fp32").
+DQ_SUMS = ("in_place", "pairs", "fp32")
 
 
 # Each consumer warpgroup keeps dK and dV of its 64 keys in registers, (D + Dv) / 2 fp32 values a thread (128 at
@@ -46,15 +53,17 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
 
 def compile_bwd(
     dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False,
-    dq_direct: bool = False, head_dim_v: int | None = None,
+    dq_sums: str = "fp32", head_dim_v: int | None = None,
 ):
-    """The compiled backward for (dtype, head dims, activation, dQ accumulation type), cached in memory and on
-    disk (``compile_cache``); sizes and strides are runtime values. ``dq_direct``: dQ tiles are added into dQ
-    itself (in ``dtype``), not into an fp32 buffer. ``operands``: the call's seven tensors in the kernel's form;
-    without them, fake tensors. ``head_dim_v``: V's and dO's head dim (None: ``head_dim``)."""
+    """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``), cached in
+    memory and on disk (``compile_cache``); sizes and strides are runtime values. ``operands``: the call's seven
+    tensors in the kernel's form; without them, fake tensors. ``head_dim_v``: V's and dO's head dim (None:
+    ``head_dim``)."""
+    if dq_sums not in DQ_SUMS:
+        raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_direct, operands is None, keep_ptx)
+    key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, operands is None, keep_ptx)
 
     def build():
         import cutlass
@@ -65,7 +74,7 @@ def compile_bwd(
         from .gdpa_bwd_sm90 import GdpaBwdSm90
 
         element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
-        dq_element = element if dq_direct else cutlass.Float32
+        dq_element = cutlass.Float32 if dq_sums == "fp32" else element
         args = operands
         if operands is None:
             q, k, v, do = _fake_operands(element, 4)
@@ -74,7 +83,8 @@ def compile_bwd(
             args = [q, k, v, do, dq, dk, dv]
         one = cutlass.Float32(1.0)
         kernel = GdpaBwdSm90(
-            element, head_dim, head_dim_v, getattr(activation_math, f"{activation}_and_grad"), dq_element
+            element, head_dim, head_dim_v, getattr(activation_math, f"{activation}_and_grad"), dq_element,
+            dq_pairs=dq_sums == "pairs",
         )
         return cute.compile(
             kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
@@ -83,17 +93,25 @@ def compile_bwd(
     return cached_compile(key, build, persist=operands is not None and not keep_ptx)
 
 
-def dq_direct(num_keys: int) -> bool:
-    """Whether dQ is summed in the operands' dtype (short key ranges) rather than in an fp32 buffer."""
-    return -(-num_keys // KEY_TILE) <= DQ_DIRECT_MAX_KEY_TILES
+def dq_sums_for(num_keys: int) -> str:
+    """How dQ is summed over ``num_keys`` keys (one of ``DQ_SUMS``): at most ``DQ_DIRECT_MAX_KEY_TILES``
+    roundings in the operands' dtype, else fp32."""
+    tiles = -(-num_keys // KEY_TILE)
+    if tiles <= DQ_DIRECT_MAX_KEY_TILES:
+        return "in_place"
+    if tiles % 2 == 0 and tiles <= 2 * DQ_DIRECT_MAX_KEY_TILES:
+        return "pairs"
+    return "fp32"
 
 
 def gdpa_bwd_cute(
-    q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float, direct=None
+    q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float,
+    dq_sums: str | None = None,
 ):
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv], grad_out [Z, H, Nq, Dv] (``bwd_supported``
     checked) -> (dq, dk, dv).
-    ``direct``: sum dQ in the operands' dtype (None: ``dq_direct`` decides by the key count)."""
+    ``dq_sums``: one of ``DQ_SUMS`` (None: ``dq_sums_for`` decides by the key count; "pairs" needs an even
+    number of key tiles)."""
     import cuda.bindings.driver as cuda
     import cutlass
 
@@ -105,13 +123,16 @@ def gdpa_bwd_cute(
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     grad_out = grad_out if tma_layout(grad_out) else grad_out.contiguous()
-    direct = dq_direct(nk) if direct is None else direct
+    dq_sums = dq_sums_for(nk) if dq_sums is None else dq_sums
+    if dq_sums == "pairs" and -(-nk // KEY_TILE) % 2:
+        raise ValueError(f"dq_sums='pairs' needs an even number of {KEY_TILE}-key tiles, got {nk} keys")
+    direct = dq_sums != "fp32"
     dq_acc = torch.zeros((z, h, nq, d), dtype=q.dtype if direct else torch.float32, device=q.device)
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     if dq_acc.numel() and dk.numel():
         operands = [_as_cute(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)]
-        fn = compile_bwd(q.dtype, d, activation, operands, dq_direct=direct, head_dim_v=d_v)
+        fn = compile_bwd(q.dtype, d, activation, operands, dq_sums=dq_sums, head_dim_v=d_v)
         stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
         fn(*operands, cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope), stream)
     else:

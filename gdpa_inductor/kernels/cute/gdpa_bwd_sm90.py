@@ -15,7 +15,14 @@ One CTA per (128-key tile, head, sample), looping over 64-row query tiles; three
 - a dQ warp (in the producer warpgroup) that adds each warpgroup's half-tile into dQ by one TMA reduce-add
   (no per-thread atomics), in fp32 into a buffer the caller casts, or over short key ranges in the operands'
   dtype straight into dQ (``dq_dtype``). The consumers only wait for their buffer to be free and signal it
-  full: neither waits for the other's dQ or for the copy.
+  full: neither waits for the other's dQ or for the copy;
+- or, with ``dq_pairs``, CTAs in clusters of two (key tiles 2j and 2j + 1) that sum their dQ tiles in fp32
+  before one in-place add: each CTA owns one half of D, computed by its second warpgroup; the first
+  (half a tile ahead) computes the other half and stores its fp32 partial straight into the peer's shared
+  memory (``st.async``, counted by the peer's mbarrier; two stages), whose owning warpgroup adds it to its own
+  in registers and hands the half-tile to the dQ warp, which adds it into dQ in the operands' dtype. A dQ value
+  then takes one rounding per pair of key tiles, as over a 256-key tile, and the fp32 buffer (twice dQ's
+  size), its zero fill, reduce traffic and cast are gone.
 No softmax: no LSE, no rowsum(dO ∘ O) pass. 5 matmuls per tile, nothing N×N leaves the chip. The epilogue
 scales dK and dV, writes them over the K and V tiles in shared memory and stores them by TMA. Keys and queries
 past the ends read as zeros (TMA fills them) and are masked out of P and dS, so non-finite inputs cannot leak
@@ -24,6 +31,7 @@ through padding; tiles with nothing to mask run a copy of the loop without the m
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import cuda.bindings.driver as cuda
@@ -32,6 +40,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from .wgmma import fresh_gemm, operand_a_like, store_operand_a
@@ -64,7 +73,7 @@ class GdpaBwdSm90:
 
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, act_and_grad: Callable, dq_dtype=cutlass.Float32,
-        q_stages: int = 2,
+        q_stages: int = 2, dq_pairs: bool = False,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -94,6 +103,11 @@ class GdpaBwdSm90:
         # once: the second warpgroup starts when the first has stored its first dS
         self.barrier_offset = self.barrier_dq_full + self.num_mma_wg
         self.dq_warp = 1
+        self.dq_pairs = dq_pairs
+        assert not dq_pairs or dq_dtype is dtype, "pairs add into dQ itself"
+        # with dq_pairs: two stages of the received half-tile, so that a sender waits only for the tile
+        # before the previous one to be read
+        self.pair_stages = 2
 
     @cute.jit
     def __call__(
@@ -144,6 +158,10 @@ class GdpaBwdSm90:
             self.dtype, cute.slice_(v_smem, one)
         )
 
+        # with dq_pairs: the received fp32 half-tiles, by thread: each of the owner's threads reads what the
+        # sender's thread of the same index wrote (the same places of the tile), four values at a time
+        recv_words = self.pair_stages * self.tile_m * d // self.num_mma_wg if self.dq_pairs else 4
+
         @cute.struct
         class SharedStorage:
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2]
@@ -155,6 +173,8 @@ class GdpaBwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(ds_smem)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[self.dq_dtype, cute.cosize(dq_smem)], 1024]
+            pair_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.pair_stages]
+            sRecv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, recv_words], 1024]
 
         self.shared_storage = SharedStorage
         num_n = cute.ceil_div(mK.shape[0], self.tile_n)
@@ -167,6 +187,7 @@ class GdpaBwdSm90:
             grid=[num_n * num_heads, 1, 1],
             block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
+            cluster=[2, 1, 1] if self.dq_pairs else None,
             stream=stream,
             min_blocks_per_mp=1,
         )
@@ -215,18 +236,18 @@ class GdpaBwdSm90:
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
-        kv_producer, kv_consumer = pipeline.PipelineTmaAsync.create(
+        kv_producer, kv_consumer = self._cta_local(pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.kv_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
             consumer_group=consumer_warps, tx_count=self.kv_bytes, defer_sync=True,
-        ).make_participants()
-        q_producer, q_consumer = pipeline.PipelineTmaAsync.create(
+        ), tidx).make_participants()
+        q_producer, q_consumer = self._cta_local(pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.q_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
             consumer_group=consumer_warps, tx_count=self.q_bytes, defer_sync=True,
-        ).make_participants()
-        do_producer, do_consumer = pipeline.PipelineTmaAsync.create(
+        ), tidx).make_participants()
+        do_producer, do_consumer = self._cta_local(pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.do_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
             consumer_group=consumer_warps, tx_count=self.do_bytes, defer_sync=True,
-        ).make_participants()
+        ), tidx).make_participants()
 
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
         sdO = storage.sdO.get_tensor(do_smem.outer, swizzle=do_smem.inner)
@@ -256,8 +277,21 @@ class GdpaBwdSm90:
         tdVsdV, tdVgdV = part(tma_dv, sV, gdV)
         tdQsdQ, tdQgdQ = part(tma_dq, sdQ, gdQ)
 
-        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1, 1), is_relaxed=True)
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
+        # with dq_pairs: this CTA's rank in its pair, the half of D it owns ((1 + rank) % 2), per receive
+        # stage the mbarrier counting the peer's partial in, and the one the peer's owning warps arrive at once
+        # they have read what this CTA sent into that stage of the peer
+        rank = cute.arch.block_idx_in_cluster() if self.dq_pairs else 0
+        own_half = (1 + rank) % 2
+        recv_full = storage.pair_mbar.data_ptr()
+        peer_free = recv_full + self.pair_stages
+        if cutlass.const_expr(self.dq_pairs):
+            if tidx == 0:
+                for stage in cutlass.range_constexpr(self.pair_stages):
+                    cute.arch.mbarrier_init(recv_full + stage, 1)
+                    cute.arch.mbarrier_init(peer_free + stage, _WG_THREADS // 32)
+        cluster = (2, 1, 1) if self.dq_pairs else (1, 1, 1)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=cluster, is_relaxed=True)
+        pipeline.pipeline_init_wait(cluster_shape_mn=cluster)
 
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // _WG_THREADS)
@@ -276,7 +310,7 @@ class GdpaBwdSm90:
                     handle = do_producer.acquire_and_advance()
                     cute.copy(tma_do, tdOgdO[(None, m)], tdOsdO[(None, handle.index)], tma_bar_ptr=handle.barrier)
             if warp_idx == self.dq_warp:
-                self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, num_m)
+                self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, num_m, own_half)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             ctid = tidx - _WG_THREADS
@@ -284,7 +318,8 @@ class GdpaBwdSm90:
             sdp = sdp_mma.get_slice(ctid)
             dk_thr = dk_mma.get_slice(ctid)
             dv_thr = dv_mma.get_slice(ctid)
-            dq = dq_mma.get_slice(ctid)
+            # with dq_pairs the halves of D swap in the second CTA, so that each sends the half the other owns
+            dq = dq_mma.get_slice((ctid + _WG_THREADS * rank) % (self.num_mma_wg * _WG_THREADS))
             sK0 = sK[None, None, 0]
             sV0 = sV[None, None, 0]
             tSrK = sdp.make_fragment_A(sdp.partition_A(sK0))
@@ -302,6 +337,8 @@ class GdpaBwdSm90:
             tdSsdS = ds_copy.get_slice(ctid).partition_D(_transposed(sdS))
             tQsdQ = dq.partition_C(sdQ_tile[None, None, 0])
             cwg = wg_idx - 1
+            # with dq_pairs: this thread's four-value groups in a receive stage, 512 bytes apart
+            recv_slot = storage.sRecv.data_ptr() + ctid % _WG_THREADS * 4
 
             acc_dv = dv_thr.make_fragment_C(dv_thr.partition_shape_C((self.tile_n, dv)))
             acc_dk = dk_thr.make_fragment_C(dk_thr.partition_shape_C((self.tile_n, d)))
@@ -393,7 +430,7 @@ class GdpaBwdSm90:
                     do_handle.release()
                     warpgroup.wait_group(1)
                     if m > 0:
-                        self._store_dq(acc_dq, tQsdQ, ds_scale, cwg)
+                        self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, m - 1, recv_slot, recv_full, peer_free)
                     warpgroup.wait_group(0)
                     q_handle.release()
 
@@ -406,7 +443,7 @@ class GdpaBwdSm90:
             fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, last], tQrK, False)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            self._store_dq(acc_dq, tQsdQ, ds_scale, cwg)
+            self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, num_m - 1, recv_slot, recv_full, peer_free)
 
             # epilogue: dV and dK over the V and K tiles, then one TMA store each
             r_dv = cute.make_fragment_like(acc_dv, self.dtype)
@@ -423,30 +460,99 @@ class GdpaBwdSm90:
                 cute.copy(tma_dk, tdKsdK[(None, 0)], tdKgdK[(None, n_blk)])
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if cutlass.const_expr(self.dq_pairs):
+                # the peer's last arrives on this CTA's shared memory: once it has read the last tiles sent, this
+                # CTA may exit
+                if cwg == 0:
+                    for back in cutlass.range_constexpr(self.pair_stages):
+                        tile = num_m - 1 - back
+                        if tile >= 0:
+                            cute.arch.mbarrier_wait(
+                                peer_free + tile % self.pair_stages, tile // self.pair_stages % 2
+                            )
+
+    def _cta_local(self, pipe: pipeline.PipelineTmaAsync, tidx: cutlass.Int32) -> pipeline.PipelineTmaAsync:
+        """A TMA pipeline of this CTA alone in a cluster launch (dq_pairs): created without a cluster layout,
+        it frees a stage from lane 0 of each consumer warp only in the cluster's first CTA (it places the CTA's
+        rank in a one-CTA layout), so the second CTA's producer would wait forever for its third tile."""
+        if not self.dq_pairs:
+            return pipe
+        return dataclasses.replace(pipe, consumer_mask=None, is_signaling_thread=tidx % 32 == 0)
 
     @cute.jit
-    def _store_dq(self, acc_dq: cute.Tensor, tQsdQ: cute.Tensor, ds_scale: cutlass.Float32, cwg: cutlass.Int32):
-        """A consumer warpgroup's half of a dQ tile into its sdQ buffer, once the dQ warp has freed it."""
+    def _store_dq(
+        self, acc_dq: cute.Tensor, tQsdQ: cute.Tensor, ds_scale: cutlass.Float32, cwg: cutlass.Int32,
+        rank: cutlass.Int32, tile: cutlass.Int32, recv_slot: cute.Pointer, recv_full: cute.Pointer,
+        peer_free: cute.Pointer,
+    ):
+        """A consumer warpgroup's half of dQ tile ``tile`` into its sdQ buffer, once the dQ warp has freed it.
+        With dq_pairs the first warpgroup sends its unscaled fp32 half to the peer instead (``st.async`` into
+        the peer's receive stage, counted by the peer's mbarrier), and the second adds the peer's half to its
+        own first."""
+        if cutlass.const_expr(self.dq_pairs):
+            stage = tile % self.pair_stages
+            use = tile // self.pair_stages
+            stage_words = self.tile_m * self.head_dim // self.num_mma_wg
+            group_words = _WG_THREADS * 4
+            if cwg == 0:
+                peer = 1 - rank
+                cute.arch.mbarrier_wait(peer_free + stage, (use + 1) % 2)
+                if cute.arch.thread_idx()[0] % _WG_THREADS == 0:
+                    cute.arch.mbarrier_arrive_and_expect_tx(recv_full + stage, stage_words * 4, peer)
+                for g in cutlass.range_constexpr(cute.size(acc_dq) // 4):
+                    dst = cute.make_ptr(
+                        cutlass.Float32, (recv_slot + stage * stage_words + g * group_words).toint(),
+                        cute.AddressSpace.smem, assumed_align=16,
+                    )
+                    words = tuple(acc_dq[4 * g + j].bitcast(cutlass.Int32) for j in range(4))
+                    cute.arch.store_async_dsmem(dst, words, recv_full + stage, peer)
+            else:
+                cute.arch.mbarrier_wait(recv_full + stage, use % 2)
+                for g in cutlass.range_constexpr(cute.size(acc_dq) // 4):
+                    src = cute.make_ptr(
+                        cutlass.Float32, (recv_slot + stage * stage_words + g * group_words).toint(),
+                        cute.AddressSpace.smem, assumed_align=16,
+                    )
+                    got = cute.make_tensor(src, cute.make_layout(4)).load()
+                    for j in cutlass.range_constexpr(4):
+                        acc_dq[4 * g + j] = acc_dq[4 * g + j] + got[j]
+                # the received half read: the peer may send into this stage again
+                cute.arch.sync_warp()
+                if cute.arch.lane_idx() == 0:
+                    cute.arch.mbarrier_arrive(peer_free + stage, 1 - rank, scope=nvvm.MemScopeKind.CLUSTER)
+                self._hand_dq(acc_dq, tQsdQ, ds_scale, 0)
+        else:
+            self._hand_dq(acc_dq, tQsdQ, ds_scale, cwg)
+
+    @cute.jit
+    def _hand_dq(self, acc_dq: cute.Tensor, tQsdQ: cute.Tensor, ds_scale: cutlass.Float32, slot: cutlass.Int32):
+        """A half of a dQ tile, scaled, into sdQ buffer ``slot`` once the dQ warp has freed it; then signalled
+        full."""
         dq_threads = _WG_THREADS + 32
         r_dq = cute.make_fragment_like(acc_dq, self.dq_dtype)
         r_dq.store((acc_dq.load() * ds_scale).to(self.dq_dtype))
-        cute.arch.barrier(barrier_id=self.barrier_dq_empty + cwg, number_of_threads=dq_threads)
+        cute.arch.barrier(barrier_id=self.barrier_dq_empty + slot, number_of_threads=dq_threads)
         cute.autovec_copy(r_dq, tQsdQ)
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier_arrive(barrier_id=self.barrier_dq_full + cwg, number_of_threads=dq_threads)
+        cute.arch.barrier_arrive(barrier_id=self.barrier_dq_full + slot, number_of_threads=dq_threads)
 
     @cute.jit
-    def _add_dq_tiles(self, tma_dq: cute.CopyAtom, tdQsdQ: cute.Tensor, tdQgdQ: cute.Tensor, num_m: cutlass.Int32):
+    def _add_dq_tiles(
+        self, tma_dq: cute.CopyAtom, tdQsdQ: cute.Tensor, tdQgdQ: cute.Tensor, num_m: cutlass.Int32,
+        own_half: cutlass.Int32,
+    ):
         """The dQ warp: per query tile, frees each warpgroup's sdQ buffer once its previous copy has read it,
-        then adds the buffer into dQ once the warpgroup has filled it."""
+        then adds the buffer into dQ once the warpgroup has filled it (dq_pairs: the owned half only)."""
         dq_threads = _WG_THREADS + 32
+        halves = 1 if self.dq_pairs else self.num_mma_wg
         for m in cutlass.range(num_m, unroll=1):
-            for w in cutlass.range_constexpr(self.num_mma_wg):
-                cute.arch.cp_async_bulk_wait_group(self.num_mma_wg - 1 - w, read=True)
+            for w in cutlass.range_constexpr(halves):
+                cute.arch.cp_async_bulk_wait_group(halves - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=self.barrier_dq_empty + w, number_of_threads=dq_threads)
-            for w in cutlass.range_constexpr(self.num_mma_wg):
+            for w in cutlass.range_constexpr(halves):
                 cute.arch.barrier(barrier_id=self.barrier_dq_full + w, number_of_threads=dq_threads)
-                cute.copy(tma_dq, tdQsdQ[(None, w)], tdQgdQ[(None, m, w)])
+                buf = own_half if self.dq_pairs else w
+                cute.copy(tma_dq, tdQsdQ[(None, buf)], tdQgdQ[(None, m, buf)])
                 cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
