@@ -5,8 +5,8 @@ pair of head dims takes, in the two others, for key counts that are a multiple o
 fp16, whose activation forms differ; the backward in its three dQ forms: summed in an fp32 buffer, in place in
 the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
 arrives at its mbarrier are checked too), each checked for wgmma (every matmul), TMA loads and stores (and the
-backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split), tanh.approx
-for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
+backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split),
+tanh.approx for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
 gelu_tanh and silu, f32 elsewhere), no register spills in ptxas's report, and no "wgmma serialized" warning
 (ptxas then waits after every wgmma, which cost the forward 5-10%). Backward activations whose
 (value, derivative) form still spills a few words are marked as strict expected failures: the day they
