@@ -4,8 +4,9 @@ with ../shared/device/stage-cute-dsl.sh).
 
 For each number of 128-key tiles, dQ's relative error against float64 for each sum that takes it (pairs: an
 even number of tiles), next to eager PyTorch's own error at the same inputs (four activations, bf16 and fp16);
-then backward TF/s of each at Meta's shapes (B=1152, H=4, D=128, bf16, do_bench medians).
-``DQ_DIRECT_MAX_KEY_TILES`` and ``dq_sums_for`` in kernels/cute/gdpa_bwd.py are chosen from this table.
+then backward TF/s of each at Meta's shapes (B=1152, H=4, D=128, bf16, do_bench medians), and past eight key
+tiles at each pair of head dims (``--only-head-dims`` runs just that). ``DQ_DIRECT_MAX_KEY_TILES``,
+``PAIRS_HEAD_DIMS`` and ``dq_sums_for`` in kernels/cute/gdpa_bwd.py are chosen from these tables.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_dq_sums.py --out results/dq_sums
 """
@@ -72,13 +73,45 @@ def timing(rows, batch=1152, heads=4, d=128):
               flush=True)
 
 
+HEAD_DIM_CASES = [(d, d, n) for d in (64, 96, 128) for n in (1280, 1536, 2048)] + [
+    (128, 64, 2048), (64, 128, 2048), (96, 64, 2048)]
+
+
+def timing_by_head_dims(rows, heads=4, act="gelu_tanh"):
+    """Past eight key tiles, which sum is faster at each (D, Dv) (``PAIRS_HEAD_DIMS``): fp32, pairs and in place
+    (the ceiling, past the error bound there), q = kv, the batch scaled to 288 x (2048 / N)², each sum's median of
+    three rotated and settled rounds."""
+    from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
+
+    warm_up_gpu(3.0)
+    for d, dv, n in HEAD_DIM_CASES:
+        q = k = v = do = None
+        torch.cuda.empty_cache()
+        z = int(288 * (2048 / n) ** 2)
+        q = torch.randn(z, heads, n, d, device="cuda", dtype=torch.bfloat16)
+        do = torch.randn(z, heads, n, dv, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(z, heads, n, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(z, heads, n, dv, device="cuda", dtype=torch.bfloat16)
+        fns = {how: (lambda how=how: gdpa_bwd_cute(q, k, v, do, act, d**-0.5, 1.0 / n, 0.01, dq_sums=how))
+               for how in ("fp32", "pairs", "in_place")}
+        flops = 2.0 * z * heads * n * n * (3 * d + 2 * dv)
+        row = dict(kind="time_head_dims", act=act, d=d, dv=dv, n=n, z=z)
+        for how, ms in median_over_rounds(fns, settle_ms=SETTLE_MS, warmup=25, rep=100).items():
+            row[f"{how}_tflops"] = None if ms is None else flops / ms / 1e9
+        rows.append(row)
+        print(row, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="path prefix for the .json rows")
+    ap.add_argument("--only-head-dims", action="store_true", help="only the timing by head dims")
     args = ap.parse_args()
     rows = []
-    errors(rows)
-    timing(rows)
+    if not args.only_head_dims:
+        errors(rows)
+        timing(rows)
+    timing_by_head_dims(rows)
     if args.out:
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
         with open(f"{args.out}.json", "w") as f:

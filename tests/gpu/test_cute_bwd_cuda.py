@@ -23,11 +23,12 @@ from .cute_common import CASES as SHARED_CASES
 from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, eager_gdpa, rel_error
 
 pytestmark = NEEDS_CUTE
-# the forward's cases plus a ragged fp16 D=64 one, Meta's 2048x256, and key ranges whose dQ is summed by pairs of
-# key tiles (12 and 16 tiles; GQA, fp16, D=64)
+# the forward's cases plus a ragged fp16 D=64 one, Meta's 2048x256, key ranges whose dQ is summed by pairs of key
+# tiles (12 and 16 tiles; GQA, fp16) and one that the fp32 buffer sums at D=64 (16 tiles)
 CASES = SHARED_CASES + [
     ("fp16", "silu", 1, 4, 4, 1000, 200, 64, 64), ("bf16", "gelu_tanh", 2, 4, 4, 2048, 256, 128, 128),
-    ("bf16", "silu", 1, 4, 4, 300, 1500, 128, 128), ("fp16", "gelu_tanh", 1, 4, 2, 129, 2045, 64, 64),
+    ("bf16", "silu", 1, 4, 4, 300, 1500, 128, 128), ("fp16", "gelu_tanh", 1, 4, 2, 129, 2045, 128, 128),
+    ("fp16", "gelu_tanh", 1, 4, 2, 129, 2045, 64, 64),
 ]
 
 
@@ -98,7 +99,7 @@ def test_dq_sums_each_within_eager_error(act, nk, dtype):
     base = rel_error(_eager_grads(q, k, v, do, act, scale, post)[0], ref)
     tiles = -(-nk // 128)
     sums = ["fp32"] + ["in_place"] * (tiles <= DQ_DIRECT_MAX_KEY_TILES + 1) + ["pairs"] * (tiles % 2 == 0)
-    assert dq_sums_for(nk) in sums
+    assert dq_sums_for(nk, 128, 128) in sums
     grads = {}
     for how in sums:
         grads[how] = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_sums=how)

@@ -1,7 +1,7 @@
 """How the CuTe backward's launcher sums dQ (no GPU needed): in place in the operands' dtype up to eight
 128-key tiles; by pairs of key tiles (fp32 within a cluster of two CTAs, then in place) for an even number of
-tiles up to sixteen, so that no dQ value takes more than eight roundings; in an fp32 buffer otherwise
-(tests/gpu check each form's error against the 2x-eager bound)."""
+tiles up to sixteen at D = Dv = 128, so that no dQ value takes more than eight roundings; in an fp32 buffer
+otherwise (tests/gpu check each form's error against the 2x-eager bound)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,21 @@ from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_SUMS, compile_bwd, dq_sums_fo
      (4096, "fp32")],
 )
 def test_dq_sums_by_key_tiles(num_keys, sums):
-    assert dq_sums_for(num_keys) == sums
+    assert dq_sums_for(num_keys, 128, 128) == sums
 
 
+@pytest.mark.parametrize("head_dims", [(64, 64), (96, 96), (128, 64), (64, 128), (96, 128)])
+@pytest.mark.parametrize("num_keys, sums", [(1024, "in_place"), (1025, "fp32"), (1280, "fp32"), (2048, "fp32")])
+def test_pairs_only_at_head_dims_128(num_keys, sums, head_dims):
+    """Past eight key tiles, other head dims keep the fp32 buffer: the pairs measured slower there."""
+    assert dq_sums_for(num_keys, *head_dims) == sums
+
+
+@pytest.mark.parametrize("head_dims", [(128, 128), (64, 64), (128, 96)])
 @pytest.mark.parametrize("num_keys", range(1, 4200, 37))
-def test_dq_sums_never_past_eight_roundings_in_place(num_keys):
+def test_dq_sums_never_past_eight_roundings_in_place(num_keys, head_dims):
     tiles = -(-num_keys // 128)
-    sums = dq_sums_for(num_keys)
+    sums = dq_sums_for(num_keys, *head_dims)
     assert sums in DQ_SUMS
     roundings = {"in_place": tiles, "pairs": tiles / 2, "fp32": 0}[sums]
     assert roundings <= 8
