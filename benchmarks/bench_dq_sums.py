@@ -5,8 +5,8 @@ with ../shared/device/stage-cute-dsl.sh).
 For each number of 128-key tiles, dQ's relative error against float64 for each sum that takes it (pairs: an
 even number of tiles), next to eager PyTorch's own error at the same inputs (four activations, bf16 and fp16);
 then backward TF/s of each at Meta's shapes (B=1152, H=4, D=128, bf16, do_bench medians), and past eight key
-tiles at each pair of head dims (``--only-head-dims`` runs just that). ``DQ_DIRECT_MAX_KEY_TILES``,
-``PAIRS_HEAD_DIMS`` and ``dq_sums_for`` in kernels/cute/gdpa_bwd.py are chosen from these tables.
+tiles at each pair of head dims (``--only-head-dims`` runs just that). ``DQ_DIRECT_MAX_KEY_TILES``
+and ``dq_sums_for`` in kernels/cute/gdpa_bwd.py are chosen from these tables.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_dq_sums.py --out results/dq_sums
 """
@@ -78,7 +78,7 @@ HEAD_DIM_CASES = [(d, d, n) for d in (64, 96, 128) for n in (1280, 1536, 2048)] 
 
 
 def timing_by_head_dims(rows, heads=4, act="gelu_tanh"):
-    """Past eight key tiles, which sum is faster at each (D, Dv) (``PAIRS_HEAD_DIMS``): fp32, pairs and in place
+    """Past eight key tiles, which sum is faster at each (D, Dv) (``dq_sums_for``): fp32, pairs and in place
     (the ceiling, past the error bound there), q = kv, the batch scaled to 288 x (2048 / N)², each sum's median of
     three rotated and settled rounds."""
     from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu

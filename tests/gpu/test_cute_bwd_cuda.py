@@ -88,9 +88,9 @@ def test_cute_backward_nonfinite_like_eager_pattern(cute_backend):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_dq_sums_each_within_eager_error(act, nk, dtype):
     """Every way of summing dQ that can take nk keys, forced: in place (up to DQ_DIRECT_MAX_KEY_TILES + 1 key
-    tiles, one past the launcher's limit), by pairs of key tiles (an even number of tiles; at 2048 keys the
-    most roundings the launcher lets it take) and in fp32, each within 2x eager's error; by pairs, dK and dV
-    equal the fp32 form's bit for bit."""
+    tiles, one past the launcher's limit), by pairs of key tiles (an even number of tiles; at 2048 keys eight
+    roundings, the most the launcher lets the in-place sums take) and in fp32, each within 2x eager's error; by
+    pairs, dK and dV equal the fp32 form's bit for bit."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     q, do = (torch.randn(2, 4, 512, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     k, v = (torch.randn(2, 4, nk, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
@@ -99,7 +99,7 @@ def test_dq_sums_each_within_eager_error(act, nk, dtype):
     base = rel_error(_eager_grads(q, k, v, do, act, scale, post)[0], ref)
     tiles = -(-nk // 128)
     sums = ["fp32"] + ["in_place"] * (tiles <= DQ_DIRECT_MAX_KEY_TILES + 1) + ["pairs"] * (tiles % 2 == 0)
-    assert dq_sums_for(nk, 128, 128) in sums
+    assert dq_sums_for(nk) in sums
     grads = {}
     for how in sums:
         grads[how] = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_sums=how)

@@ -1,7 +1,7 @@
 """How the CuTe backward's launcher sums dQ (no GPU needed): in place in the operands' dtype up to eight
-128-key tiles; by pairs of key tiles (fp32 within a cluster of two CTAs, then in place) for an even number of
-tiles up to sixteen at D = Dv = 128, so that no dQ value takes more than eight roundings; in an fp32 buffer
-otherwise (tests/gpu check each form's error against the 2x-eager bound)."""
+128-key tiles, so that no dQ value takes more than eight roundings; in an fp32 buffer past them; by pairs of key
+tiles (fp32 within a cluster of two CTAs, then in place) only when asked, for an even number of tiles
+(tests/gpu check each form's error against the 2x-eager bound)."""
 
 from __future__ import annotations
 
@@ -16,30 +16,21 @@ from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_SUMS, compile_bwd, dq_sums_fo
 
 @pytest.mark.parametrize(
     "num_keys, sums",
-    [(1, "in_place"), (128, "in_place"), (129, "in_place"), (1024, "in_place"), (1025, "fp32"), (1152, "fp32"),
-     (1153, "pairs"), (1500, "pairs"), (1920, "fp32"), (2047, "pairs"), (2048, "pairs"), (2049, "fp32"),
-     (4096, "fp32")],
+    [(1, "in_place"), (128, "in_place"), (129, "in_place"), (1024, "in_place"), (1025, "fp32"), (1153, "fp32"),
+     (2048, "fp32"), (2049, "fp32"), (4096, "fp32")],
 )
 def test_dq_sums_by_key_tiles(num_keys, sums):
-    assert dq_sums_for(num_keys, 128, 128) == sums
+    assert dq_sums_for(num_keys) == sums
 
 
-@pytest.mark.parametrize("head_dims", [(64, 64), (96, 96), (128, 64), (64, 128), (96, 128)])
-@pytest.mark.parametrize("num_keys, sums", [(1024, "in_place"), (1025, "fp32"), (1280, "fp32"), (2048, "fp32")])
-def test_pairs_only_at_head_dims_128(num_keys, sums, head_dims):
-    """Past eight key tiles, other head dims keep the fp32 buffer: the pairs measured slower there."""
-    assert dq_sums_for(num_keys, *head_dims) == sums
-
-
-@pytest.mark.parametrize("head_dims", [(128, 128), (64, 64), (128, 96)])
 @pytest.mark.parametrize("num_keys", range(1, 4200, 37))
-def test_dq_sums_never_past_eight_roundings_in_place(num_keys, head_dims):
+def test_dq_sums_never_past_eight_roundings_in_place(num_keys):
+    """The default never takes the pairs (they measured no faster than the fp32 buffer) nor more than eight
+    roundings in place."""
     tiles = -(-num_keys // 128)
-    sums = dq_sums_for(num_keys, *head_dims)
-    assert sums in DQ_SUMS
-    roundings = {"in_place": tiles, "pairs": tiles / 2, "fp32": 0}[sums]
-    assert roundings <= 8
-    assert sums != "pairs" or tiles % 2 == 0
+    sums = dq_sums_for(num_keys)
+    assert sums in ("in_place", "fp32")
+    assert sums == "fp32" or tiles <= 8
 
 
 def test_pairs_need_an_even_number_of_key_tiles():

@@ -57,15 +57,13 @@ FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpo
                      ("fwd_fp16", 128, 128, "silu"), ("fwd_no_pingpong", 96, 128, "gelu_tanh")]
 FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
-# measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (gelu_tanh
-# since the dQ warp and the one-tile-late dQ: 20-36 bytes, measured faster than the unspilled kernel
-# before them)
+# measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (since the
+# dQ warp and the one-tile-late dQ, measured faster than the unspilled kernel before them); gelu_tanh and sigmoid
+# stopped spilling with the backward forms of activation_math.backward_form, except by pairs (gelu_tanh)
 BWD_SPILLING = {
-    ("bwd", 128, 128, act)
-    for act in ("relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish")
-} | {("bwd_dq_direct", 128, 128, act) for act in ("gelu_tanh", "hardswish")} | {
-    ("bwd_dq_pairs", 128, 128, act)
-    for act in ("relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish")
+    ("bwd", 128, 128, act) for act in ("relu_square", "leaky_relu", "gelu", "silu", "hardswish")
+} | {("bwd_dq_direct", 128, 128, "hardswish")} | {
+    ("bwd_dq_pairs", 128, 128, act) for act in ("relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish")
 }
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 # the dQ sums: in an fp32 buffer, in place in bf16 (short key ranges), or by pairs of key tiles

@@ -1,7 +1,7 @@
 """Launcher of the CuTe-DSL Hopper backward: which calls it takes, one compile per (dtype, head dims D and Dv,
 activation, way of summing dQ), and the call itself (dQ summed in place in the operands' dtype over short key
-ranges, by pairs of key tiles in clusters of two CTAs over ranges up to twice as long at D = Dv = 128, otherwise
-in fp32 by the kernel and cast here)."""
+ranges, otherwise in fp32 by the kernel and cast here; by pairs of key tiles in clusters of two CTAs on
+request)."""
 
 from __future__ import annotations
 
@@ -26,13 +26,6 @@ KEY_TILE = 128
 # per pair of tiles ("pairs": the rounding count of "in_place" over ranges twice as long, an even number of
 # tiles); or in an fp32 buffer cast at the end ("fp32").
 DQ_SUMS = ("in_place", "pairs", "fp32")
-
-# (D, Dv) at which the pairs beat or match the fp32 buffer (H200, gelu_tanh, bwd TF/s, fp32 -> pairs,
-# benchmarks/bench_dq_sums.py --only-head-dims): at 128/128 426 -> 453 (1280 keys), 457 -> 459 (1536), 473 -> 472
-# (2048), silu +1-4%; elsewhere they lose (at 96/96 and 1280 keys they draw), the exchange being a larger share of
-# a shorter tile: 64/64 350-363 -> 309-319, 96/96 411-429 -> 402-411 (1536-2048 keys), 128/64 435 -> 411,
-# 64/128 443 -> 401, 96/64 405 -> 376 (2048 keys)
-PAIRS_HEAD_DIMS = ((128, 128),)
 
 
 # Each consumer warpgroup keeps dK and dV of its 64 keys in registers, (D + Dv) / 2 fp32 values a thread (128 at
@@ -89,10 +82,8 @@ def compile_bwd(
             dk, dv = _fake_operands(element, 2)
             args = [q, k, v, do, dq, dk, dv]
         one = cutlass.Float32(1.0)
-        kernel = GdpaBwdSm90(
-            element, head_dim, head_dim_v, getattr(activation_math, f"{activation}_and_grad"), dq_element,
-            dq_pairs=dq_sums == "pairs",
-        )
+        form = activation_math.backward_form(activation)
+        kernel = GdpaBwdSm90(element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs")
         return cute.compile(
             kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
         )
@@ -100,16 +91,15 @@ def compile_bwd(
     return cached_compile(key, build, persist=operands is not None and not keep_ptx)
 
 
-def dq_sums_for(num_keys: int, head_dim: int, head_dim_v: int) -> str:
-    """How dQ is summed over ``num_keys`` keys (one of ``DQ_SUMS``): at most ``DQ_DIRECT_MAX_KEY_TILES``
-    roundings in the operands' dtype, by pairs where ``PAIRS_HEAD_DIMS`` has the head dims, else fp32."""
-    tiles = -(-num_keys // KEY_TILE)
-    if tiles <= DQ_DIRECT_MAX_KEY_TILES:
-        return "in_place"
-    pairs_fit = tiles % 2 == 0 and tiles <= 2 * DQ_DIRECT_MAX_KEY_TILES
-    if pairs_fit and (head_dim, head_dim_v) in PAIRS_HEAD_DIMS:
-        return "pairs"
-    return "fp32"
+# The pairs are not taken by default: with the backward forms that move the activation's factors out of the
+# per-score work (activation_math.backward_form) the fp32 buffer gained more than they did, and the pairs no
+# longer win past the noise (H200, gelu_tanh, bwd TF/s, fp32 -> pairs, benchmarks/bench_dq_sums.py
+# --only-head-dims): at D = Dv = 128 470 -> 475 (1280 keys), 476 -> 485 (1536), 499 -> 495 (2048; a same-process
+# A/B at 2048: 509-518 -> 493-497); at every other head dim they lose 4-13%.
+def dq_sums_for(num_keys: int) -> str:
+    """How dQ is summed over ``num_keys`` keys by default (one of ``DQ_SUMS``): in place in the operands' dtype
+    up to ``DQ_DIRECT_MAX_KEY_TILES`` roundings, else in fp32."""
+    return "in_place" if -(-num_keys // KEY_TILE) <= DQ_DIRECT_MAX_KEY_TILES else "fp32"
 
 
 def gdpa_bwd_cute(
@@ -118,8 +108,8 @@ def gdpa_bwd_cute(
 ):
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv], grad_out [Z, H, Nq, Dv] (``bwd_supported``
     checked) -> (dq, dk, dv).
-    ``dq_sums``: one of ``DQ_SUMS`` (None: ``dq_sums_for`` decides by the key count and head dims; "pairs"
-    needs an even number of key tiles)."""
+    ``dq_sums``: one of ``DQ_SUMS`` (None: ``dq_sums_for`` decides by the key count; "pairs" needs an even
+    number of key tiles)."""
     import cuda.bindings.driver as cuda
     import cutlass
 
@@ -131,7 +121,7 @@ def gdpa_bwd_cute(
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     grad_out = grad_out if tma_layout(grad_out) else grad_out.contiguous()
-    dq_sums = dq_sums_for(nk, d, d_v) if dq_sums is None else dq_sums
+    dq_sums = dq_sums_for(nk) if dq_sums is None else dq_sums
     if dq_sums == "pairs" and -(-nk // KEY_TILE) % 2:
         raise ValueError(f"dq_sums='pairs' needs an even number of {KEY_TILE}-key tiles, got {nk} keys")
     direct = dq_sums != "fp32"

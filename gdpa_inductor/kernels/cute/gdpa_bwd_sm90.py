@@ -32,7 +32,6 @@ through padding; tiles with nothing to mask run a copy of the loop without the m
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -68,18 +67,18 @@ def _transposed(t: cute.Tensor) -> cute.Tensor:
 
 
 class GdpaBwdSm90:
-    """Compile-time parameters: element type, head dims of Q/K and of V/dO, and the activation's CuTe
-    (value, derivative) form."""
+    """Compile-time parameters: element type, head dims of Q/K and of V/dO, and the activation's backward
+    form (``activation_math.BackwardForm``)."""
 
     def __init__(
-        self, dtype, head_dim: int, head_dim_v: int, act_and_grad: Callable, dq_dtype=cutlass.Float32,
+        self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
         q_stages: int = 2, dq_pairs: bool = False,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
-        self.act_and_grad = act_and_grad
+        self.act_form = act_form
         self.num_mma_wg = 2
         self.tile_n = _WG_ROWS * self.num_mma_wg  # keys per CTA
         self.tile_m = 64  # queries per step
@@ -350,6 +349,9 @@ class GdpaBwdSm90:
             valid_keys = nk - n_blk * self.tile_n
             valid_rows_last = nq - (num_m - 1) * self.tile_m
             ds_scale = scale * post_scale
+            if cutlass.const_expr(self.act_form.grad_factor != 1.0):
+                ds_scale = ds_scale * self.act_form.grad_factor
+            act_grad_offset = self.act_form.grad_offset
             ds_threads = self.num_mma_wg * _WG_THREADS
 
             kv_consumer.wait_and_advance()
@@ -385,18 +387,21 @@ class GdpaBwdSm90:
                         if m == num_m - 1:
                             valid_rows = valid_rows_last
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            y, g = self.act_and_grad(acc_s[i] * scale, slope)
+                            y, g = self.act_form.fn(acc_s[i], scale, slope)
                             keep = tScS[i][0] < valid_keys and tScS[i][1] < valid_rows
                             p_acc[i] = y if keep else cutlass.Float32(0.0)
-                            acc_s[i] = g if keep else cutlass.Float32(0.0)
+                            acc_s[i] = g if keep else cutlass.Float32(0.0 - act_grad_offset)
                     else:
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            p_acc[i], acc_s[i] = self.act_and_grad(acc_s[i] * scale, slope)
+                            p_acc[i], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope)
                     store_operand_a(p_acc, r_p)
 
                     warpgroup.wait_group(0)
                     for i in cutlass.range_constexpr(cute.size(acc_dp)):
-                        acc_dp[i] = acc_dp[i] * acc_s[i]
+                        if cutlass.const_expr(act_grad_offset == 1.0):
+                            acc_dp[i] = cute.math.fma(acc_dp[i], acc_s[i], acc_dp[i])
+                        else:
+                            acc_dp[i] = acc_dp[i] * acc_s[i]
                     r_ds = operand_a_like(acc_dp, dk_mma, self.dtype)
                     store_operand_a(acc_dp, r_ds)
                     stage = m % self.ds_stages
