@@ -11,7 +11,7 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 import torch  # noqa: E402
 
-from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_SUMS, compile_bwd, dq_sums_for, gdpa_bwd_cute  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd, dq_sums_for, gdpa_bwd_cute  # noqa: E402
 
 
 @pytest.mark.parametrize(
