@@ -55,8 +55,10 @@ def timing(rows, batch, heads, act, head_dims, passes, settle_ms):
             bwd_flops = 2.0 * z * heads * nq * nk * (3 * d + 2 * dv)
             qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
 
+            # torch.autograd.grad, not .backward(): gradients accumulated into .grad would add three elementwise
+            # adds (dQ, dK, dV) to each call of the softmax providers after the first
             def sdpa_fb():
-                F.scaled_dot_product_attention(qt, kt, vt, scale=scale).backward(do)
+                torch.autograd.grad(F.scaled_dot_product_attention(qt, kt, vt, scale=scale), (qt, kt, vt), do)
 
             fns = {
                 "cute_fwd": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
@@ -76,7 +78,7 @@ def timing(rows, batch, heads, act, head_dims, passes, settle_ms):
 
                 def fa4_fb():
                     o = fa4(qs, ks, vs, softmax_scale=scale)
-                    (o[0] if isinstance(o, tuple) else o).backward(dos)
+                    torch.autograd.grad(o[0] if isinstance(o, tuple) else o, (qs, ks, vs), dos)
 
                 fns["fa4_fwd"] = lambda: fa4(qs.detach(), ks.detach(), vs.detach(), softmax_scale=scale)
                 fns["fa4_fb"] = fa4_fb
