@@ -11,7 +11,7 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 import torch  # noqa: E402
 
-from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd, dq_sums_for, gdpa_bwd_cute  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd, dq_late_for, dq_sums_for, gdpa_bwd_cute  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -43,3 +43,24 @@ def test_pairs_need_an_even_number_of_key_tiles():
 def test_unknown_dq_sums_named():
     with pytest.raises(ValueError, match="dq_sums must be one of"):
         compile_bwd(torch.bfloat16, 128, "silu", dq_sums="bf16")
+
+
+@pytest.mark.parametrize(
+    "sums, d, dv, late",
+    [("in_place", 128, 128, False), ("fp32", 128, 128, True), ("pairs", 128, 128, True), ("in_place", 64, 64, True),
+     ("in_place", 96, 96, True), ("in_place", 128, 64, True), ("in_place", 64, 128, True)],
+)
+def test_dq_one_tile_late_except_in_place_at_128(sums, d, dv, late):
+    """The warpgroups meet every tile only where that measured faster: dQ summed in place at D = Dv = 128."""
+    assert dq_late_for(sums, d, dv) is late
+
+
+def test_pairs_need_the_one_tile_late_dq():
+    import cutlass
+
+    from gdpa_inductor.kernels.cute.activation_math import backward_form
+    from gdpa_inductor.kernels.cute.gdpa_bwd_sm90 import GdpaBwdSm90
+
+    bf16 = cutlass.BFloat16
+    with pytest.raises(AssertionError, match="one tile late"):
+        GdpaBwdSm90(bf16, 128, 128, backward_form("silu"), bf16, dq_pairs=True, dq_late=False)

@@ -83,7 +83,10 @@ def compile_bwd(
             args = [q, k, v, do, dq, dk, dv]
         one = cutlass.Float32(1.0)
         form = activation_math.backward_form(activation)
-        kernel = GdpaBwdSm90(element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs")
+        kernel = GdpaBwdSm90(
+            element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
+            dq_late=dq_late_for(dq_sums, head_dim, head_dim_v),
+        )
         return cute.compile(
             kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
         )
@@ -96,6 +99,13 @@ def compile_bwd(
 # longer win past the noise (H200, gelu_tanh, bwd TF/s, fp32 -> pairs, benchmarks/bench_dq_sums.py
 # --only-head-dims): at D = Dv = 128 470 -> 475 (1280 keys), 476 -> 485 (1536), 499 -> 495 (2048; a same-process
 # A/B at 2048: 509-518 -> 493-497); at every other head dim they lose 4-13%.
+def dq_late_for(dq_sums: str, head_dim: int, head_dim_v: int) -> bool:
+    """Whether the backward computes dQ one query tile late (``GdpaBwdSm90``'s ``dq_late``): everywhere but
+    where dQ is summed in place at D = Dv = 128, where the warpgroups meeting every tile measured 2-5% faster
+    (H200, 512² to 1024², twentieth session); with fp32 sums one tile late is 3-5% faster at 1024² and 2048²."""
+    return not (dq_sums == "in_place" and head_dim == head_dim_v == 128)
+
+
 def dq_sums_for(num_keys: int) -> str:
     """How dQ is summed over ``num_keys`` keys by default (one of ``DQ_SUMS``): in place in the operands' dtype
     up to ``DQ_DIRECT_MAX_KEY_TILES`` roundings, else in fp32."""

@@ -11,7 +11,9 @@ One CTA per (128-key tile, head, sample), looping over 64-row query tiles; three
     dQ = dS K one query tile late (dS through shared memory, three stages: it spans both warpgroups' keys),
     each warpgroup half of D into its own shared-memory buffer. A warpgroup waits only for the other's dS of
     the previous tile, so the two need not meet every tile, and the second starts half a tile behind the
-    first: one's activation runs while the other's matmuls keep the tensor cores busy;
+    first: one's activation runs while the other's matmuls keep the tensor cores busy. Without ``dq_late``
+    the two meet each tile once both have stored dS and compute that tile's dQ (two stages), which is faster
+    where dQ is summed in place in the operands' dtype;
 - a dQ warp (in the producer warpgroup) that adds each warpgroup's half-tile into dQ by one TMA reduce-add
   (no per-thread atomics), in fp32 into a buffer the caller casts, or over short key ranges in the operands'
   dtype straight into dQ (``dq_dtype``). The consumers only wait for their buffer to be free and signal it
@@ -72,7 +74,7 @@ class GdpaBwdSm90:
 
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
-        q_stages: int = 2, dq_pairs: bool = False,
+        q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -91,8 +93,12 @@ class GdpaBwdSm90:
         # and three barriers per warpgroup: with two Q stages neither warpgroup can run two tiles ahead (the
         # producer loads tile m + 2 only once both have released tile m), so a named barrier never gets a
         # second arrival before its wait and a stage is never overwritten while read.
-        self.ds_stages = 3
-        assert q_stages < self.ds_stages, "a warpgroup must not get ds_stages tiles ahead of the other"
+        # Without ``dq_late`` the two warpgroups meet once per tile, once both have stored their dS, and compute
+        # that tile's dQ: two stages, one named barrier (flash-attn's schedule; faster where dQ is summed in
+        # place, in the operands' dtype, measured at D=128: see docs/benchmarks.md, twentieth session).
+        self.dq_late = dq_late
+        self.ds_stages = 3 if dq_late else 2
+        assert q_stages < self.ds_stages or not dq_late, "a warpgroup must not get ds_stages tiles ahead of the other"
         # per warpgroup and dS stage: the warpgroup's half of that stage written
         self.barrier_ds = 1
         self.barrier_epi = self.barrier_ds + self.num_mma_wg * self.ds_stages
@@ -104,6 +110,7 @@ class GdpaBwdSm90:
         self.dq_warp = 1
         self.dq_pairs = dq_pairs
         assert not dq_pairs or dq_dtype is dtype, "pairs add into dQ itself"
+        assert not dq_pairs or dq_late, "the pairs exchange dQ tiles computed one tile late"
         # with dq_pairs: two stages of the received half-tile, so that a sender waits only for the tile
         # before the previous one to be read
         self.pair_stages = 2
@@ -357,8 +364,9 @@ class GdpaBwdSm90:
             kv_consumer.wait_and_advance()
             # half a tile behind the first warpgroup (2048², H200, one A/B run: gelu_tanh 471 -> 477, silu
             # 476 -> 486 TF/s)
-            if cwg == 1:
-                cute.arch.barrier(barrier_id=self.barrier_offset, number_of_threads=ds_threads)
+            if cutlass.const_expr(self.dq_late):
+                if cwg == 1:
+                    cute.arch.barrier(barrier_id=self.barrier_offset, number_of_threads=ds_threads)
             # Query tiles that need no mask (every tile but the last, when this CTA's keys are all in range) run
             # first, through a copy of the loop without the mask's compares and selects (2048², gelu_tanh, H200:
             # 461 -> 481 TF/s)
@@ -413,42 +421,53 @@ class GdpaBwdSm90:
                     warpgroup.commit_group()
 
                     cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier_arrive(
-                        barrier_id=self.barrier_ds + self.ds_stages * cwg + stage, number_of_threads=ds_threads
-                    )
-                    if m == 0:
-                        if cwg == 0:
-                            cute.arch.barrier_arrive(barrier_id=self.barrier_offset, number_of_threads=ds_threads)
-                    # dQ of the previous tile (at the first, of a stage not yet written: computed, never stored)
-                    prev = (m + self.ds_stages - 1) % self.ds_stages
-                    if m > 0:
-                        cute.arch.barrier(
-                            barrier_id=self.barrier_ds + self.ds_stages * (1 - cwg) + prev,
-                            number_of_threads=ds_threads,
+                    # the dS stage this tile's dQ matmul reads
+                    dq_stage = stage
+                    if cutlass.const_expr(self.dq_late):
+                        cute.arch.barrier_arrive(
+                            barrier_id=self.barrier_ds + self.ds_stages * cwg + stage, number_of_threads=ds_threads
                         )
+                        if m == 0:
+                            if cwg == 0:
+                                cute.arch.barrier_arrive(barrier_id=self.barrier_offset, number_of_threads=ds_threads)
+                        # dQ of the previous tile (at the first, of a stage not yet written: computed, never stored)
+                        dq_stage = (m + self.ds_stages - 1) % self.ds_stages
+                        if m > 0:
+                            cute.arch.barrier(
+                                barrier_id=self.barrier_ds + self.ds_stages * (1 - cwg) + dq_stage,
+                                number_of_threads=ds_threads,
+                            )
+                    else:
+                        # a stage is written again two tiles on, after both warpgroups passed this barrier once more,
+                        # each having waited for its dQ matmul of this tile
+                        cute.arch.barrier(barrier_id=self.barrier_ds, number_of_threads=ds_threads)
                     acc_dq = dq.make_fragment_C(dq.partition_shape_C((self.tile_m, d)))
-                    fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, prev], tQrK, False)
+                    fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, dq_stage], tQrK, False)
                     warpgroup.commit_group()
                     fresh_gemm(dk_mma, acc_dk, r_ds, tKrQ[None, None, None, q_handle.index], True)
                     warpgroup.commit_group()
                     warpgroup.wait_group(2)
                     do_handle.release()
                     warpgroup.wait_group(1)
-                    if m > 0:
-                        self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, m - 1, recv_slot, recv_full, peer_free)
+                    if cutlass.const_expr(self.dq_late):
+                        if m > 0:
+                            self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, m - 1, recv_slot, recv_full, peer_free)
+                    else:
+                        self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, m, recv_slot, recv_full, peer_free)
                     warpgroup.wait_group(0)
                     q_handle.release()
 
-            last = (num_m - 1) % self.ds_stages
-            cute.arch.barrier(
-                barrier_id=self.barrier_ds + self.ds_stages * (1 - cwg) + last, number_of_threads=ds_threads
-            )
-            acc_dq = dq.make_fragment_C(dq.partition_shape_C((self.tile_m, d)))
-            warpgroup.fence()
-            fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, last], tQrK, False)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, num_m - 1, recv_slot, recv_full, peer_free)
+            if cutlass.const_expr(self.dq_late):
+                last = (num_m - 1) % self.ds_stages
+                cute.arch.barrier(
+                    barrier_id=self.barrier_ds + self.ds_stages * (1 - cwg) + last, number_of_threads=ds_threads
+                )
+                acc_dq = dq.make_fragment_C(dq.partition_shape_C((self.tile_m, d)))
+                warpgroup.fence()
+                fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, last], tQrK, False)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, num_m - 1, recv_slot, recv_full, peer_free)
 
             # epilogue: dV and dK over the V and K tiles, then one TMA store each
             r_dv = cute.make_fragment_like(acc_dv, self.dtype)
