@@ -94,11 +94,6 @@ def compile_bwd(
     return cached_compile(key, build, persist=operands is not None and not keep_ptx)
 
 
-# The pairs are not taken by default: with the backward forms that move the activation's factors out of the
-# per-score work (activation_math.backward_form) the fp32 buffer gained more than they did, and the pairs no
-# longer win past the noise (H200, gelu_tanh, bwd TF/s, fp32 -> pairs, benchmarks/bench_dq_sums.py
-# --only-head-dims): at D = Dv = 128 470 -> 475 (1280 keys), 476 -> 485 (1536), 499 -> 495 (2048; a same-process
-# A/B at 2048: 509-518 -> 493-497); at every other head dim they lose 4-13%.
 def dq_late_for(dq_sums: str, head_dim: int, head_dim_v: int) -> bool:
     """Whether the backward computes dQ one query tile late (``GdpaBwdSm90``'s ``dq_late``): everywhere but
     where dQ is summed in place at D = Dv = 128, where the warpgroups meeting every tile measured 2-5% faster
@@ -106,6 +101,11 @@ def dq_late_for(dq_sums: str, head_dim: int, head_dim_v: int) -> bool:
     return not (dq_sums == "in_place" and head_dim == head_dim_v == 128)
 
 
+# The pairs are not taken by default: with the backward forms that move the activation's factors out of the
+# per-score work (activation_math.backward_form) the fp32 buffer gained more than they did, and the pairs no
+# longer win past the noise (H200, gelu_tanh, bwd TF/s, fp32 -> pairs, benchmarks/bench_dq_sums.py
+# --only-head-dims): at D = Dv = 128 470 -> 475 (1280 keys), 476 -> 485 (1536), 499 -> 495 (2048; a same-process
+# A/B at 2048: 509-518 -> 493-497); at every other head dim they lose 4-13%.
 def dq_sums_for(num_keys: int) -> str:
     """How dQ is summed over ``num_keys`` keys by default (one of ``DQ_SUMS``): in place in the operands' dtype
     up to ``DQ_DIRECT_MAX_KEY_TILES`` roundings, else in fp32."""
