@@ -97,7 +97,8 @@ def compile_bwd(
 def dq_late_for(dq_sums: str, head_dim: int, head_dim_v: int) -> bool:
     """Whether the backward computes dQ one query tile late (``GdpaBwdSm90``'s ``dq_late``): everywhere but
     where dQ is summed in place at D = Dv = 128, where the warpgroups meeting every tile measured 2-5% faster
-    (H200, 512² to 1024², twentieth session); with fp32 sums one tile late is 3-5% faster at 1024² and 2048²."""
+    (H200, 512² to 1024², twentieth session); with fp32 sums one tile late is 3-5% faster with gelu_tanh at
+    1024² and 2048², level with silu at 2048²."""
     return not (dq_sums == "in_place" and head_dim == head_dim_v == 128)
 
 
