@@ -55,6 +55,20 @@ def select_backward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
     return _cute_else_select(cute_bwd_support, q, k, v, bias, causal, activation, "backward")
 
 
+def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str) -> str:
+    """The varlen forward's path: "cute" where the CuTe varlen forward covers the call (under "auto" and
+    "cute"; a case it does not cover runs as under "auto"), otherwise as ``select_impl``."""
+    if config.backend in ("auto", "cute"):
+        from ..kernels.cute.varlen_fwd import cute_varlen_fwd_support
+
+        ok, reason = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation)
+        if ok:
+            log.debug("gdpa varlen forward: cute")
+            return "cute"
+        log.debug("gdpa varlen forward: not cute (%s)", reason)
+    return select_impl(q, k, v, bias, "varlen forward")
+
+
 def _cute_else_select(cute_support, q, k, v, bias, causal: bool, activation: str, what: str) -> str:
     """"cute" where ``cute_support`` says the CuTe-DSL Hopper kernel takes the call (under "auto" and "cute"; a
     ValueError under "cute" when it cannot), otherwise as ``select_impl``."""

@@ -19,7 +19,7 @@ from ..kernels.reference_varlen import (
     varlen_batch,
     varlen_out_shape,
 )
-from .dispatch import select_impl
+from .dispatch import select_impl, select_varlen_forward_impl
 
 
 def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
@@ -34,16 +34,24 @@ def forward_impl(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k
                  activation, scale, post_scale, causal, window_left, window_right, negative_slope) -> torch.Tensor:
     """The forward on the chosen kernel (what the op runs; the eager fast path calls it directly)."""
     rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
-    if select_impl(q, k, v, bias, "varlen forward") != "triton":
+    window = (window_left, window_right)
+    params = (activation, scale, post_scale, causal, window, negative_slope)
+    impl = select_varlen_forward_impl(q, k, v, bias, causal, window, activation)
+    if impl == "reference":
         return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
-    from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
     from ..kernels.triton.varlen_layout import with_tensor
 
     batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
     # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
     alloc = torch.zeros if seqused_q is not None else torch.empty
     out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
+    if impl == "cute":
+        from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute
+
+        return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
+                                    negative_slope)
+    from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
+
     gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params)
     return out
 

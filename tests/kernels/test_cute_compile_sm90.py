@@ -2,7 +2,8 @@
 tensors): every activation at D=128, a subset at D=64, D=96 and Dv != D, and the forward alone at head dims of
 256 (its wide-head tiles, O stored from the registers) (the forward in the schedule each
 pair of head dims takes, in the two others, for key counts that are a multiple of the key tile (no mask) and in
-fp16, whose activation forms differ; the backward in its three dQ forms: summed in an fp32 buffer, in place in
+fp16, whose activation forms differ, and the varlen forward, whose loads and stores go through 5-D ragged
+descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
 the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
 arrives at its mbarrier are checked too), each checked for wgmma (every matmul), TMA loads and stores (and the
 backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split),
@@ -50,12 +51,15 @@ FWD_KINDS = {
     "fwd_shared_store": dict(pingpong=True, split_store=False),
     "fwd_exact_keys": dict(mask_keys=False),
     "fwd_fp16": {},
+    "fwd_varlen": dict(varlen=True),
 }
 FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpong", 128, 128, "sigmoid"),
                      ("fwd_shared_store", 128, 128, "gelu_tanh"), ("fwd_shared_store", 128, 128, "relu"),
                      ("fwd_exact_keys", 128, 128, "gelu_tanh"), ("fwd_exact_keys", 128, 128, "relu"),
                      ("fwd_exact_keys", 64, 64, "gelu_tanh"), ("fwd_fp16", 128, 128, "gelu_tanh"),
-                     ("fwd_fp16", 128, 128, "silu"), ("fwd_no_pingpong", 96, 128, "gelu_tanh")]
+                     ("fwd_fp16", 128, 128, "silu"), ("fwd_no_pingpong", 96, 128, "gelu_tanh"),
+                     ("fwd_varlen", 128, 128, "gelu_tanh"), ("fwd_varlen", 128, 128, "relu"),
+                     ("fwd_varlen", 64, 64, "gelu_tanh"), ("fwd_varlen", 96, 128, "sigmoid")]
 FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
 # measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (since the
@@ -114,6 +118,16 @@ def test_cute_fwd_without_mask_selects_less(case, reports):
     assert exact < masked, (exact, masked)
     if case[3] == "gelu_tanh":
         assert exact == 0
+
+
+@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] == "fwd_varlen"], ids=str)
+def test_cute_varlen_fwd_reads_samples_through_ragged_descriptors(case, reports):
+    """The varlen forward's loads and stores take the ragged descriptors' extra mode (5-D where the dense
+    kernel's are 4-D), and it reads the per-sample rows from global memory."""
+    varlen, dense = reports[case], reports[("fwd", *case[1:])]
+    assert varlen["tma_5d"] > 0 and varlen["tma_5d"] == varlen["tma_loads"] + varlen["tma_stores"], varlen
+    assert dense["tma_5d"] == 0
+    assert varlen["ld_global_s32"] > dense["ld_global_s32"]
 
 
 @pytest.mark.parametrize(
@@ -176,6 +190,8 @@ def _compile_all(cases) -> list[dict]:
             tma_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
             st_global=len(re.findall(r"\bst\.global\.", ptx)),
             stmatrix=ptx.count("stmatrix"),
+            tma_5d=len(re.findall(r"cp\.async\.bulk\.tensor\.5d", ptx)),
+            ld_global_s32=len(re.findall(r"\bld\.global\.\S*[bsu]32", ptx)),
             setmaxnreg=ptx.count("setmaxnreg."),
             tanh_approx=ptx.count("tanh.approx.f32"),
             tanh_approx_bf16x2=ptx.count("tanh.approx.bf16x2"),

@@ -128,6 +128,15 @@ def _fake_operands(element, count: int):
     return [one() for _ in range(count)]
 
 
+def _fake_rows():
+    """A fake (5, B) int32 rows tensor of a varlen call (``GdpaFwdSm90.__call__``)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(cutlass.Int32, (5, cute.sym_int()), stride=(cute.sym_int(), 1), assumed_align=4)
+
+
 def _as_cute(t: torch.Tensor):
     from cutlass.cute.runtime import from_dlpack
 
@@ -138,7 +147,7 @@ def _as_cute(t: torch.Tensor):
 def compile_fwd(
     dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False,
     pingpong: bool | None = None, split_store: bool | None = None, mask_keys: bool = True,
-    head_dim_v: int | None = None,
+    head_dim_v: int | None = None, varlen: bool = False,
 ):
     """The compiled forward for (dtype, head dims, activation, schedule, masking), compiled once and cached in
     memory and on disk (``compile_cache``): its sizes and strides are runtime values, so every shape reuses it.
@@ -146,14 +155,16 @@ def compile_fwd(
     compiled against fake tensors, which needs no GPU (target sm_90a). ``keep_ptx`` keeps the PTX in
     ``.artifacts`` (compile tests). ``pingpong``/``split_store``: None takes ``fwd_schedule``.
     ``mask_keys``: Nk is not a multiple of the key tile (the last key tile's padded columns give P = 0).
-    ``head_dim_v``: V's and O's head dim (None: ``head_dim``)."""
+    ``head_dim_v``: V's and O's head dim (None: ``head_dim``). ``varlen``: per-sample rows (``operands`` then
+    ends with the (5, B) rows tensor, see ``GdpaFwdSm90.__call__``; its keys always masked)."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     schedule = fwd_schedule(head_dim, head_dim_v)
     pingpong = schedule[0] if pingpong is None else pingpong
     split_store = schedule[1] if split_store is None else split_store
+    mask_keys = mask_keys or varlen
     key = ("fwd", str(dtype), head_dim, head_dim_v, activation, operands is None, keep_ptx, pingpong, split_store,
-           mask_keys)
+           mask_keys, varlen)
 
     def build():
         import cutlass
@@ -164,15 +175,20 @@ def compile_fwd(
         from .gdpa_fwd_sm90 import GdpaFwdSm90
 
         element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
-        args = operands if operands is not None else _fake_operands(element, 4)
+        args = list(operands) if operands is not None else _fake_operands(element, 4) + (
+            [_fake_rows()] if varlen else []
+        )
+        # varlen: the rows tensor and the longest sample's query tiles follow the stream
+        extra = [args.pop(), cutlass.Int32(1)] if varlen else []
         one = cutlass.Float32(1.0)
         form = activation_math.forward_form(activation, element is cutlass.BFloat16)
         kernel = GdpaFwdSm90(
             element, head_dim, head_dim_v, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys,
-            **wide_head_tiles(head_dim, head_dim_v),
+            varlen=varlen, **wide_head_tiles(head_dim, head_dim_v),
         )
         return cute.compile(
-            kernel, *args, one, one, one, cutlass.Int32(1), make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
+            kernel, *args, one, one, one, cutlass.Int32(1), make_fake_stream(), *extra,
+            options="--keep-ptx" if keep_ptx else "",
         )
 
     # compiles for real calls also go to disk; compile checks (fake operands, PTX kept) stay in memory

@@ -22,6 +22,10 @@ memory and stores it by TMA, which clips rows past Nq, the copy draining while t
 warpgroup its own 64 rows with ``split_store`` (neither waits for the other), else one copy of the tile. With
 ``o_from_registers`` (head dims past 128, where shared memory has no room for an O tile) each thread stores its
 accumulator values straight to global memory, rows past Nq predicated off.
+With ``varlen`` the tiles are (query tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
+(longest first), each side's rows of a sample read through a TMA descriptor bounded at the sample's end
+(_RAGGED_ROWS), so its ragged last tiles read zeros and its O stores are clipped there; query tiles past a
+sample's length are skipped, and those of samples without keys are stored as zeros after the main loop.
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ from .wgmma import fresh_gemm, operand_a_like, store_operand_a
 _WG_ROWS = 64
 _WG_THREADS = 128
 
+# Varlen: the row mode of each operand is read per sample through one TMA descriptor whose bounds stop at the
+# sample's end (Triton's ragged TMA): the mode has _RAGGED_ROWS rows starting _RAGGED_ROWS rows before the
+# tensor, and an extra mode of the same stride, indexed by the sample's end row, moves the window back. Row r of
+# a sample (start s, length n) is at (_RAGGED_ROWS - n + r, s + n): past the sample's end the coordinate passes
+# the bound, so loads read zeros there and stores are clipped, never touching the next sample's rows.
+_RAGGED_ROWS = 2**30
+_RAGGED_ENDS = 2**31 - 1
+
 
 @cute.jit
 def _tile_coords(tile: cutlass.Int32, num_m: cutlass.Int32, num_q_heads: cutlass.Int32, group: cutlass.Int32):
@@ -56,6 +68,15 @@ def _tma_part(atom, s, g):
     return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
 
 
+def _ragged(t: cute.Tensor, dim: int) -> cute.Tensor:
+    """``t`` with its row mode ``dim`` bounded per sample (see _RAGGED_ROWS): that mode _RAGGED_ROWS long and
+    shifted back by as many rows, plus a last mode of the same stride for the sample's end row."""
+    shape = (*t.shape[:dim], _RAGGED_ROWS, *t.shape[dim + 1:], _RAGGED_ENDS)
+    stride = (*t.stride, t.stride[dim])
+    shift = (*(None,) * dim, -_RAGGED_ROWS, *(None,) * (cute.rank(t) - dim - 1))
+    return cute.make_tensor(cute.domain_offset(shift, t).iterator, cute.make_layout(shape, stride=stride))
+
+
 class GdpaFwdSm90:
     """Compile-time parameters: element type, head dims of Q/K and of V/O, the activation's forward form
     (``activation_math.forward_form``: an fp32 form per score, or a PackedForm on bf16x2 pairs), key tile,
@@ -64,7 +85,7 @@ class GdpaFwdSm90:
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, activation: Callable | PackedForm, tile_n: int = 128,
         kv_stages: int = 2, pingpong: bool = True, split_store: bool = False, mask_keys: bool = True,
-        q_stages: int = 2, o_from_registers: bool = False,
+        q_stages: int = 2, o_from_registers: bool = False, varlen: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -82,6 +103,10 @@ class GdpaFwdSm90:
         # O stored straight from the accumulator registers (rows past Nq predicated off), where shared memory
         # has no room for an O tile
         self.o_from_registers = o_from_registers
+        # per-sample rows (``varlen``): each side's rows of sample z start at its own row and run its own length,
+        # read through ragged TMA descriptors (_RAGGED_ROWS); O is stored by TMA, which clips the sample's end
+        self.varlen = varlen
+        assert not (varlen and o_from_registers), "varlen stores O by TMA"
         self.pingpong = pingpong
         # each consumer warpgroup stores its own 64 rows of O (neither waits for the other at the tile's end),
         # or both store one 128-row tile together
@@ -109,9 +134,15 @@ class GdpaFwdSm90:
         slope: cutlass.Float32,
         num_ctas: cutlass.Int32,
         stream: cuda.CUstream,
+        rows: cute.Tensor | None = None,
+        num_m: cutlass.Int32 | None = None,
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, Hkv, Z); mV: (Nk, Dv, Hkv, Z); mO: (Nq, Dv, H, Z); D, Dv contiguous.
-        ``num_ctas``: the persistent grid (at most the number of tiles; one CTA per SM fits)."""
+        ``num_ctas``: the persistent grid (at most the number of tiles; one CTA per SM fits).
+        Varlen: ``rows`` (5, B) int32, per sample in the order the tiles visit them: first query row, query
+        count, first key row, key count, and the sample's index z; each side's Z is 1 (jagged rows) or B (a
+        dense side: rows counted within sample z's own block; 1 for a block all samples share). ``num_m``:
+        query tiles of the longest sample."""
         # V as (Dv, N, Hkv, Z): the B operand of P·V, contiguous along its N mode (Dv)
         v = cute.make_tensor(
             mV.iterator,
@@ -119,6 +150,8 @@ class GdpaFwdSm90:
                              stride=(mV.stride[1], mV.stride[0], mV.stride[2], mV.stride[3])),
         )
         q, k, o = mQ, mK, mO
+        if cutlass.const_expr(self.varlen):
+            q, k, o, v = _ragged(q, 0), _ragged(k, 0), _ragged(o, 0), _ragged(v, 1)
         d, dv = self.head_dim, self.head_dim_v
         q_smem = sm90_utils.make_smem_layout_a(
             utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.q_stages
@@ -160,10 +193,12 @@ class GdpaFwdSm90:
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(o_smem)], 1024]
 
         self.shared_storage = OperandStorage if self.o_from_registers else SharedStorage
-        num_m = cute.ceil_div(q.shape[0], self.tile_m)
+        if cutlass.const_expr(not self.varlen):
+            num_m = cute.ceil_div(q.shape[0], self.tile_m)
         self.kernel(
             tma_q, tq, tma_k, tk, tma_v, tv, tma_o, o if self.o_from_registers else to,
             scale, post_scale, slope, q_smem, k_smem, v_smem, o_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],
+            rows,
         ).launch(
             grid=[num_ctas, 1, 1],
             block=[self.threads, 1, 1],
@@ -193,14 +228,18 @@ class GdpaFwdSm90:
         num_m: cutlass.Int32,
         num_q_heads: cutlass.Int32,
         group: cutlass.Int32,
+        rows: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         num_ctas, _, _ = cute.arch.grid_dim()
-        num_tiles = num_m * num_q_heads * mQ.shape[3]
         d, dv = self.head_dim, self.head_dim_v
-        nk = mK.shape[0]
+        nq, nk = mQ.shape[0], mK.shape[0]
+        num_tiles = num_m * num_q_heads * mQ.shape[3]
+        if cutlass.const_expr(self.varlen):
+            num_tiles = num_m * num_q_heads * rows.shape[1]
         n_tiles = cute.ceil_div(nk, self.tile_n)
+        work = (num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk)
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         sO = None
@@ -240,19 +279,21 @@ class GdpaFwdSm90:
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
                 for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
-                    m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
-                    tQsQ, tQgQ = _tma_part(tma_q, sQ, cute.local_tile(mQ[None, None, h, z], (self.tile_m, d), (None, 0)))
-                    tKsK, tKgK = _tma_part(tma_k, sK, cute.local_tile(mK[None, None, hk, z], (self.tile_n, d), (None, 0)))
-                    tVsV, tVgV = _tma_part(
-                        tma_v, sV, cute.local_tile(mV[None, None, hk, z], (dv, self.tile_n), (0, None))
-                    )
-                    handle = q_producer.acquire_and_advance()
-                    cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                    for j in cutlass.range(n_tiles, unroll=1):
-                        handle = k_producer.acquire_and_advance()
-                        cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                        handle = v_producer.acquire_and_advance()
-                        cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                    m_blk, h, hk, z, q0, nq_z, k0, nk_z = self._work(tile, work)
+                    if self._has_rows(m_blk, nq_z, nk_z):
+                        gQ = self._rows_of(mQ, h, z, q0, nq_z, 0)
+                        gK = self._rows_of(mK, hk, z, k0, nk_z, 0)
+                        gV = self._rows_of(mV, hk, z, k0, nk_z, 1)
+                        tQsQ, tQgQ = _tma_part(tma_q, sQ, cute.local_tile(gQ, (self.tile_m, d), (None, 0)))
+                        tKsK, tKgK = _tma_part(tma_k, sK, cute.local_tile(gK, (self.tile_n, d), (None, 0)))
+                        tVsV, tVgV = _tma_part(tma_v, sV, cute.local_tile(gV, (dv, self.tile_n), (0, None)))
+                        handle = q_producer.acquire_and_advance()
+                        cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                        for j in cutlass.range(self._key_tiles(n_tiles, nk_z), unroll=1):
+                            handle = k_producer.acquire_and_advance()
+                            cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                            handle = v_producer.acquire_and_advance()
+                            cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             qk_mma, pv_mma = self._tiled_mmas()
@@ -273,7 +314,6 @@ class GdpaFwdSm90:
                 tOsO_mma = o_thr.partition_C(sO[None, None, wg_idx - 1])
             else:
                 tOsO_mma = pv_thr.partition_C(sO[None, None, 0])
-            ragged_cols = nk - (n_tiles - 1) * self.tile_n
             o_scale = post_scale
             consts = None
             if cutlass.const_expr(self.packed):
@@ -284,76 +324,176 @@ class GdpaFwdSm90:
             # packed forms: x and tanh(u) per pair of scores, held until P_j V_j has read P_j
             pairs = cute.make_rmem_tensor((cute.size(acc_s) // 2, 2), cutlass.Int32)
 
-            if cutlass.const_expr(self.pingpong):
-                # the first consumer warpgroup takes the first turn
-                if wg_idx == 1:
-                    cute.arch.barrier_arrive(barrier_id=self.schedule_barrier_base, number_of_threads=2 * _WG_THREADS)
-            # The steps run across query tiles: S_0 of the next tile is issued with the last P·V of this one, so
-            # its activation runs under that matmul (with two key tiles, a tile alone left the first Q Kᵀ, the
-            # first activation and the last P·V exposed). Here, S_0 of this CTA's first tile (every CTA has one).
-            q_handle = q_consumer.wait_and_advance()
-            k_handle = k_consumer.wait_and_advance()
-            warpgroup.fence()
-            fresh_gemm(
-                qk_mma, acc_s, tSrQ[None, None, None, q_handle.index], tSrK[None, None, None, k_handle.index], False
-            )
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            k_handle.release()
-            first_limit = ragged_cols if n_tiles == 1 else self.tile_n
-            self._activate(acc_s, pairs, tScS, first_limit, scale, slope, consts)
-            self._write_p(acc_s, pairs, r_p)
-            for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
-                m_blk, h, _, z = _tile_coords(tile, num_m, num_q_heads, group)
-                acc_o.fill(0.0)
-                rQ = tSrQ[None, None, None, q_handle.index]
-                # step j: S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j issued back to back, act(S_{j+1}) under P_j V_j
-                for j in cutlass.range(n_tiles - 1, unroll=1):
-                    k_handle = k_consumer.wait_and_advance()
-                    v_consumer, v_handle = self._issue_pair(
-                        v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, rQ, tSrK[None, None, None, k_handle.index],
-                        tOrV, wg_idx,
-                    )
-                    warpgroup.wait_group(1)
-                    k_handle.release()
-                    self._activate(acc_s, pairs, tScS, ragged_cols if j + 2 == n_tiles else self.tile_n, scale,
-                                   slope, consts)
-                    warpgroup.wait_group(0)
-                    v_handle.release()
-                    self._write_p(acc_s, pairs, r_p)
-                # every Q Kᵀ of this tile is done: the producer may load the tile after next's Q
-                q_handle.release()
-                # the last P·V with S_0 of the next query tile. Past the last tile that Q Kᵀ still runs, on the
-                # last Q and K tiles (nothing loads over them any more): a conditional matmul would keep the old
-                # scores alive through this step (registers).
-                has_next = tile + num_ctas < num_tiles
-                if has_next:
-                    q_handle = q_consumer.wait_and_advance()
-                    k_handle = k_consumer.wait_and_advance()
-                v_consumer, v_handle = self._issue_pair(
-                    v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, tSrQ[None, None, None, q_handle.index],
-                    tSrK[None, None, None, k_handle.index], tOrV, wg_idx,
+            first = self._next_busy(bidx, work)
+            if self._has_work(first, num_tiles):
+                if cutlass.const_expr(self.pingpong):
+                    # the first consumer warpgroup takes the first turn
+                    if wg_idx == 1:
+                        cute.arch.barrier_arrive(
+                            barrier_id=self.schedule_barrier_base, number_of_threads=2 * _WG_THREADS
+                        )
+                # The steps run across query tiles: S_0 of the next tile is issued with the last P·V of this one,
+                # so its activation runs under that matmul (with two key tiles, a tile alone left the first Q Kᵀ,
+                # the first activation and the last P·V exposed). Here, S_0 of this CTA's first tile.
+                q_handle = q_consumer.wait_and_advance()
+                k_handle = k_consumer.wait_and_advance()
+                warpgroup.fence()
+                fresh_gemm(
+                    qk_mma, acc_s, tSrQ[None, None, None, q_handle.index], tSrK[None, None, None, k_handle.index],
+                    False,
                 )
-                warpgroup.wait_group(1)
-                if has_next:
-                    k_handle.release()
-                self._activate(acc_s, pairs, tScS, first_limit, scale, slope, consts)
+                warpgroup.commit_group()
                 warpgroup.wait_group(0)
-                v_handle.release()
+                k_handle.release()
+                self._activate(acc_s, pairs, tScS, self._first_limit(first, work), scale, slope, consts)
                 self._write_p(acc_s, pairs, r_p)
-                r_o = cute.make_fragment_like(acc_o, self.dtype)
-                r_o.store((acc_o.load() * o_scale).to(self.dtype))
-                if cutlass.const_expr(self.o_from_registers):
-                    self._store_o_from_registers(r_o, tOsO_mma, mO, m_blk, h, z)
-                else:
-                    self._store_o(r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx, wg_idx)
+                for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                    m_blk, h, _, z, q0, nq_z, _, nk_z = self._work(tile, work)
+                    if self._has_rows(m_blk, nq_z, nk_z):
+                        n_tiles_z = self._key_tiles(n_tiles, nk_z)
+                        ragged_z = nk_z - (n_tiles_z - 1) * self.tile_n
+                        acc_o.fill(0.0)
+                        rQ = tSrQ[None, None, None, q_handle.index]
+                        # step j: S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j issued back to back, act(S_{j+1}) under
+                        # P_j V_j
+                        for j in cutlass.range(n_tiles_z - 1, unroll=1):
+                            k_handle = k_consumer.wait_and_advance()
+                            v_consumer, v_handle = self._issue_pair(
+                                v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, rQ,
+                                tSrK[None, None, None, k_handle.index], tOrV, wg_idx,
+                            )
+                            warpgroup.wait_group(1)
+                            k_handle.release()
+                            self._activate(acc_s, pairs, tScS, ragged_z if j + 2 == n_tiles_z else self.tile_n,
+                                           scale, slope, consts)
+                            warpgroup.wait_group(0)
+                            v_handle.release()
+                            self._write_p(acc_s, pairs, r_p)
+                        # every Q Kᵀ of this tile is done: the producer may load the tile after next's Q
+                        q_handle.release()
+                        # the last P·V with S_0 of the next query tile. Past the last tile that Q Kᵀ still runs, on
+                        # the last Q and K tiles (nothing loads over them any more): a conditional matmul would keep
+                        # the old scores alive through this step (registers).
+                        following = self._next_busy(tile + num_ctas, work)
+                        has_next = following < num_tiles
+                        if has_next:
+                            q_handle = q_consumer.wait_and_advance()
+                            k_handle = k_consumer.wait_and_advance()
+                        v_consumer, v_handle = self._issue_pair(
+                            v_consumer, qk_mma, pv_mma, acc_s, acc_o, r_p, tSrQ[None, None, None, q_handle.index],
+                            tSrK[None, None, None, k_handle.index], tOrV, wg_idx,
+                        )
+                        warpgroup.wait_group(1)
+                        if has_next:
+                            k_handle.release()
+                        self._activate(acc_s, pairs, tScS, self._first_limit(following, work), scale, slope, consts)
+                        warpgroup.wait_group(0)
+                        v_handle.release()
+                        self._write_p(acc_s, pairs, r_p)
+                        r_o = cute.make_fragment_like(acc_o, self.dtype)
+                        r_o.store((acc_o.load() * o_scale).to(self.dtype))
+                        if cutlass.const_expr(self.o_from_registers):
+                            self._store_o_from_registers(r_o, tOsO_mma, mO, m_blk, h, z)
+                        else:
+                            gO = self._rows_of(mO, h, z, q0, nq_z, 0)
+                            self._store_o(r_o, tOsO_mma, tma_o, sO, gO, m_blk, warp_idx, wg_idx)
+            if cutlass.const_expr(self.varlen):
+                self._store_keyless_tiles(acc_o, tOsO_mma, tma_o, sO, mO, work, warp_idx, wg_idx)
             if warp_idx % 4 == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _store_o(self, r_o, tOsO_mma, tma_o, sO, mO, m_blk, h, z, warp_idx, wg_idx):
+    def _work(self, tile: cutlass.Int32, work: tuple):
+        """(query tile, query head, kv head, sample, first query row, query count, first key row, key count)
+        of a tile index: the rows from ``rows`` by the tile's rank (varlen), else every sample's whole tensor."""
+        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
+        m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
+        q0, k0 = 0, 0
+        if cutlass.const_expr(self.varlen):
+            rank = z
+            q0, nq, k0, nk, z = rows[0, rank], rows[1, rank], rows[2, rank], rows[3, rank], rows[4, rank]
+        return m_blk, h, hk, z, q0, nq, k0, nk
+
+    @cute.jit
+    def _has_rows(self, m_blk: cutlass.Int32, nq: cutlass.Int32, nk: cutlass.Int32):
+        """Whether query tile ``m_blk`` of a sample of ``nq`` queries and ``nk`` keys runs through the main loop
+        (always, but in varlen batches: not past the sample's queries, nor without keys, whose O tiles are
+        stored as zeros after it: a K/V tile wholly past its sample's end is no TMA load)."""
+        if cutlass.const_expr(not self.varlen):
+            return True
+        return (m_blk * self.tile_m < nq) & (nk > 0)
+
+    @cute.jit
+    def _has_work(self, tile: cutlass.Int32, num_tiles: cutlass.Int32):
+        """Whether this CTA has a tile at all (in a dense batch every CTA has one: the grid is at most the tiles)."""
+        if cutlass.const_expr(not self.varlen):
+            return True
+        return tile < num_tiles
+
+    @cute.jit
+    def _next_busy(self, tile: cutlass.Int32, work: tuple):
+        """The first of ``tile``, ``tile`` + the grid, ... that runs through the main loop (``_has_rows``), or the
+        tile count."""
+        if cutlass.const_expr(not self.varlen):
+            return tile
+        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
+        last_rank = rows.shape[1] - 1
+        t = tile
+        empty = t < num_tiles
+        while empty:
+            rank = cutlass.min(t // num_m // num_q_heads, last_rank)
+            empty = (t < num_tiles) & ((t % num_m * self.tile_m >= rows[1, rank]) | (rows[3, rank] == 0))
+            if empty:
+                t = t + num_ctas
+        return t
+
+    @cute.jit
+    def _key_tiles(self, n_tiles: cutlass.Int32, nk: cutlass.Int32):
+        """Key tiles of a sample of ``nk`` keys: ``n_tiles`` in a dense batch; at least one in a varlen batch, so
+        a sample without keys still runs one (fully masked: O = 0)."""
+        if cutlass.const_expr(not self.varlen):
+            return n_tiles
+        return cutlass.max(cute.ceil_div(nk, self.tile_n), 1)
+
+    @cute.jit
+    def _first_limit(self, tile: cutlass.Int32, work: tuple):
+        """Keys in range in the first key tile of ``tile`` (a tile index past the last reads the last sample)."""
+        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
+        n_tiles = cute.ceil_div(nk, self.tile_n)
+        if cutlass.const_expr(self.varlen):
+            nk = rows[3, cutlass.min(tile // num_m // num_q_heads, rows.shape[1] - 1)]
+            n_tiles = self._key_tiles(n_tiles, nk)
+        return nk if n_tiles == 1 else self.tile_n
+
+    @cute.jit
+    def _rows_of(self, m: cute.Tensor, h: cutlass.Int32, z: cutlass.Int32, start: cutlass.Int32,
+                 length: cutlass.Int32, row_mode: int):
+        """The (rows, D) or (D, rows) (``row_mode``) tensor of head ``h``, sample ``z``: the sample's ``length``
+        rows from ``start`` through the ragged descriptor (varlen: a side of one block has Z = 1, and every
+        sample reads it), else the dense tensor's."""
+        if cutlass.const_expr(not self.varlen):
+            return m[None, None, h, z]
+        rows = m[None, None, h, z % m.shape[3], start + length]
+        shift = (_RAGGED_ROWS - length, 0) if row_mode == 0 else (0, _RAGGED_ROWS - length)
+        return cute.domain_offset(shift, rows)
+
+    @cute.jit
+    def _store_keyless_tiles(self, acc_o, tOsO_mma, tma_o, sO, mO, work: tuple, warp_idx, wg_idx):
+        """Varlen: O = 0 into this CTA's query tiles of samples without keys (the main loop skips them)."""
+        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
+        bidx, _, _ = cute.arch.block_idx()
+        r_o = cute.make_fragment_like(acc_o, self.dtype)
+        r_o.fill(0.0)
+        for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+            m_blk, h, _, z, q0, nq_z, _, nk_z = self._work(tile, work)
+            if (m_blk * self.tile_m < nq_z) & (nk_z == 0):
+                self._store_o(r_o, tOsO_mma, tma_o, sO, self._rows_of(mO, h, z, q0, nq_z, 0), m_blk, warp_idx, wg_idx)
+
+    @cute.jit
+    def _store_o(self, r_o, tOsO_mma, tma_o, sO, gO, m_blk, warp_idx, wg_idx):
         """O into shared memory once the previous TMA store has read it, then one TMA store, left to drain while
-        the next tile computes: per warpgroup of its 64 rows (``split_store``), or of the whole tile."""
+        the next tile computes: per warpgroup of its 64 rows (``split_store``), or of the whole tile. ``gO``: the
+        (rows, Dv) tensor of the tile's head and sample."""
         dv = self.head_dim_v
         barrier, threads, stage, tile, issuer = (
             self.store_barrier_base, self.num_mma_wg * _WG_THREADS, 0, m_blk, warp_idx == _WG_THREADS // 32
@@ -370,7 +510,7 @@ class GdpaFwdSm90:
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=barrier, number_of_threads=threads)
         if issuer:
-            tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(mO[None, None, h, z], (self.o_rows, dv), (None, 0)))
+            tOsO, tOgO = _tma_part(tma_o, sO, cute.local_tile(gO, (self.o_rows, dv), (None, 0)))
             cute.copy(tma_o, tOsO[(None, stage)], tOgO[(None, tile)])
             cute.arch.cp_async_bulk_commit_group()
 

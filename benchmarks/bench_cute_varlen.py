@@ -1,0 +1,142 @@
+"""The varlen forward on the CuTe-DSL Hopper kernel vs the Triton varlen forward vs the dense CuTe forward on
+the padded batch vs flash-attn-4's varlen forward (softmax, where it imports), one process, Meta's jagged shapes
+(GPU only; cutlass-dsl and flash-attn-4 staged with ../shared/device/stage-cute-dsl.sh).
+
+B = 1152 samples, H = 4, D = 128, bf16, self attention, gelu_tanh, lengths up to N in {256, 512, 1024, 2048} at
+"sparsity" 1.0 (every sample full) and 0.5 (lengths uniform in [1, N]). Rates are TF/s of the real tokens' work
+(4 · H · D · Σ n², the same for every provider, the padded one included), each provider's do_bench median over
+three rounds of rotated order after an untimed settle (``median_over_rounds``). The CuTe varlen forward is
+checked against the float64 reference on 8 samples first.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --out results/cute_varlen   # .json and .png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+
+import torch
+import triton
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu  # beside this file
+from bench_varlen import lengths_for
+
+import gdpa_inductor
+from gdpa_inductor import gdpa, gdpa_varlen
+from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference
+
+ACT, H, D = "gelu_tanh", 4, 128
+SCALE = D**-0.5
+SHAPES = [(n, s) for n in (256, 512, 1024, 2048) for s in (1.0, 0.5)]
+PROVIDERS = [("cute_varlen", "CuTe varlen"), ("triton_varlen", "Triton varlen"), ("cute_padded", "CuTe dense, padded"),
+             ("fa4_varlen", "FA4 varlen (softmax)")]
+
+
+def _on(backend: str, fn):
+    def run():
+        saved = gdpa_inductor.config.backend
+        gdpa_inductor.config.backend = backend
+        try:
+            return fn()
+        finally:
+            gdpa_inductor.config.backend = saved
+
+    return run
+
+
+def _fa4_varlen():
+    try:
+        from flash_attn.cute.interface import flash_attn_varlen_func
+    except Exception as e:  # not staged, or no SM90 build
+        print("flash-attn-4 unavailable:", type(e).__name__, e, flush=True)
+        return None
+    return flash_attn_varlen_func
+
+
+def check(lengths, device) -> float:
+    """Relative error of the CuTe varlen forward (bf16) vs the float64 reference on the first 8 samples."""
+    lens = lengths[:8]
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)]).to(device)
+    t, longest = int(lens.sum()), int(lens.max())
+    q, k, v = (torch.randn(t, H, D, device=device, dtype=torch.float64) for _ in range(3))
+    got = _on("cute", lambda: gdpa_varlen(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cu, longest, longest,
+                                          activation=ACT, scale=SCALE))()
+    want = gdpa_varlen_reference(q, k, v, None, cu, cu, None, None, longest, longest, ACT, SCALE, 1.0, False,
+                                 (-1, -1), 0.01)
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def bench_shape(batch, max_len, sparsity, gen, fa4) -> dict:
+    lengths = lengths_for(batch, max_len, sparsity, gen)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).cuda()
+    total = int(lengths.sum())
+    flops = 4.0 * H * D * float((lengths.double() ** 2).sum())
+    row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, rel_err=check(lengths, "cuda"))
+    q, k, v = (torch.randn(total, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qp, kp, vp = (torch.randn(batch, H, max_len, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    def varlen():
+        return gdpa_varlen(q, k, v, cu, cu, max_len, max_len, activation=ACT, scale=SCALE)
+
+    providers = {
+        "cute_varlen": _on("cute", varlen),
+        "triton_varlen": _on("triton", varlen),
+        "cute_padded": _on("cute", lambda: gdpa(qp, kp, vp, activation=ACT, scale=SCALE)),
+    }
+    if fa4 is not None:
+        providers["fa4_varlen"] = lambda: fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
+                                              max_seqlen_k=max_len, softmax_scale=SCALE)
+    for name, ms in median_over_rounds(providers, settle_ms=SETTLE_MS).items():
+        if ms is not None:
+            row[f"{name}_ms"] = ms
+            row[name] = flops / ms * 1e-9
+    for other in ("triton_varlen", "cute_padded", "fa4_varlen"):
+        if "cute_varlen" in row and other in row:
+            row[f"cute_varlen_vs_{other}"] = row["cute_varlen"] / row[other]
+    return row
+
+
+def plot(rows, meta, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, sparsity in zip(axes, (1.0, 0.5)):
+        sel = [r for r in rows if r["sparsity"] == sparsity]
+        width = 0.8 / len(PROVIDERS)
+        for i, (key, label) in enumerate(PROVIDERS):
+            xs = [j + i * width for j, r in enumerate(sel) if key in r]
+            ax.bar(xs, [r[key] for r in sel if key in r], width, label=label)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sel))], [f"N≤{r['max_len']}" for r in sel])
+        ax.set_title(f"sparsity {sparsity}")
+    axes[0].set_ylabel("TF/s (real tokens' work)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"varlen forward, B=1152, H=4, D=128, bf16, {ACT} — {meta['device']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="results/cute_varlen")
+    parser.add_argument("--batch", type=int, default=1152)
+    args = parser.parse_args()
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat())
+    warm_up_gpu(2.0)
+    fa4 = _fa4_varlen()
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for max_len, sparsity in SHAPES:
+        rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4))
+        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+    with open(f"{args.out}.json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    plot(rows, meta, f"{args.out}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Launcher of the CuTe-DSL Hopper forward over varlen batches (``GdpaFwdSm90`` with ``varlen``): which calls
+it takes, and the call on the rows the varlen schedule gives (``kernels/triton/varlen_schedule.py``: each
+sample's first row and length on both sides, samples longest first).
+
+Each side is a jagged ``[total, H, D]`` tensor or a dense ``[B or 1, N, H, D]`` one (padded batches pass their
+valid lengths); the kernel reads each sample's rows through TMA descriptors bounded at the sample's end, so a
+sample never reads or writes another's rows, and its persistent CTAs skip the query tiles past each sample's
+length. One compile per (dtype, head dims, activation), shared with nothing else: the keys are always masked.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..triton.gdpa_fwd_tma import tma_layout
+from ..triton.varlen_layout import VarlenSide
+from .gdpa_fwd import SUPPORTED_ACTIVATIONS, compile_fwd, cute_dsl_available, on_sm90
+
+# the dense forward's 128x128 tiles with O stored by TMA: head dims past 128 take other tiles (registers)
+VARLEN_HEAD_DIMS = (64, 96, 128)
+_TILE_M = 128
+
+
+def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
+                            window: tuple[int, int], activation: str) -> tuple[bool, str]:
+    """(ok, reason) for the CuTe varlen forward on the varlen op's operands (``[total, H, D]`` or
+    ``[B, N, H, D]`` each)."""
+    if not cute_dsl_available():
+        return False, "nvidia-cutlass-dsl is not installed"
+    if not on_sm90(q.device):
+        return False, "the CuTe kernel is built for sm_90 (Hopper)"
+    if bias is not None or causal or tuple(window) != (-1, -1):
+        return False, "bias, causal masking and windows are not in the CuTe varlen forward yet"
+    if activation not in SUPPORTED_ACTIVATIONS:
+        return False, f"activation {activation!r} has no CuTe form"
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (q.dtype == k.dtype == v.dtype):
+        return False, "the CuTe varlen forward takes fp16/bf16 operands of one dtype"
+    d, dv = q.shape[-1], v.shape[-1]
+    if d not in VARLEN_HEAD_DIMS or dv not in VARLEN_HEAD_DIMS:
+        return False, f"head dims (D={d}, Dv={dv}) must each be one of {VARLEN_HEAD_DIMS} for the CuTe varlen forward"
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not tma_layout(t):
+            return False, f"{name} strides must be positive multiples of 16 bytes from a 16-byte-aligned address (TMA)"
+    return True, ""
+
+
+def _as_cute_rows(t: torch.Tensor):
+    """A side's tensor in the kernel's (rows, D, H, Z) mode order: Z = 1 for jagged rows."""
+    from cutlass.cute.runtime import from_dlpack
+
+    t4 = t.unsqueeze(0) if t.dim() == 3 else t
+    return from_dlpack(t4.detach().permute(1, 3, 2, 0), assumed_align=16).mark_layout_dynamic(leading_dim=1)
+
+
+def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
+                         activation: str, scale: float, post_scale: float, negative_slope: float) -> torch.Tensor:
+    """Writes ``out.tensor`` (the queries' layout, Dv wide; rows past each sample's length untouched) from the
+    sides of a ``cute_varlen_fwd_support``-checked call; returns it."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass.cute.runtime import from_dlpack
+
+    q, k, o = qs.tensor, ks.tensor, out.tensor
+    num_m = -(-qs.max_len // _TILE_M)
+    tiles = num_m * q.shape[-2] * qs.batch
+    if o.numel() == 0 or tiles == 0:
+        return o
+    if k.numel() == 0 or v.numel() == 0:
+        # no sample has keys (and the descriptors would have no memory to point at)
+        return o.zero_()
+    rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
+    operands = [_as_cute_rows(t) for t in (q, k, v, o)]
+    operands.append(from_dlpack(rows, assumed_align=4).mark_layout_dynamic(leading_dim=1))
+    fn = compile_fwd(q.dtype, q.shape[-1], activation, operands, head_dim_v=v.shape[-1], varlen=True)
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    fn(*operands[:4], cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope),
+       cutlass.Int32(num_ctas), stream, operands[4], cutlass.Int32(num_m))
+    return o

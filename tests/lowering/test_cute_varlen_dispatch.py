@@ -1,0 +1,100 @@
+"""Which path the varlen forward takes: the CuTe-DSL varlen forward where it covers the call (under "auto" and
+"cute"), else the usual choice, with the reason in the support check. CPU tensors stand in for an sm_90 GPU's;
+the op itself then runs as before (the reference here), whatever the selector says for the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gdpa_inductor
+from gdpa_inductor.kernels.cute import varlen_fwd as cute_varlen
+from gdpa_inductor.kernels.cute.gdpa_fwd import cute_dsl_available
+from gdpa_inductor.lowering.dispatch import select_impl, select_varlen_forward_impl
+
+needs_cute_dsl = pytest.mark.skipif(not cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+
+
+@pytest.fixture
+def backend():
+    saved = gdpa_inductor.config.backend
+
+    def set_backend(name):
+        gdpa_inductor.config.backend = name
+
+    yield set_backend
+    gdpa_inductor.config.backend = saved
+
+
+@pytest.fixture
+def on_hopper(monkeypatch):
+    monkeypatch.setattr(cute_varlen, "on_sm90", lambda device: True)
+
+
+def _jagged(dtype=torch.bfloat16, d=128, dv=None, h=4, hkv=2, total=300):
+    q = torch.randn(total, h, d, dtype=dtype)
+    k = torch.randn(total, hkv, d, dtype=dtype)
+    v = torch.randn(total, hkv, dv or d, dtype=dtype)
+    return q, k, v
+
+
+@needs_cute_dsl
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(), ""),
+        (dict(bias=True), "bias, causal masking and windows"),
+        (dict(causal=True), "bias, causal masking and windows"),
+        (dict(window=(16, 0)), "bias, causal masking and windows"),
+        (dict(activation="softplus"), "no CuTe form"),
+        (dict(dtype=torch.float32), "fp16/bf16"),
+        (dict(d=64), ""),
+        (dict(d=96, dv=128), ""),
+        (dict(d=128, dv=64), ""),
+        (dict(d=256), "head dims"),
+        (dict(dv=80), "head dims"),
+        (dict(transpose=True), "strides"),
+        (dict(broadcast_k=True), "strides"),
+        (dict(dense_q=True), ""),
+    ],
+)
+def test_support_reasons(on_hopper, change, reason):
+    q, k, v = _jagged(change.get("dtype", torch.bfloat16), change.get("d", 128), change.get("dv"))
+    if change.get("transpose"):
+        q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if change.get("broadcast_k"):
+        # a broadcast head dim (stride 0) is no TMA layout
+        k = torch.randn(300, 4, 2, dtype=k.dtype)[:, :, :1].expand(300, 4, 128)
+    if change.get("dense_q"):
+        q = torch.randn(1, 7, 4, q.shape[-1], dtype=q.dtype)
+    bias = torch.randn(4, 300, 300, dtype=q.dtype) if change.get("bias") else None
+    ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, bias, change.get("causal", False),
+                                                  change.get("window", (-1, -1)), change.get("activation", "silu"))
+    assert ok == (reason == "")
+    assert reason in why
+
+
+def test_off_hopper_is_not_cute():
+    q, k, v = _jagged()
+    ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, None, False, (-1, -1), "silu")
+    assert not ok and ("sm_90" in why or "not installed" in why)
+
+
+@needs_cute_dsl
+@pytest.mark.parametrize("name, causal, expected", [("auto", False, "cute"), ("cute", False, "cute"),
+                                                     ("auto", True, None), ("cute", True, None),
+                                                     ("triton", False, None), ("reference", False, "reference")])
+def test_selector(on_hopper, backend, name, causal, expected):
+    """"auto" and "cute" take the CuTe varlen forward where it covers the call; what it does not cover (causal
+    here) takes the usual choice under both (None: ``select_impl``'s answer, the reference on CPU tensors, or
+    its error under a forced "triton")."""
+    backend(name)
+    q, k, v = _jagged()
+    if expected is None:
+        try:
+            expected = select_impl(q, k, v, None, "varlen forward")
+        except ValueError as e:
+            with pytest.raises(ValueError, match=str(e)[:40]):
+                select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu")
+            return
+    assert select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu") == expected
