@@ -98,13 +98,20 @@ def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
     if bias is not None or causal:
         return False, "bias and causal masking are not in the CuTe forward yet"
+    return operand_support(q, k, v, activation, SUPPORTED_HEAD_DIMS)
+
+
+def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, head_dims: tuple,
+                    kernel: str = "the CuTe forward") -> tuple[bool, str]:
+    """(ok, reason) for what every CuTe forward needs of its operands: an activation with a CuTe form, fp16/bf16
+    of one dtype, D and Dv each in ``head_dims``, and layouts TMA can read."""
     if activation not in SUPPORTED_ACTIVATIONS:
         return False, f"activation {activation!r} has no CuTe form"
     if q.dtype not in (torch.float16, torch.bfloat16) or not (q.dtype == k.dtype == v.dtype):
-        return False, "the CuTe forward takes fp16/bf16 operands of one dtype"
+        return False, f"{kernel} takes fp16/bf16 operands of one dtype"
     d, dv = q.shape[-1], v.shape[-1]
-    if d not in SUPPORTED_HEAD_DIMS or dv not in SUPPORTED_HEAD_DIMS:
-        return False, f"head dims (D={d}, Dv={dv}) must each be one of {SUPPORTED_HEAD_DIMS}"
+    if d not in head_dims or dv not in head_dims:
+        return False, f"head dims (D={d}, Dv={dv}) must each be one of {head_dims} for {kernel}"
     for name, t in (("query", q), ("key", k), ("value", v)):
         if t.stride(-1) != 1:
             return False, f"{name} must have a contiguous last dim"

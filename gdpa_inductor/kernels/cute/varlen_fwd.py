@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..triton.gdpa_fwd_tma import tma_layout
 from ..triton.varlen_layout import VarlenSide
-from .gdpa_fwd import SUPPORTED_ACTIVATIONS, compile_fwd, cute_dsl_available, on_sm90
+from .gdpa_fwd import compile_fwd, cute_dsl_available, on_sm90, operand_support
 
 # the dense forward's 128x128 tiles with O stored by TMA: head dims past 128 take other tiles (registers)
 VARLEN_HEAD_DIMS = (64, 96, 128)
@@ -31,17 +30,7 @@ def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
     if bias is not None or causal or tuple(window) != (-1, -1):
         return False, "bias, causal masking and windows are not in the CuTe varlen forward yet"
-    if activation not in SUPPORTED_ACTIVATIONS:
-        return False, f"activation {activation!r} has no CuTe form"
-    if q.dtype not in (torch.float16, torch.bfloat16) or not (q.dtype == k.dtype == v.dtype):
-        return False, "the CuTe varlen forward takes fp16/bf16 operands of one dtype"
-    d, dv = q.shape[-1], v.shape[-1]
-    if d not in VARLEN_HEAD_DIMS or dv not in VARLEN_HEAD_DIMS:
-        return False, f"head dims (D={d}, Dv={dv}) must each be one of {VARLEN_HEAD_DIMS} for the CuTe varlen forward"
-    for name, t in (("query", q), ("key", k), ("value", v)):
-        if not tma_layout(t):
-            return False, f"{name} strides must be positive multiples of 16 bytes from a 16-byte-aligned address (TMA)"
-    return True, ""
+    return operand_support(q, k, v, activation, VARLEN_HEAD_DIMS, "the CuTe varlen forward")
 
 
 def _as_cute_rows(t: torch.Tensor):
