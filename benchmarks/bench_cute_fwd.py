@@ -75,18 +75,19 @@ def correctness(rows):
     return ok
 
 
-def _fa4_fwd():
-    """flash-attn-4's forward (its SM90 kernel on Hopper), or None where it does not import."""
+def fa4_function(name: str = "flash_attn_func"):
+    """flash-attn-4's ``name`` from its interface (its SM90 kernels on Hopper), or None where it does not
+    import."""
     try:
-        from flash_attn.cute.interface import flash_attn_func
+        from flash_attn.cute import interface
     except Exception as e:  # not staged, or no SM90 build
         print("flash-attn-4 unavailable:", type(e).__name__, e, flush=True)
         return None
-    return flash_attn_func
+    return getattr(interface, name)
 
 
 def timing(rows, batch, heads, act):
-    fa4 = _fa4_fwd()
+    fa4 = fa4_function()
     for d in (128, 64):
         for nq, nk in META_SHAPES:
             q = torch.randn(batch, heads, nq, d, device="cuda", dtype=torch.bfloat16)

@@ -19,7 +19,8 @@ import json
 
 import torch
 import triton
-from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu  # beside this file
+from bench_cute_fwd import fa4_function  # beside this file
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
 from bench_varlen import lengths_for
 
 import gdpa_inductor
@@ -43,15 +44,6 @@ def _on(backend: str, fn):
             gdpa_inductor.config.backend = saved
 
     return run
-
-
-def _fa4_varlen():
-    try:
-        from flash_attn.cute.interface import flash_attn_varlen_func
-    except Exception as e:  # not staged, or no SM90 build
-        print("flash-attn-4 unavailable:", type(e).__name__, e, flush=True)
-        return None
-    return flash_attn_varlen_func
 
 
 def check(lengths, device) -> float:
@@ -127,7 +119,7 @@ def main():
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.date.today().isoformat())
     warm_up_gpu(2.0)
-    fa4 = _fa4_varlen()
+    fa4 = fa4_function("flash_attn_varlen_func")
     gen = torch.Generator().manual_seed(0)
     rows = []
     for max_len, sparsity in SHAPES:

@@ -8,24 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import gdpa_inductor
 from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.cute import gdpa_bwd as cute_bwd
 from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl, select_impl
 
 SELECTORS = {"forward": select_forward_impl, "backward": select_backward_impl}
-
-
-@pytest.fixture
-def backend():
-    saved = gdpa_inductor.config.backend
-
-    def set_backend(name):
-        gdpa_inductor.config.backend = name
-
-    yield set_backend
-    gdpa_inductor.config.backend = saved
 
 
 def _qkv(dtype=torch.bfloat16, d=128, dv=None, h=4, hkv=4, batch=(2,)):

@@ -7,23 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import gdpa_inductor
 from gdpa_inductor.kernels.cute import varlen_fwd as cute_varlen
 from gdpa_inductor.kernels.cute.gdpa_fwd import cute_dsl_available
 from gdpa_inductor.lowering.dispatch import select_impl, select_varlen_forward_impl
 
 needs_cute_dsl = pytest.mark.skipif(not cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
-
-
-@pytest.fixture
-def backend():
-    saved = gdpa_inductor.config.backend
-
-    def set_backend(name):
-        gdpa_inductor.config.backend = name
-
-    yield set_backend
-    gdpa_inductor.config.backend = saved
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from gdpa_testing import (
 )
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gdpa_inductor import config, gdpa
+from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.kernels.triton import gdpa_bwd as triton_bwd
@@ -53,15 +53,6 @@ def _case(gen, case, dtype, requires_grad=False):
 def _op_args(activation, d, causal):
     # (activation, scale, post_scale, causal, negative_slope) in the ops' positional order
     return (activation, default_scale(d), 0.6, causal, 0.2)
-
-
-@pytest.fixture
-def backend(monkeypatch):
-    """Sets gdpa_inductor.config.backend for one test."""
-    def set_backend(name):
-        monkeypatch.setattr(config, "backend", name)
-
-    return set_backend
 
 
 # ---- opcheck ----
