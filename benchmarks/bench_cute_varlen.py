@@ -1,14 +1,17 @@
-"""The varlen forward on the CuTe-DSL Hopper kernel vs the Triton varlen forward vs the dense CuTe forward on
-the padded batch vs flash-attn-4's varlen forward (softmax, where it imports), one process, Meta's jagged shapes
-(GPU only; cutlass-dsl and flash-attn-4 staged with ../shared/device/stage-cute-dsl.sh).
+"""The varlen forward (or, with ``--backward``, forward+backward) on the CuTe-DSL Hopper kernels vs the Triton varlen
+kernels vs the dense CuTe kernels on the padded batch vs flash-attn-4's varlen kernels (softmax, where it imports),
+one process, Meta's jagged shapes (GPU only; cutlass-dsl and flash-attn-4 staged with
+../shared/device/stage-cute-dsl.sh).
 
 B = 1152 samples, H = 4, D = 128, bf16, self attention, gelu_tanh, lengths up to N in {256, 512, 1024, 2048} at
 "sparsity" 1.0 (every sample full) and 0.5 (lengths uniform in [1, N]). Rates are TF/s of the real tokens' work
 (4 · H · D · Σ n², the same for every provider, the padded one included), each provider's do_bench median over
-three rounds of rotated order after an untimed settle (``median_over_rounds``). The CuTe varlen forward is
-checked against the float64 reference on 8 samples first.
+three rounds of rotated order after an untimed settle (``median_over_rounds``); forward+backward counts 3.5x the
+forward's work and takes the gradients by ``torch.autograd.grad`` of one fixed output gradient. The CuTe varlen
+op is checked against the float64 reference on 8 samples first (the forward, and with ``--backward`` dq, dk, dv).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --out results/cute_varlen   # .json and .png
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --backward --out results/cute_varlen_bwd
 """
 
 from __future__ import annotations
@@ -46,27 +49,50 @@ def _on(backend: str, fn):
     return run
 
 
-def check(lengths, device) -> float:
-    """Relative error of the CuTe varlen forward (bf16) vs the float64 reference on the first 8 samples."""
+def check(lengths, device, backward: bool) -> dict:
+    """Relative errors of the CuTe varlen op (bf16) vs the float64 reference on the first 8 samples: the output,
+    and with ``backward`` each gradient."""
     lens = lengths[:8]
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)]).to(device)
     t, longest = int(lens.sum()), int(lens.max())
-    q, k, v = (torch.randn(t, H, D, device=device, dtype=torch.float64) for _ in range(3))
-    got = _on("cute", lambda: gdpa_varlen(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cu, longest, longest,
-                                          activation=ACT, scale=SCALE))()
+    q, k, v = (torch.randn(t, H, D, device=device, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
+    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu, longest, longest, activation=ACT, scale=SCALE))()
     want = gdpa_varlen_reference(q, k, v, None, cu, cu, None, None, longest, longest, ACT, SCALE, 1.0, False,
                                  (-1, -1), 0.01)
-    return ((got.double() - want).norm() / want.norm()).item()
+    pairs = {"rel_err": (got, want)}
+    if backward:
+        dout = torch.randn_like(want)
+        got_grads = _on("cute", lambda: torch.autograd.grad(got, low, dout.bfloat16()))()
+        for name, g, w in zip(("dq", "dk", "dv"), got_grads, torch.autograd.grad(want, (q, k, v), dout)):
+            pairs[f"rel_err_{name}"] = (g, w)
+    return {name: ((g.double() - w).norm() / w.norm()).item() for name, (g, w) in pairs.items()}
 
 
-def bench_shape(batch, max_len, sparsity, gen, fa4) -> dict:
+def _with_backward(fn, inputs):
+    """``fn``'s forward, then its gradients for a fixed output gradient (made on the first call)."""
+    dout = []
+
+    def run():
+        out = fn()
+        out = out[0] if isinstance(out, tuple) else out
+        if not dout:
+            dout.append(torch.randn_like(out))
+        return torch.autograd.grad(out, inputs, dout[0])
+
+    return run
+
+
+def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool) -> dict:
     lengths = lengths_for(batch, max_len, sparsity, gen)
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).cuda()
     total = int(lengths.sum())
-    flops = 4.0 * H * D * float((lengths.double() ** 2).sum())
-    row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, rel_err=check(lengths, "cuda"))
-    q, k, v = (torch.randn(total, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    qp, kp, vp = (torch.randn(batch, H, max_len, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 4.0 * H * D * float((lengths.double() ** 2).sum()) * (3.5 if backward else 1.0)
+    row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, **check(lengths, "cuda", backward))
+    q, k, v = (torch.randn(total, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+               for _ in range(3))
+    qp, kp, vp = (torch.randn(batch, H, max_len, D, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+                  for _ in range(3))
 
     def varlen():
         return gdpa_varlen(q, k, v, cu, cu, max_len, max_len, activation=ACT, scale=SCALE)
@@ -79,17 +105,28 @@ def bench_shape(batch, max_len, sparsity, gen, fa4) -> dict:
     if fa4 is not None:
         providers["fa4_varlen"] = lambda: fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
                                               max_seqlen_k=max_len, softmax_scale=SCALE)
+    if backward:
+        # the forwards alone too, in the same rounds: a backward's time is its f+b's less its forward's
+        providers = {**{f"{name}_fwd": fn for name, fn in providers.items()},
+                     **{name: _with_backward(fn, (qp, kp, vp) if name == "cute_padded" else (q, k, v))
+                        for name, fn in providers.items()}}
     for name, ms in median_over_rounds(providers, settle_ms=SETTLE_MS).items():
         if ms is not None:
             row[f"{name}_ms"] = ms
             row[name] = flops / ms * 1e-9
+    for name, _ in PROVIDERS:
+        if backward and f"{name}_ms" in row and f"{name}_fwd_ms" in row:
+            row[f"{name}_bwd_ms"] = row[f"{name}_ms"] - row[f"{name}_fwd_ms"]
+        row.pop(f"{name}_fwd", None)
     for other in ("triton_varlen", "cute_padded", "fa4_varlen"):
         if "cute_varlen" in row and other in row:
             row[f"cute_varlen_vs_{other}"] = row["cute_varlen"] / row[other]
+        if "cute_varlen_bwd_ms" in row and f"{other}_bwd_ms" in row:
+            row[f"cute_varlen_bwd_vs_{other}"] = row[f"{other}_bwd_ms"] / row["cute_varlen_bwd_ms"]
     return row
 
 
-def plot(rows, meta, path):
+def plot(rows, meta, path, what: str):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,7 +143,7 @@ def plot(rows, meta, path):
         ax.set_title(f"sparsity {sparsity}")
     axes[0].set_ylabel("TF/s (real tokens' work)")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"varlen forward, B=1152, H=4, D=128, bf16, {ACT} — {meta['device']}", fontsize=10)
+    fig.suptitle(f"varlen {what}, B=1152, H=4, D=128, bf16, {ACT} — {meta['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -115,6 +152,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="results/cute_varlen")
     parser.add_argument("--batch", type=int, default=1152)
+    parser.add_argument("--backward", action="store_true", help="time forward+backward")
+    parser.add_argument("--shapes", default=None,
+                        help="max_len:sparsity pairs, comma-separated (default: N in 256..2048 at 1.0 and 0.5)")
     args = parser.parse_args()
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.date.today().isoformat())
@@ -122,12 +162,14 @@ def main():
     fa4 = fa4_function("flash_attn_varlen_func")
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for max_len, sparsity in SHAPES:
-        rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4))
+    shapes = SHAPES if args.shapes is None else [
+        (int(n), float(sp)) for n, sp in (pair.split(":") for pair in args.shapes.split(","))]
+    for max_len, sparsity in shapes:
+        rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward))
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     with open(f"{args.out}.json", "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    plot(rows, meta, f"{args.out}.png")
+        json.dump(dict(meta=meta, backward=args.backward, rows=rows), f, indent=1)
+    plot(rows, meta, f"{args.out}.png", "forward+backward" if args.backward else "forward")
 
 
 if __name__ == "__main__":

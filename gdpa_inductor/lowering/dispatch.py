@@ -58,15 +58,37 @@ def select_backward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
 def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str) -> str:
     """The varlen forward's path: "cute" where the CuTe varlen forward covers the call (under "auto" and
     "cute"; a case it does not cover runs as under "auto"), otherwise as ``select_impl``."""
-    if config.backend in ("auto", "cute"):
-        from ..kernels.cute.varlen_fwd import cute_varlen_fwd_support
+    from ..kernels.cute.varlen_fwd import cute_varlen_fwd_support
 
-        ok, reason = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation)
+    return _varlen_cute_else_select(cute_varlen_fwd_support, q, k, v, bias, causal, window, activation,
+                                    "varlen forward")
+
+
+# The CuTe varlen backward measured level with the Triton varlen backward (H200, B=1152, H=4, D=128, gelu_tanh,
+# lengths up to 128..2048 at sparsity 1.0 and 0.5: 0.80-1.30x the backward alone, f+b within 5% but at N <= 256,
+# sparsity 0.5, 16% behind; twenty-second session, docs/benchmarks.md), so "auto" keeps Triton's and only "cute"
+# takes it.
+CUTE_VARLEN_BWD_BACKENDS = ("cute",)
+
+
+def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str) -> str:
+    """The varlen backward's path: "cute" under a forced "cute" where the CuTe varlen backward covers the call,
+    otherwise as ``select_impl`` ("auto" included: see ``CUTE_VARLEN_BWD_BACKENDS``)."""
+    from ..kernels.cute.varlen_bwd import cute_varlen_bwd_support
+
+    return _varlen_cute_else_select(cute_varlen_bwd_support, q, k, v, bias, causal, window, activation,
+                                    "varlen backward", CUTE_VARLEN_BWD_BACKENDS)
+
+
+def _varlen_cute_else_select(cute_support, q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
+                             what: str, backends: tuple[str, ...] = ("auto", "cute")) -> str:
+    if config.backend in backends:
+        ok, reason = cute_support(q, k, v, bias, causal, window, activation)
         if ok:
-            log.debug("gdpa varlen forward: cute")
+            log.debug("gdpa %s: cute", what)
             return "cute"
-        log.debug("gdpa varlen forward: not cute (%s)", reason)
-    return select_impl(q, k, v, bias, "varlen forward")
+        log.debug("gdpa %s: not cute (%s)", what, reason)
+    return select_impl(q, k, v, bias, what)
 
 
 def _cute_else_select(cute_support, q, k, v, bias, causal: bool, activation: str, what: str) -> str:

@@ -19,7 +19,7 @@ from ..kernels.reference_varlen import (
     varlen_batch,
     varlen_out_shape,
 )
-from .dispatch import select_impl, select_varlen_forward_impl
+from .dispatch import select_varlen_backward_impl, select_varlen_forward_impl
 
 
 def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
@@ -61,10 +61,18 @@ def backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, se
                   bias_requires_grad):
     """(dq, dk, dv, dbias or None) on the chosen kernel."""
     rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
-    if select_impl(q, k, v, bias, "varlen backward") != "triton":
+    window = (window_left, window_right)
+    params = (activation, scale, post_scale, causal, window, negative_slope)
+    impl = select_varlen_backward_impl(q, k, v, bias, causal, window, activation)
+    if impl == "reference":
         dq, dk, dv, dbias = gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k,
                                                            *params, bias_requires_grad)
+    elif impl == "cute":
+        from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
+
+        _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
+        dq, dk, dv = gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope)
+        dbias = None
     else:
         from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
         from ..kernels.triton.varlen_layout import with_tensor

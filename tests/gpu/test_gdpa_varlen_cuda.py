@@ -1,4 +1,5 @@
-"""GPU correctness of the Triton varlen kernels (skipped without CUDA; run on the lent H100/H200).
+"""GPU correctness of the varlen op (skipped without CUDA; run on the lent H100/H200): the Triton varlen kernels, and
+the CuTe-DSL ones where they cover a case (sm_90 with nvidia-cutlass-dsl installed; see test_cute_varlen_*_cuda.py).
 
 Against the independent float64 oracle of tests/varlen_testing.py, the op's relative error (forward and every
 gradient) is at most 2x that of the oracle's own math in the same dtype (eager), at the same inputs: every
@@ -10,47 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from varlen_testing import LAYOUTS, MASKS, bias_for, make_case, oracle
+from varlen_testing import LAYOUTS, MASKS, bias_for, make_case
 
-from gdpa_inductor import gdpa_varlen
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES
 
+from .varlen_common import check
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-FLOOR = 1e-4
-
-
-def _rel(x, ref):
-    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
-
-
-def check(case, dtype, bias=None, **params):
-    params = dict(activation="silu", scale=case.q.shape[-1] ** -0.5, post_scale=0.5) | params
-    forward = oracle(case, **params)
-    results = {}
-
-    def leaves(dt):
-        b = [] if bias is None else [bias.detach().to(dt).requires_grad_()]
-        return (*case.inputs(dt), *b)
-
-    for name, dt in (("ref", torch.float64), ("eager", dtype)):
-        inputs = leaves(dt)
-        out = forward(*inputs)
-        dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(5), device="cuda",
-                           dtype=torch.float64).to(dt)
-        results[name] = (out, *torch.autograd.grad(out, inputs, dout))
-    q, k, v, *b = leaves(dtype)
-    out = gdpa_varlen(q, k, v, **case.kwargs, **params, bias=b[0] if b else None)
-    dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(5), device="cuda",
-                       dtype=torch.float64).to(dtype)
-    got = (out, *torch.autograd.grad(out, (q, k, v, *b), dout))
-    bad = []
-    for name, g, e, r in zip(("out", "dq", "dk", "dv", "dbias"), got, results["eager"], results["ref"]):
-        err, eager_err = _rel(g, r), _rel(e, r)
-        if not err <= 2 * eager_err + FLOOR:
-            bad.append(f"{name}: {err:.3g} > 2 x eager {eager_err:.3g}")
-    assert not bad, "; ".join(bad)
-
 
 @pytest.fixture
 def cuda_gen():

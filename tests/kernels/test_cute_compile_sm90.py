@@ -5,7 +5,7 @@ pair of head dims takes, in the two others, for key counts that are a multiple o
 fp16, whose activation forms differ, and the varlen forward, whose loads and stores go through 5-D ragged
 descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
 the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
-arrives at its mbarrier are checked too), each checked for wgmma (every matmul), TMA loads and stores (and the
+arrives at its mbarrier are checked too, and the varlen backward in the first two, through 5-D ragged descriptors), each checked for wgmma (every matmul), TMA loads and stores (and the
 backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split),
 tanh.approx for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
 gelu_tanh and silu, f32 elsewhere), no register spills in ptxas's report, and no "wgmma serialized" warning
@@ -73,7 +73,15 @@ BWD_SPILLING = {
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 # the dQ sums: in an fp32 buffer, in place in bf16 (short key ranges), or by pairs of key tiles
 BWD_KINDS = ("bwd", "bwd_dq_direct", "bwd_dq_pairs")
-BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pairs"}
+BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pairs", "bwd_varlen": "fp32",
+               "bwd_varlen_direct": "in_place"}
+# the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
+BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
+                    ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
+                    ("bwd_varlen", 96, 128, "sigmoid")]
+# measured with cutlass-dsl 4.8.1: 8 bytes of spills, as the dense kernel's forms above
+BWD_SPILLING |= {("bwd_varlen", 128, 128, "gelu_tanh")}
+BWD_ALL_CASES = [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_VARLEN_CASES
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +91,7 @@ def reports(tmp_path_factory):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_DUMP_DIR=str(dump),
                PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
-    cases = FWD_CASES + [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES]
+    cases = FWD_CASES + BWD_ALL_CASES
     proc = subprocess.run([sys.executable, __file__, json.dumps(cases)], env=env, capture_output=True, text=True,
                           timeout=1200, cwd=dump)
     assert proc.returncode == 0, f"compile subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -133,7 +141,7 @@ def test_cute_varlen_fwd_reads_samples_through_ragged_descriptors(case, reports)
 @pytest.mark.parametrize(
     "case",
     [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="spills a few words"))
-     if c in BWD_SPILLING else c for c in [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES]],
+     if c in BWD_SPILLING else c for c in BWD_ALL_CASES],
     ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}",
 )
 def test_cute_bwd_compiles_for_sm90a(case, reports):
@@ -159,6 +167,18 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 
 
+@pytest.mark.parametrize("case", BWD_VARLEN_CASES, ids=str)
+def test_cute_varlen_bwd_reads_samples_through_ragged_descriptors(case, reports):
+    """The varlen backward's loads, stores and dQ reduce-adds all take the ragged descriptors' extra mode (5-D
+    where the dense kernel's are 4-D), and it reads the per-sample rows from global memory."""
+    varlen = reports[case]
+    dense = reports[("bwd" if BWD_DQ_SUMS[case[0]] == "fp32" else "bwd_dq_direct", *case[1:])]
+    assert varlen["tma_5d"] > 0 and varlen["tma_5d"] == (
+        varlen["tma_loads"] + varlen["tma_stores"] + varlen["tma_reduce"]), varlen
+    assert dense["tma_5d"] == 0
+    assert varlen["ld_global_s32"] > dense["ld_global_s32"]
+
+
 def _compile_all(cases) -> list[dict]:
     import torch
     from triton.backends.nvidia.compiler import get_ptxas
@@ -174,7 +194,8 @@ def _compile_all(cases) -> list[dict]:
             ptx = compile_fwd(dtype, d, act, keep_ptx=True, head_dim_v=dv, **FWD_KINDS[kind]).artifacts.PTX
         else:
             ptx = compile_bwd(
-                torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind], head_dim_v=dv
+                torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind], head_dim_v=dv,
+                varlen=kind.startswith("bwd_varlen"),
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
@@ -190,7 +211,7 @@ def _compile_all(cases) -> list[dict]:
             tma_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
             st_global=len(re.findall(r"\bst\.global\.", ptx)),
             stmatrix=ptx.count("stmatrix"),
-            tma_5d=len(re.findall(r"cp\.async\.bulk\.tensor\.5d", ptx)),
+            tma_5d=len(re.findall(r"cp\.(?:reduce\.)?async\.bulk\.tensor\.5d", ptx)),
             ld_global_s32=len(re.findall(r"\bld\.global\.\S*[bsu]32", ptx)),
             setmaxnreg=ptx.count("setmaxnreg."),
             tanh_approx=ptx.count("tanh.approx.f32"),

@@ -1,5 +1,6 @@
-"""Which path the varlen forward takes: the CuTe-DSL varlen forward where it covers the call (under "auto" and
-"cute"), else the usual choice, with the reason in the support check. CPU tensors stand in for an sm_90 GPU's;
+"""Which path the varlen forward and backward take: the CuTe-DSL varlen forward where it covers the call (under
+"auto" and "cute"), the CuTe-DSL varlen backward likewise but only under "cute" (level with Triton's, measured),
+else the usual choice, with the reason in the support check. CPU tensors stand in for an sm_90 GPU's;
 the op itself then runs as before (the reference here), whatever the selector says for the GPU."""
 
 from __future__ import annotations
@@ -7,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdpa_inductor.kernels.cute import varlen_bwd as cute_varlen_bwd
 from gdpa_inductor.kernels.cute import varlen_fwd as cute_varlen
 from gdpa_inductor.kernels.cute.gdpa_fwd import cute_dsl_available
-from gdpa_inductor.lowering.dispatch import select_impl, select_varlen_forward_impl
+from gdpa_inductor.lowering.dispatch import select_impl, select_varlen_backward_impl, select_varlen_forward_impl
 
 needs_cute_dsl = pytest.mark.skipif(not cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
 
@@ -86,3 +88,28 @@ def test_selector(on_hopper, backend, name, causal, expected):
                 select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu")
             return
     assert select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu") == expected
+
+
+@needs_cute_dsl
+@pytest.mark.parametrize("change, reason", [(dict(), ""), (dict(causal=True), "not in the CuTe varlen backward"),
+                                            (dict(d=256), "for the CuTe varlen backward"),
+                                            (dict(activation="softplus"), "no CuTe form")])
+def test_backward_support_reasons(on_hopper, change, reason):
+    """The backward takes the forward's calls; its reasons name it."""
+    q, k, v = _jagged(d=change.get("d", 128))
+    ok, why = cute_varlen_bwd.cute_varlen_bwd_support(q, k, v, None, change.get("causal", False), (-1, -1),
+                                                      change.get("activation", "silu"))
+    assert ok == (reason == "")
+    assert reason in why
+
+
+@needs_cute_dsl
+@pytest.mark.parametrize("name, causal, expected", [("cute", False, "cute"), ("auto", False, None),
+                                                     ("cute", True, None), ("reference", False, "reference")])
+def test_backward_selector(on_hopper, backend, name, causal, expected):
+    """Only a forced "cute" takes the CuTe varlen backward; "auto" and the cases it does not cover take the usual
+    choice (None: ``select_impl``'s answer)."""
+    backend(name)
+    q, k, v = _jagged()
+    expected = select_impl(q, k, v, None, "varlen backward") if expected is None else expected
+    assert select_varlen_backward_impl(q, k, v, None, causal, (-1, -1), "silu") == expected

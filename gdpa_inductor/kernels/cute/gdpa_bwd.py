@@ -11,7 +11,7 @@ import torch
 
 from ..triton.gdpa_fwd_tma import tma_layout
 from .compile_cache import cached_compile
-from .gdpa_fwd import _as_4d, _as_cute, _fake_operands, cute_fwd_support, fwd_supported
+from .gdpa_fwd import _as_4d, _as_cute, _fake_operands, _fake_rows, cute_fwd_support, fwd_supported
 
 # Up to this many 128-key tiles, dQ tiles are added straight into dQ in the operands' dtype: the fp32
 # buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at 256-1024 keys. Each dQ
@@ -53,17 +53,19 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
 
 def compile_bwd(
     dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False,
-    dq_sums: str = "fp32", head_dim_v: int | None = None,
+    dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False,
 ):
-    """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``), cached in
-    memory and on disk (``compile_cache``); sizes and strides are runtime values. ``operands``: the call's seven
-    tensors in the kernel's form; without them, fake tensors. ``head_dim_v``: V's and dO's head dim (None:
-    ``head_dim``)."""
+    """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``, varlen or
+    not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values. ``operands``:
+    the call's seven tensors in the kernel's form (varlen: then the (5, B) rows tensor); without them, fake
+    tensors. ``head_dim_v``: V's and dO's head dim (None: ``head_dim``)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
+    if varlen and dq_sums == "pairs":
+        raise ValueError("dq_sums='pairs' is not available for varlen batches")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, operands is None, keep_ptx)
+    key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, operands is None, keep_ptx, varlen)
 
     def build():
         import cutlass
@@ -75,20 +77,22 @@ def compile_bwd(
 
         element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
         dq_element = cutlass.Float32 if dq_sums == "fp32" else element
-        args = operands
+        args = list(operands) if operands is not None else None
         if operands is None:
             q, k, v, do = _fake_operands(element, 4)
             (dq,) = _fake_operands(dq_element, 1)
             dk, dv = _fake_operands(element, 2)
-            args = [q, k, v, do, dq, dk, dv]
+            args = [q, k, v, do, dq, dk, dv] + ([_fake_rows()] if varlen else [])
+        # varlen: the rows tensor and the longest sample's key tiles follow the stream
+        extra = [args.pop(), cutlass.Int32(1)] if varlen else []
         one = cutlass.Float32(1.0)
         form = activation_math.backward_form(activation)
         kernel = GdpaBwdSm90(
             element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
-            dq_late=dq_late_for(dq_sums, head_dim, head_dim_v),
+            dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen,
         )
         return cute.compile(
-            kernel, *args, one, one, one, make_fake_stream(), options="--keep-ptx" if keep_ptx else ""
+            kernel, *args, one, one, one, make_fake_stream(), *extra, options="--keep-ptx" if keep_ptx else ""
         )
 
     return cached_compile(key, build, persist=operands is not None and not keep_ptx)

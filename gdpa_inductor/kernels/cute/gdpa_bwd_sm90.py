@@ -29,6 +29,9 @@ No softmax: no LSE, no rowsum(dO ∘ O) pass. 5 matmuls per tile, nothing N×N l
 scales dK and dV, writes them over the K and V tiles in shared memory and stores them by TMA. Keys and queries
 past the ends read as zeros (TMA fills them) and are masked out of P and dS, so non-finite inputs cannot leak
 through padding; tiles with nothing to mask run a copy of the loop without the mask.
+With ``varlen`` the CTAs are (key tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
+(longest first), each side's rows of a sample read, stored and reduce-added through TMA descriptors bounded at the
+sample's end (``ragged_rows``); a CTA past its sample's keys, or of a sample without queries, exits at once.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
+from .ragged_rows import ragged, sample_rows
 from .wgmma import fresh_gemm, operand_a_like, store_operand_a
 
 _WG_ROWS = 64
@@ -74,7 +78,7 @@ class GdpaBwdSm90:
 
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
-        q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True,
+        q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -114,6 +118,10 @@ class GdpaBwdSm90:
         # with dq_pairs: two stages of the received half-tile, so that a sender waits only for the tile
         # before the previous one to be read
         self.pair_stages = 2
+        # per-sample rows (``varlen``): a CTA per (key tile, head, sample) of a varlen batch, each side's rows of
+        # its sample read and written through TMA descriptors bounded at the sample's end (``ragged_rows``)
+        self.varlen = varlen
+        assert not (varlen and dq_pairs), "a varlen sample's key tiles need not pair up"
 
     @cute.jit
     def __call__(
@@ -129,10 +137,18 @@ class GdpaBwdSm90:
         post_scale: cutlass.Float32,
         slope: cutlass.Float32,
         stream: cuda.CUstream,
+        rows: cute.Tensor | None = None,
+        num_n: cutlass.Int32 | None = None,
     ):
         """mQ: (Nq, D, H, Z); mdO: (Nq, Dv, H, Z); mK, mdK: (Nk, D, H, Z); mV, mdV: (Nk, Dv, H, Z); D and Dv
         contiguous, K/V already expanded to the query heads; mdQ: (Nq, D, H, Z) in ``dq_dtype``,
-        zero-initialized, receives dQ."""
+        zero-initialized, receives dQ.
+        Varlen: ``rows`` (5, B) int32 as ``GdpaFwdSm90.__call__`` takes it (per sample, in the order the CTAs
+        visit them: first query row, query count, first key row, key count, the sample's index z); each tensor's
+        Z is 1 (jagged rows, or one block every sample reads) or B; ``num_n``: key tiles of the longest sample.
+        dK and dV of rows no CTA writes (past a sample's keys, samples without queries) keep what they held."""
+        if cutlass.const_expr(self.varlen):
+            mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv = self.head_dim, self.head_dim_v
         q_smem = _smem_layout(self.dtype, (self.tile_m, d), self.q_stages)
         do_smem = _smem_layout(self.dtype, (self.tile_m, dv), self.q_stages)
@@ -183,14 +199,17 @@ class GdpaBwdSm90:
             sRecv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, recv_words], 1024]
 
         self.shared_storage = SharedStorage
-        num_n = cute.ceil_div(mK.shape[0], self.tile_n)
-        num_heads = mQ.shape[2] * mQ.shape[3]
+        samples = mQ.shape[3]
+        if cutlass.const_expr(self.varlen):
+            samples = rows.shape[1]
+        else:
+            num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv, tma_dk, tdk, tma_dv, tdv, tma_dq, tdq,
             scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, num_n,
-            mQ.shape[2],
+            mQ.shape[2], rows,
         ).launch(
-            grid=[num_n * num_heads, 1, 1],
+            grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             cluster=[2, 1, 1] if self.dq_pairs else None,
@@ -227,16 +246,71 @@ class GdpaBwdSm90:
         dq_tile_smem: cute.ComposedLayout,
         num_n: cutlass.Int32,
         num_heads: cutlass.Int32,
+        rows: cute.Tensor | None,
     ):
-        tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         # key tiles fastest: the CTAs of one head run together and share its Q and dO in L2
         n_blk = bidx % num_n
         h = bidx // num_n % num_heads
         z = bidx // num_n // num_heads
-        d, dv = self.head_dim, self.head_dim_v
         nq = mQ.shape[0]
         nk = mK.shape[0]
+        if cutlass.const_expr(self.varlen):
+            # z is the sample's rank in ``rows``; CTAs past its keys, or of a sample without queries, have nothing
+            rank = z
+            q0, nq, k0, nk, z = rows[0, rank], rows[1, rank], rows[2, rank], rows[3, rank], rows[4, rank]
+            if (n_blk * self.tile_n < nk) & (nq > 0):
+                self._cta(
+                    tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale,
+                    post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, n_blk, h,
+                    z, q0, nq, k0, nk,
+                )
+        else:
+            self._cta(
+                tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale,
+                post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, n_blk, h, z,
+                0, nq, 0, nk,
+            )
+
+    @cute.jit
+    def _cta(
+        self,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_do: cute.CopyAtom,
+        mdO: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_dk: cute.CopyAtom,
+        mdK: cute.Tensor,
+        tma_dv: cute.CopyAtom,
+        mdV: cute.Tensor,
+        tma_dq: cute.CopyAtom,
+        mdQ: cute.Tensor,
+        scale: cutlass.Float32,
+        post_scale: cutlass.Float32,
+        slope: cutlass.Float32,
+        q_smem: cute.ComposedLayout,
+        do_smem: cute.ComposedLayout,
+        k_smem: cute.ComposedLayout,
+        v_smem: cute.ComposedLayout,
+        ds_smem: cute.ComposedLayout,
+        dq_smem: cute.ComposedLayout,
+        dq_tile_smem: cute.ComposedLayout,
+        n_blk: cutlass.Int32,
+        h: cutlass.Int32,
+        z: cutlass.Int32,
+        q0: cutlass.Int32,
+        nq: cutlass.Int32,
+        k0: cutlass.Int32,
+        nk: cutlass.Int32,
+    ):
+        """The CTA of key tile ``n_blk``, head ``h``, sample ``z`` (its queries from row ``q0``, ``nq`` of them;
+        its keys from ``k0``, ``nk``; rows 0 and the tensors' own lengths in a dense batch)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        d, dv = self.head_dim, self.head_dim_v
         num_m = cute.ceil_div(nq, self.tile_m)
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
@@ -263,13 +337,13 @@ class GdpaBwdSm90:
         sdQ = storage.sdQ.get_tensor(dq_smem.outer, swizzle=dq_smem.inner)
         sdQ_tile = storage.sdQ.get_tensor(dq_tile_smem.outer, swizzle=dq_tile_smem.inner)
 
-        gQ = cute.local_tile(mQ[None, None, h, z], (self.tile_m, d), (None, 0))
-        gdO = cute.local_tile(mdO[None, None, h, z], (self.tile_m, dv), (None, 0))
-        gK = cute.local_tile(mK[None, None, h, z], (self.tile_n, d), (None, 0))
-        gV = cute.local_tile(mV[None, None, h, z], (self.tile_n, dv), (None, 0))
-        gdK = cute.local_tile(mdK[None, None, h, z], (self.tile_n, d), (None, 0))
-        gdV = cute.local_tile(mdV[None, None, h, z], (self.tile_n, dv), (None, 0))
-        gdQ = cute.local_tile(mdQ[None, None, h, z], (self.tile_m, d // self.num_mma_wg), (None, None))
+        gQ = cute.local_tile(self._rows_of(mQ, h, z, q0, nq), (self.tile_m, d), (None, 0))
+        gdO = cute.local_tile(self._rows_of(mdO, h, z, q0, nq), (self.tile_m, dv), (None, 0))
+        gK = cute.local_tile(self._rows_of(mK, h, z, k0, nk), (self.tile_n, d), (None, 0))
+        gV = cute.local_tile(self._rows_of(mV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
+        gdK = cute.local_tile(self._rows_of(mdK, h, z, k0, nk), (self.tile_n, d), (None, 0))
+        gdV = cute.local_tile(self._rows_of(mdV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
+        gdQ = cute.local_tile(self._rows_of(mdQ, h, z, q0, nq), (self.tile_m, d // self.num_mma_wg), (None, None))
         no_cluster = cute.make_layout(1)
 
         def part(atom, s, g):
@@ -494,6 +568,15 @@ class GdpaBwdSm90:
                             cute.arch.mbarrier_wait(
                                 peer_free + tile % self.pair_stages, tile // self.pair_stages % 2
                             )
+
+    @cute.jit
+    def _rows_of(self, m: cute.Tensor, h: cutlass.Int32, z: cutlass.Int32, start: cutlass.Int32,
+                 length: cutlass.Int32):
+        """The (rows, D) tensor of head ``h``, sample ``z``: varlen, the sample's ``length`` rows from ``start``
+        (``ragged_rows``), else the dense tensor's."""
+        if cutlass.const_expr(not self.varlen):
+            return m[None, None, h, z]
+        return sample_rows(m, h, z, start, length, 0)
 
     def _cta_local(self, pipe: pipeline.PipelineTmaAsync, tidx: cutlass.Int32) -> pipeline.PipelineTmaAsync:
         """A TMA pipeline of this CTA alone in a cluster launch (dq_pairs): created without a cluster layout,

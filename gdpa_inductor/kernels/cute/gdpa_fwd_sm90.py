@@ -24,7 +24,7 @@ warpgroup its own 64 rows with ``split_store`` (neither waits for the other), el
 accumulator values straight to global memory, rows past Nq predicated off.
 With ``varlen`` the tiles are (query tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
 (longest first), each side's rows of a sample read through a TMA descriptor bounded at the sample's end
-(_RAGGED_ROWS), so its ragged last tiles read zeros and its O stores are clipped there; query tiles past a
+(``ragged_rows``), so its ragged last tiles read zeros and its O stores are clipped there; query tiles past a
 sample's length are skipped, and those of samples without keys are stored as zeros after the main loop.
 """
 
@@ -41,20 +41,12 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .activation_math import PackedForm, fma_bf16x2, pack_bf16x2, tanh_bf16x2
+from .ragged_rows import ragged, sample_rows
 from .wgmma import fresh_gemm, operand_a_like, store_operand_a
 
 # wgmma's M per warpgroup
 _WG_ROWS = 64
 _WG_THREADS = 128
-
-# Varlen: the row mode of each operand is read per sample through one TMA descriptor whose bounds stop at the
-# sample's end (Triton's ragged TMA): the mode has _RAGGED_ROWS rows starting _RAGGED_ROWS rows before the
-# tensor, and an extra mode of the same stride, indexed by the sample's end row, moves the window back. Row r of
-# a sample (start s, length n) is at (_RAGGED_ROWS - n + r, s + n): past the sample's end the coordinate passes
-# the bound, so loads read zeros there and stores are clipped, never touching the next sample's rows.
-_RAGGED_ROWS = 2**30
-_RAGGED_ENDS = 2**31 - 1
-
 
 @cute.jit
 def _tile_coords(tile: cutlass.Int32, num_m: cutlass.Int32, num_q_heads: cutlass.Int32, group: cutlass.Int32):
@@ -66,15 +58,6 @@ def _tile_coords(tile: cutlass.Int32, num_m: cutlass.Int32, num_q_heads: cutlass
 
 def _tma_part(atom, s, g):
     return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
-
-
-def _ragged(t: cute.Tensor, dim: int) -> cute.Tensor:
-    """``t`` with its row mode ``dim`` bounded per sample (see _RAGGED_ROWS): that mode _RAGGED_ROWS long and
-    shifted back by as many rows, plus a last mode of the same stride for the sample's end row."""
-    shape = (*t.shape[:dim], _RAGGED_ROWS, *t.shape[dim + 1:], _RAGGED_ENDS)
-    stride = (*t.stride, t.stride[dim])
-    shift = (*(None,) * dim, -_RAGGED_ROWS, *(None,) * (cute.rank(t) - dim - 1))
-    return cute.make_tensor(cute.domain_offset(shift, t).iterator, cute.make_layout(shape, stride=stride))
 
 
 class GdpaFwdSm90:
@@ -104,7 +87,7 @@ class GdpaFwdSm90:
         # has no room for an O tile
         self.o_from_registers = o_from_registers
         # per-sample rows (``varlen``): each side's rows of sample z start at its own row and run its own length,
-        # read through ragged TMA descriptors (_RAGGED_ROWS); O is stored by TMA, which clips the sample's end
+        # read through ragged TMA descriptors (``ragged_rows``); O is stored by TMA, which clips the sample's end
         self.varlen = varlen
         assert not (varlen and o_from_registers), "varlen stores O by TMA"
         self.pingpong = pingpong
@@ -151,7 +134,7 @@ class GdpaFwdSm90:
         )
         q, k, o = mQ, mK, mO
         if cutlass.const_expr(self.varlen):
-            q, k, o, v = _ragged(q, 0), _ragged(k, 0), _ragged(o, 0), _ragged(v, 1)
+            q, k, o, v = ragged(q, 0), ragged(k, 0), ragged(o, 0), ragged(v, 1)
         d, dv = self.head_dim, self.head_dim_v
         q_smem = sm90_utils.make_smem_layout_a(
             utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.q_stages
@@ -473,9 +456,7 @@ class GdpaFwdSm90:
         sample reads it), else the dense tensor's."""
         if cutlass.const_expr(not self.varlen):
             return m[None, None, h, z]
-        rows = m[None, None, h, z % m.shape[3], start + length]
-        shift = (_RAGGED_ROWS - length, 0) if row_mode == 0 else (0, _RAGGED_ROWS - length)
-        return cute.domain_offset(shift, rows)
+        return sample_rows(m, h, z, start, length, row_mode)
 
     @cute.jit
     def _store_keyless_tiles(self, acc_o, tOsO_mma, tma_o, sO, mO, work: tuple, warp_idx, wg_idx):

@@ -21,16 +21,17 @@ _TILE_M = 128
 
 
 def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                            window: tuple[int, int], activation: str) -> tuple[bool, str]:
+                            window: tuple[int, int], activation: str,
+                            kernel: str = "the CuTe varlen forward") -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen forward on the varlen op's operands (``[total, H, D]`` or
-    ``[B, N, H, D]`` each)."""
+    ``[B, N, H, D]`` each); ``kernel`` names it in the reasons (the backward takes the same calls)."""
     if not cute_dsl_available():
         return False, "nvidia-cutlass-dsl is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
     if bias is not None or causal or tuple(window) != (-1, -1):
-        return False, "bias, causal masking and windows are not in the CuTe varlen forward yet"
-    return operand_support(q, k, v, activation, VARLEN_HEAD_DIMS, "the CuTe varlen forward")
+        return False, f"bias, causal masking and windows are not in {kernel} yet"
+    return operand_support(q, k, v, activation, VARLEN_HEAD_DIMS, kernel)
 
 
 def _as_cute_rows(t: torch.Tensor):

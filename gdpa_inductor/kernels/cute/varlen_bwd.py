@@ -1,0 +1,83 @@
+"""Launcher of the CuTe-DSL Hopper backward over varlen batches (``GdpaBwdSm90`` with ``varlen``): which calls it
+takes, and the call on the rows the varlen schedule gives (``kernels/triton/varlen_schedule.py``).
+
+One CTA per (128-key tile, head, sample), samples longest first; a CTA past its sample's keys, or of a sample
+without queries, exits at once. Each side's rows of a sample are read through TMA descriptors bounded at the
+sample's end, so dK and dV stores and the dQ reduce-adds are clipped there. dQ is summed in place in the
+operands' dtype when the longest sample has at most ``DQ_DIRECT_MAX_KEY_TILES`` key tiles (the dense backward's
+rule), else in fp32. A dense side all samples share (PMA's seed queries, a shared key block) gets one gradient
+slice per sample, summed here in fp32; GQA's key/value heads are expanded to the query heads and their gradients
+summed over each group, as in the dense launcher.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..triton.gdpa_fwd_tma import tma_layout
+from ..triton.varlen_layout import VarlenSide
+from .gdpa_bwd import KEY_TILE, compile_bwd, dq_sums_for
+from .varlen_fwd import _as_cute_rows, cute_varlen_fwd_support
+
+
+def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
+                            window: tuple[int, int], activation: str) -> tuple[bool, str]:
+    """(ok, reason) for the CuTe varlen backward: the varlen forward's cases (its head dims, 64 to 128, are the
+    dense backward's)."""
+    return cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, "the CuTe varlen backward")
+
+
+def _shared(side: VarlenSide, t: torch.Tensor) -> bool:
+    """Whether ``t`` is one dense block every sample of ``side`` reads."""
+    return not side.jagged and t.shape[0] == 1 and side.batch > 1
+
+
+def _grad_buffer(side: VarlenSide, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Where the kernel writes a side's gradient: ``like``'s shape, or a slice per sample for a shared block.
+    Zero-filled: the kernel never writes rows past a sample's length, nor those of samples without work."""
+    shape = (side.batch, *like.shape[1:]) if _shared(side, like) else like.shape
+    return torch.zeros(shape, dtype=dtype, device=like.device)
+
+
+def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A gradient buffer as the gradient of ``like``: per-sample slices summed in fp32."""
+    if buf.shape[0] != like.shape[0]:
+        return buf.sum(0, keepdim=True, dtype=torch.float32).to(like.dtype)
+    return buf.to(like.dtype)
+
+
+def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, order: torch.Tensor,
+                         activation: str, scale: float, post_scale: float, negative_slope: float):
+    """(dq, dk, dv) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout (the queries'
+    rows, Dv wide)."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass.cute.runtime import from_dlpack
+
+    q, k = qs.tensor, ks.tensor
+    h, d = q.shape[-2:]
+    hkv, d_v = v.shape[-2:]
+    group = h // hkv
+    if group > 1:
+        # per query head, summed over each kv head's group below
+        k, v = k.repeat_interleave(group, dim=-2), v.repeat_interleave(group, dim=-2)
+    dout = dout if tma_layout(dout) else dout.contiguous()
+    dq_sums = dq_sums_for(ks.max_len)
+    # a shared block's per-sample slices are summed afterwards: each slice keeps fp32 only if dQ does
+    dq_buf = _grad_buffer(qs, q, q.dtype if dq_sums == "in_place" else torch.float32)
+    dk_buf, dv_buf = _grad_buffer(ks, k, k.dtype), _grad_buffer(ks, v, v.dtype)
+    num_n = -(-ks.max_len // KEY_TILE)
+    if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
+        rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
+        operands = [_as_cute_rows(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)]
+        operands.append(from_dlpack(rows, assumed_align=4).mark_layout_dynamic(leading_dim=1))
+        fn = compile_bwd(q.dtype, d, activation, operands, dq_sums=dq_sums, head_dim_v=d_v, varlen=True)
+        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+        fn(*operands[:7], cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope),
+           stream, operands[7], cutlass.Int32(num_n))
+    dq = _finish(dq_buf, qs.tensor)
+    dk, dv = _finish(dk_buf, k), _finish(dv_buf, v)
+    if group > 1:
+        dk = dk.unflatten(-2, (hkv, group)).sum(-2)
+        dv = dv.unflatten(-2, (hkv, group)).sum(-2)
+    return dq, dk, dv

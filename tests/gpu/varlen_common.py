@@ -1,0 +1,48 @@
+"""What the varlen GPU tests share: the op's forward and every gradient against the float64 oracle of
+tests/varlen_testing.py, each within 2x of the oracle's own math in the same dtype (eager) at the same inputs."""
+
+from __future__ import annotations
+
+import torch
+from varlen_testing import oracle
+
+from gdpa_inductor import gdpa_varlen
+
+# absolute slack under the 2x-eager bound, for errors near zero
+FLOOR = 1e-4
+
+
+def rel(x, ref):
+    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+def check(case, dtype, bias=None, **params):
+    """Runs the op and the oracle on ``case`` with a fresh output gradient; returns the op's (out, dq, dk, dv,
+    dbias?) after asserting each is within the bound."""
+    params = dict(activation="silu", scale=case.q.shape[-1] ** -0.5, post_scale=0.5) | params
+    forward = oracle(case, **params)
+    results = {}
+
+    def leaves(dt):
+        b = [] if bias is None else [bias.detach().to(dt).requires_grad_()]
+        return (*case.inputs(dt), *b)
+
+    for name, dt in (("ref", torch.float64), ("eager", dtype)):
+        inputs = leaves(dt)
+        out = forward(*inputs)
+        dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(5), device="cuda",
+                           dtype=torch.float64).to(dt)
+        results[name] = (out, *torch.autograd.grad(out, inputs, dout))
+    q, k, v, *b = leaves(dtype)
+    out = gdpa_varlen(q, k, v, **case.kwargs, **params, bias=b[0] if b else None)
+    dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(5), device="cuda",
+                       dtype=torch.float64).to(dtype)
+    got = (out, *torch.autograd.grad(out, (q, k, v, *b), dout))
+    bad = []
+    for name, g, e, r in zip(("out", "dq", "dk", "dv", "dbias"), got, results["eager"], results["ref"]):
+        assert g.shape == r.shape and g.dtype == dtype, (name, g.shape, r.shape, g.dtype)
+        err, eager_err = rel(g, r), rel(e, r)
+        if not err <= 2 * eager_err + FLOOR:
+            bad.append(f"{name}: {err:.3g} > 2 x eager {eager_err:.3g}")
+    assert not bad, "; ".join(bad)
+    return got
