@@ -1,11 +1,10 @@
-"""GPU correctness of the CuTe-DSL varlen forward (skipped without an sm_90 GPU and nvidia-cutlass-dsl).
+"""GPU correctness of the CuTe-DSL varlen forward (skipped without an sm_90 GPU and nvidia-cutlass-dsl); every
+layout, activation, dtype and head-dim pair is checked, forward included, by test_cute_varlen_bwd_cuda.py.
 
 Against the float64 oracle of tests/varlen_testing.py, the forward's relative error is at most 2x that of the
-oracle's math in the same dtype (eager), at the same inputs: every layout (jagged self/cross, PMA seeds shared
-by the samples, PFFN per-sample dense weights, padded with lengths), every activation, bf16 and fp16, GQA, head
-dims of 64/96/128 equal and not, samples without queries or keys, single rows and tile-sized ones, and a batch
-of more query tiles than SMs with lengths up to 1024 (each CTA skips the tiles past its samples' lengths). The
-Triton varlen forward is made to fail, so each case proves the CuTe kernel ran. Non-finite values in one sample
+oracle's math in the same dtype (eager), at the same inputs: samples without keys, and a batch of more query
+tiles than SMs with lengths up to 1024 (each CTA skips the tiles past its samples' lengths). The Triton varlen
+kernels are made to fail, so each case proves the CuTe kernel ran. Non-finite values in one sample
 stay in that sample: its neighbours' rows (read by the same tiles without the bounded descriptors) are
 unchanged to the bit.
 """
@@ -14,33 +13,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from varlen_testing import LAYOUTS, make_case, oracle
+from varlen_testing import make_case, oracle
 
 from gdpa_inductor import gdpa_varlen
-from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS
 
 from .cute_common import NEEDS_CUTE
+from .varlen_common import FLOOR, rel
 
 pytestmark = NEEDS_CUTE
-
-FLOOR = 1e-4
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-LENGTHS_Q = [300, 0, 1, 129, 17, 64, 256]
-LENGTHS_K = [257, 3, 0, 129, 1, 500, 128]
-
-
-@pytest.fixture
-def cute_only(monkeypatch, cute_backend):
-    """The CuTe varlen forward or a failure: the Triton one raises."""
-
-    def no_triton(*args, **kwargs):
-        raise AssertionError("the Triton varlen forward ran")
-
-    monkeypatch.setattr("gdpa_inductor.kernels.triton.varlen_fwd.gdpa_varlen_fwd_triton", no_triton)
-
-
-def _rel(x, ref):
-    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
 def check_forward(case, dtype, **params):
@@ -51,7 +31,7 @@ def check_forward(case, dtype, **params):
     q, k, v = (t.detach() for t in case.inputs(dtype))
     out = gdpa_varlen(q, k, v, **case.kwargs, **params)
     assert out.shape == ref.shape and out.dtype == dtype
-    err, eager_err = _rel(out, ref), _rel(eager, ref)
+    err, eager_err = rel(out, ref), rel(eager, ref)
     assert err <= 2 * eager_err + FLOOR, f"out: {err:.3g} > 2 x eager {eager_err:.3g}"
     return out
 
@@ -61,28 +41,8 @@ def gen():
     return torch.Generator().manual_seed(23)
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_layouts(layout, dtype, gen, cute_only):
-    case = make_case(layout, gen, h=4, hkv=2, d=128, dv=128, lq=LENGTHS_Q, lk=LENGTHS_K).to("cuda")
-    check_forward(case, DTYPES[dtype], activation="gelu_tanh")
-
-
-@pytest.mark.parametrize("activation", SUPPORTED_ACTIVATIONS)
-def test_activations(activation, gen, cute_only):
-    case = make_case("self", gen, h=4, hkv=4, d=128, dv=128, lq=LENGTHS_Q).to("cuda")
-    check_forward(case, torch.bfloat16, activation=activation)
-
-
-@pytest.mark.parametrize("d, dv", [(64, 64), (96, 96), (64, 128), (128, 64), (96, 128)])
-@pytest.mark.parametrize("layout", ["cross", "padded"])
-def test_head_dims(layout, d, dv, gen, cute_only):
-    case = make_case(layout, gen, h=8, hkv=2, d=d, dv=dv, lq=LENGTHS_Q, lk=LENGTHS_K).to("cuda")
-    check_forward(case, torch.bfloat16, activation="relu")
-
-
 @pytest.mark.parametrize("layout, activation", [("self", "gelu_tanh"), ("padded", "silu"), ("pma", "sigmoid")])
-def test_many_tiles_per_cta(layout, activation, gen, cute_only):
+def test_many_tiles_per_cta(layout, activation, gen, cute_varlen_only):
     """More query tiles than SMs, lengths up to 1024 in a random order: each CTA runs several samples' tiles
     and skips the query tiles past its samples' lengths."""
     lengths = torch.randint(0, 1025, (300,), generator=gen).tolist()
@@ -92,7 +52,7 @@ def test_many_tiles_per_cta(layout, activation, gen, cute_only):
 
 
 @pytest.mark.parametrize("poison", ["k", "v", "q"])
-def test_non_finite_values_stay_in_their_sample(poison, gen, cute_only):
+def test_non_finite_values_stay_in_their_sample(poison, gen, cute_varlen_only):
     """NaN and Inf in the first rows of sample 1, right behind sample 0's ragged last tile: sample 0 and every
     other sample come out as without them, bit for bit, and sample 1 is non-finite where the oracle is."""
     case = make_case("self", gen, h=4, hkv=4, d=128, dv=128, lq=[200, 150, 77]).to("cuda")
@@ -111,7 +71,7 @@ def test_non_finite_values_stay_in_their_sample(poison, gen, cute_only):
 
 @pytest.mark.parametrize("layout, lq, lk", [("cross", [3, 130], [0, 0]), ("padded", [200, 5, 1], [0, 0, 0]),
                                             ("cross", [0, 1, 300, 2], [5, 0, 0, 7])])
-def test_samples_without_keys(layout, lq, lk, gen, cute_only):
+def test_samples_without_keys(layout, lq, lk, gen, cute_varlen_only):
     """A sample without keys gives O = 0 (its query tiles skip the main loop and are stored as zeros); so does
     a batch without any key (no descriptor can point into an empty tensor)."""
     case = make_case(layout, gen, h=4, hkv=2, d=128, dv=128, lq=lq, lk=lk).to("cuda")

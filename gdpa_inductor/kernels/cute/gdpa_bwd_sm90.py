@@ -255,50 +255,21 @@ class GdpaBwdSm90:
         z = bidx // num_n // num_heads
         nq = mQ.shape[0]
         nk = mK.shape[0]
+        cta = (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale,
+               slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem)
         if cutlass.const_expr(self.varlen):
             # z is the sample's rank in ``rows``; CTAs past its keys, or of a sample without queries, have nothing
             rank = z
             q0, nq, k0, nk, z = rows[0, rank], rows[1, rank], rows[2, rank], rows[3, rank], rows[4, rank]
             if (n_blk * self.tile_n < nk) & (nq > 0):
-                self._cta(
-                    tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale,
-                    post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, n_blk, h,
-                    z, q0, nq, k0, nk,
-                )
+                self._cta(cta, n_blk, h, z, q0, nq, k0, nk)
         else:
-            self._cta(
-                tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale,
-                post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, n_blk, h, z,
-                0, nq, 0, nk,
-            )
+            self._cta(cta, n_blk, h, z, 0, nq, 0, nk)
 
     @cute.jit
     def _cta(
         self,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_do: cute.CopyAtom,
-        mdO: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        tma_dk: cute.CopyAtom,
-        mdK: cute.Tensor,
-        tma_dv: cute.CopyAtom,
-        mdV: cute.Tensor,
-        tma_dq: cute.CopyAtom,
-        mdQ: cute.Tensor,
-        scale: cutlass.Float32,
-        post_scale: cutlass.Float32,
-        slope: cutlass.Float32,
-        q_smem: cute.ComposedLayout,
-        do_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-        v_smem: cute.ComposedLayout,
-        ds_smem: cute.ComposedLayout,
-        dq_smem: cute.ComposedLayout,
-        dq_tile_smem: cute.ComposedLayout,
+        cta: tuple,
         n_blk: cutlass.Int32,
         h: cutlass.Int32,
         z: cutlass.Int32,
@@ -308,7 +279,10 @@ class GdpaBwdSm90:
         nk: cutlass.Int32,
     ):
         """The CTA of key tile ``n_blk``, head ``h``, sample ``z`` (its queries from row ``q0``, ``nq`` of them;
-        its keys from ``k0``, ``nk``; rows 0 and the tensors' own lengths in a dense batch)."""
+        its keys from ``k0``, ``nk``; rows 0 and the tensors' own lengths in a dense batch). ``cta``: the kernel's
+        TMA atoms with their tensors, scalars and shared-memory layouts, in its argument order."""
+        (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale, slope,
+         q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem) = cta
         tidx, _, _ = cute.arch.thread_idx()
         d, dv = self.head_dim, self.head_dim_v
         num_m = cute.ceil_div(nq, self.tile_m)
