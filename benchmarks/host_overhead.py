@@ -1,11 +1,15 @@
-"""Host time per call of the GDPA ops, and where it goes (the varlen op at Meta's shortest jagged shape).
+"""Host time per call of the GDPA ops, and where it goes (the varlen op at Meta's shortest jagged shapes).
 
 A launch-timed call costs the host's time until its last kernel launch plus that kernel's GPU time, so at
 short sequences the host's dispatch decides the measured speed. This prints microseconds of host time per
 call for each layer of the varlen call (validation, the custom op with and without autograd, the schedule
-launch, the forward launch) and for the dense op, then a cProfile of the full call.
+launch, the forward launch) and for the dense op, the same calls launch-timed and replayed from a CUDA graph
+(the GPU's time alone), then a cProfile of the full call. ``--backend`` picks the kernels (``config.backend``:
+"cute" for the CuTe-DSL kernels, "triton"); ``--max-len``/``--sparsity`` the jagged shape (lengths all N at
+1.0, uniform in [1, N] below).
 
-    PYTHONPATH=$PWD python3 benchmarks/host_overhead.py [--out results/host.json]
+    PYTHONPATH=$PWD python3 benchmarks/host_overhead.py [--backend cute] [--max-len 128 --sparsity 1.0]
+        [--out results/host.json]
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import time
 
 import torch
 import triton
+from bench_varlen import lengths_for  # beside this file
 
+import gdpa_inductor
 from gdpa_inductor import gdpa, gdpa_varlen
 from gdpa_inductor.lowering import ops, varlen_ops
 from gdpa_inductor.lowering.varlen_ops import _sides, varlen_fwd
@@ -46,25 +52,30 @@ def host_us(fn, calls: int = 200) -> float:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--backend", default="auto", choices=gdpa_inductor.config.BACKENDS)
+    parser.add_argument("--max-len", type=int, default=N)
+    parser.add_argument("--sparsity", type=float, default=0.5)
     args = parser.parse_args()
+    gdpa_inductor.config.backend = args.backend
+    n = args.max_len
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
-    lengths = torch.randint(1, N + 1, (BATCH,), generator=gen, dtype=torch.int32)
+    lengths = lengths_for(BATCH, n, args.sparsity, gen)
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).to(dev)
     total = int(lengths.sum())
     mk = lambda *s, g=False: torch.randn(*s, device=dev, dtype=torch.bfloat16, requires_grad=g)  # noqa: E731
     q, k, v = mk(total, H, D), mk(total, H, D), mk(total, H, D)
     qg, kg, vg = mk(total, H, D, g=True), mk(total, H, D, g=True), mk(total, H, D, g=True)
-    qd, kd, vd = mk(BATCH, H, N, D, g=True), mk(BATCH, H, N, D, g=True), mk(BATCH, H, N, D, g=True)
-    op_args = (None, cu, cu, None, None, N, N, ACT, D**-0.5, 1.0, False, -1, -1, 0.01)
+    qd, kd, vd = mk(BATCH, H, n, D, g=True), mk(BATCH, H, n, D, g=True), mk(BATCH, H, n, D, g=True)
+    op_args = (None, cu, cu, None, None, n, n, ACT, D**-0.5, 1.0, False, -1, -1, 0.01)
 
     def call(a, b, c):
-        return gdpa_varlen(a, b, c, cu, cu, N, N, activation=ACT, scale=D**-0.5)
+        return gdpa_varlen(a, b, c, cu, cu, n, n, activation=ACT, scale=D**-0.5)
 
     pieces = {
-        "validation": lambda: check_varlen_args(q, k, v, cu, cu, N, N, activation=ACT, scale=1.0, post_scale=1.0,
+        "validation": lambda: check_varlen_args(q, k, v, cu, cu, n, n, activation=ACT, scale=1.0, post_scale=1.0,
                                                 window=None, negative_slope=0.01, seqused_q=None, seqused_k=None),
-        "schedule launch (_sides)": lambda: _sides(q, k, v, cu, cu, None, None, N, N),
+        "schedule launch (_sides)": lambda: _sides(q, k, v, cu, cu, None, None, n, n),
         "forward_impl (launches only)": lambda: varlen_ops.forward_impl(q, k, v, *op_args),
         "op .default, no grad (compiled code)": lambda: torch.ops.gdpa.varlen_fwd_v2.default(q, k, v, *op_args),
         "custom op, no grad": lambda: varlen_fwd(q, k, v, *op_args),
@@ -77,10 +88,16 @@ def main():
     rows = {name: host_us(fn) for name, fn in pieces.items()}
     launch = dict(warmup=5, rep=60, return_mode="median")
     rows["do_bench gdpa_varlen, grad (ms)"] = triton.testing.do_bench(lambda: call(qg, kg, vg), **launch)
+    rows["do_bench gdpa_varlen, no grad (ms)"] = triton.testing.do_bench(lambda: call(q, k, v), **launch)
     rows["do_bench_cudagraph gdpa_varlen (ms)"] = triton.testing.do_bench_cudagraph(
         lambda: call(q, k, v), rep=60, return_mode="median")
     rows["do_bench gdpa dense, grad (ms)"] = triton.testing.do_bench(
         lambda: gdpa(qd, kd, vd, activation=ACT, scale=D**-0.5), **launch)
+    qn, kn, vn = (t.detach() for t in (qd, kd, vd))
+    rows["do_bench gdpa dense, no grad (ms)"] = triton.testing.do_bench(
+        lambda: gdpa(qn, kn, vn, activation=ACT, scale=D**-0.5), **launch)
+    rows["do_bench_cudagraph gdpa dense (ms)"] = triton.testing.do_bench_cudagraph(
+        lambda: gdpa(qn, kn, vn, activation=ACT, scale=D**-0.5), rep=60, return_mode="median")
     for name, value in rows.items():
         print(f"{name:40s} {value:9.3f}")
     prof = cProfile.Profile()
@@ -94,8 +111,9 @@ def main():
     print(text.getvalue())
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(rows=rows, device=torch.cuda.get_device_name(), torch=torch.__version__,
-                           triton=triton.__version__), f, indent=1)
+            json.dump(dict(rows=rows, backend=args.backend, max_len=n, sparsity=args.sparsity,
+                           device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__),
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ import logging
 import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
 
 import torch  # noqa: E402
+import tvm_ffi  # noqa: E402
 
 from gdpa_inductor import config  # noqa: E402
 from gdpa_inductor.kernels.cute import compile_cache  # noqa: E402
@@ -20,10 +22,16 @@ from gdpa_inductor.kernels.cute.compile_cache import cache_path, cached_compile 
 
 @pytest.fixture(scope="module")
 def compiled():
-    """One real compile (the smallest backward), shared by the tests."""
+    """One real compile (the smallest backward), shared by the tests: never a copy loaded from memory or from an
+    earlier run's disk cache, which has nothing to export."""
     from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd
 
-    return compile_bwd(torch.bfloat16, 64, "relu")
+    saved = config.kernel_cache_dir, compile_cache._MEMORY
+    config.kernel_cache_dir, compile_cache._MEMORY = None, {}
+    try:
+        return compile_bwd(torch.bfloat16, 64, "relu")
+    finally:
+        config.kernel_cache_dir, compile_cache._MEMORY = saved
 
 
 @pytest.fixture
@@ -53,7 +61,7 @@ def test_second_process_loads_instead_of_compiling(compiled, cache_dir):
     compile_cache._MEMORY.clear()  # a new process
     loaded = cached_compile(key, build)
     assert build.calls == 1, "loaded from disk, not compiled"
-    assert loaded is not compiled and type(loaded) is type(compiled)
+    assert loaded is not compiled and isinstance(loaded, tvm_ffi.Function)
     assert list(path.parent.iterdir()) == [path], "no temporary files left behind"
 
 

@@ -28,6 +28,7 @@ import sys
 import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
 
 from gdpa_inductor.kernels.cute.activation_math import PACKED_BF16_ACTIVATIONS  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_bwd import dq_late_for  # noqa: E402

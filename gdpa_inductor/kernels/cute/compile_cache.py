@@ -1,13 +1,14 @@
 """Compiled CuTe-DSL kernels, kept in memory and on disk.
 
 A compile takes seconds (IR generation, MLIR passes, ptxas); loading the same kernel from an object file takes
-milliseconds. Each kernel is exported once with cutlass-dsl's ``export_to_c`` to
-``<config.kernel_cache_dir>/cute/<fingerprint>/<key hash>.o`` and later processes load it with
-``cute.runtime.load_module``. The fingerprint hashes the kernel sources (this directory), the cutlass-dsl and
-Python versions and the target architecture, so any change to them compiles afresh. Files are written to a
-temporary name and renamed into place: a concurrent or killed writer never leaves a partial file under the
-final name. A file that fails to load is removed and rebuilt; a failing export only costs the next process a
-compile. Both are logged, neither reaches the caller.
+milliseconds. Each kernel (compiled through TVM-FFI, ``kernel_args``) is exported once with cutlass-dsl's
+``export_to_c`` to ``<config.kernel_cache_dir>/cute/<fingerprint>/<key hash>.o`` and later processes load it
+with ``cute.runtime.load_module(..., enable_tvm_ffi=True)``, which gives a function called the same way. The
+fingerprint hashes the kernel sources (this directory), the cutlass-dsl, TVM-FFI and Python versions and the
+target architecture, so any change to them compiles afresh. Files are written to a temporary name and renamed
+into place: a concurrent or killed writer never leaves a partial file under the final name. A file that fails to
+load is removed and rebuilt; a failing export only costs the next process a compile. Both are logged, neither
+reaches the caller.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ _MEMORY: dict = {}
 
 @functools.lru_cache(maxsize=None)
 def source_fingerprint() -> str:
-    """Hash of this directory's kernel sources, the cutlass-dsl and Python versions and the target."""
+    """Hash of this directory's kernel sources, the cutlass-dsl, TVM-FFI and Python versions and the target."""
     import cutlass
+    import tvm_ffi
 
     h = hashlib.sha256()
-    h.update(f"py{sys.version_info.major}.{sys.version_info.minor} cutlass={cutlass.__version__} ".encode())
+    h.update(f"py{sys.version_info.major}.{sys.version_info.minor} cutlass={cutlass.__version__} "
+             f"tvm_ffi={tvm_ffi.__version__} ".encode())
     h.update(os.environ.get("CUTE_DSL_ARCH", "").encode())
     for src in sorted(Path(__file__).resolve().parent.glob("*.py")):
         h.update(src.name.encode())
@@ -57,7 +60,7 @@ def _load(path: Path):
     import cutlass.cute as cute
 
     try:
-        return cute.runtime.load_module(str(path))[_symbol(path)]
+        return cute.runtime.load_module(str(path), enable_tvm_ffi=True)[_symbol(path)]
     except Exception as exc:  # a truncated or foreign file: rebuild it
         log.info("gdpa_inductor: dropping unreadable cached kernel %s (%s)", path, exc)
         path.unlink(missing_ok=True)
@@ -68,8 +71,9 @@ def _store(path: Path, compiled) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            compiled.export_to_c(tmp, path.stem, _symbol(path))
-            os.replace(os.path.join(tmp, f"{path.stem}.o"), path)
+            written = os.path.join(tmp, path.name)
+            compiled.export_to_c(written, _symbol(path))
+            os.replace(written, path)
     except Exception as exc:
         log.info("gdpa_inductor: could not cache the compiled kernel at %s (%s)", path, exc)
 

@@ -11,7 +11,8 @@ import torch
 
 from ..triton.gdpa_fwd_tma import tma_layout
 from .compile_cache import cached_compile
-from .gdpa_fwd import _as_4d, _as_cute, _fake_operands, _fake_rows, cute_fwd_support, fwd_supported
+from .gdpa_fwd import _as_4d, cute_fwd_support, fwd_supported
+from .kernel_args import compile_options, dense_modes, fake_operands, fake_rows, fake_stream
 
 # Up to this many 128-key tiles, dQ tiles are added straight into dQ in the operands' dtype: the fp32
 # buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at 256-1024 keys. Each dQ
@@ -52,50 +53,43 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
 
 
 def compile_bwd(
-    dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False,
+    dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False,
 ):
     """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``, varlen or
-    not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values. ``operands``:
-    the call's seven tensors in the kernel's form (varlen: then the (5, B) rows tensor); without them, fake
-    tensors. ``head_dim_v``: V's and dO's head dim (None: ``head_dim``)."""
+    not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values. Compiled
+    against fake tensors (``kernel_args``); called with the seven tensors in the kernel's mode order, the three
+    scalars and, varlen, the (5, B) rows tensor and the longest sample's key tiles. ``head_dim_v``: V's and dO's
+    head dim (None: ``head_dim``)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
         raise ValueError("dq_sums='pairs' is not available for varlen batches")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, operands is None, keep_ptx, varlen)
+    key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, keep_ptx, varlen)
 
     def build():
         import cutlass
         import cutlass.cute as cute
-        from cutlass.cute.runtime import make_fake_stream
 
         from . import activation_math
         from .gdpa_bwd_sm90 import GdpaBwdSm90
 
         element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
         dq_element = cutlass.Float32 if dq_sums == "fp32" else element
-        args = list(operands) if operands is not None else None
-        if operands is None:
-            q, k, v, do = _fake_operands(element, 4)
-            (dq,) = _fake_operands(dq_element, 1)
-            dk, dv = _fake_operands(element, 2)
-            args = [q, k, v, do, dq, dk, dv] + ([_fake_rows()] if varlen else [])
+        args = fake_operands(element, 4) + fake_operands(dq_element, 1) + fake_operands(element, 2)
         # varlen: the rows tensor and the longest sample's key tiles follow the stream
-        extra = [args.pop(), cutlass.Int32(1)] if varlen else []
+        extra = [fake_rows(), cutlass.Int32(1)] if varlen else []
         one = cutlass.Float32(1.0)
         form = activation_math.backward_form(activation)
         kernel = GdpaBwdSm90(
             element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
             dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen,
         )
-        return cute.compile(
-            kernel, *args, one, one, one, make_fake_stream(), *extra, options="--keep-ptx" if keep_ptx else ""
-        )
+        return cute.compile(kernel, *args, one, one, one, fake_stream(), *extra, options=compile_options(keep_ptx))
 
-    return cached_compile(key, build, persist=operands is not None and not keep_ptx)
+    return cached_compile(key, build, persist=not keep_ptx)
 
 
 def dq_late_for(dq_sums: str, head_dim: int, head_dim_v: int) -> bool:
@@ -125,9 +119,6 @@ def gdpa_bwd_cute(
     checked) -> (dq, dk, dv).
     ``dq_sums``: one of ``DQ_SUMS`` (None: ``dq_sums_for`` decides by the key count; "pairs" needs an even
     number of key tiles)."""
-    import cuda.bindings.driver as cuda
-    import cutlass
-
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     group = h // hkv
@@ -144,10 +135,10 @@ def gdpa_bwd_cute(
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     if dq_acc.numel() and dk.numel():
-        operands = [_as_cute(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)]
-        fn = compile_bwd(q.dtype, d, activation, operands, dq_sums=dq_sums, head_dim_v=d_v)
-        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-        fn(*operands, cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope), stream)
+        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v)
+        # no rows, no key-tile count: a dense batch (a function loaded from the disk cache fills in no defaults)
+        fn(*(dense_modes(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)), scale, post_scale, negative_slope, None,
+           None)
     else:
         dk.zero_()
         dv.zero_()

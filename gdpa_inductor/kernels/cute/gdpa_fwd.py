@@ -1,9 +1,9 @@
 """Launcher of the CuTe-DSL Hopper forward: which calls it takes, one compile per (dtype, head dims D and Dv,
 activation), and the call itself.
 
-The kernel is compiled once per key, with every size and stride a runtime value, so every shape reuses it:
-on the GPU against the first call's tensors, on CPU (compile checks) against fake tensors of the same form.
-The cache is in memory and on disk (``compile_cache``). cutlass-dsl is imported lazily: the package works without it.
+The kernel is compiled once per key against fake tensors (``kernel_args``), every size and stride a runtime
+value, so every shape reuses it and the compile checks on CPU build the kernel that runs. The cache is in memory
+and on disk (``compile_cache``). cutlass-dsl is imported lazily: the package works without it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..activations import ACTIVATION_NAMES
 from ..triton.gdpa_fwd_tma import capability_major, tma_layout
 from ..triton.layout import as_4d
 from .compile_cache import cached_compile
+from .kernel_args import compile_options, dense_modes, fake_operands, fake_rows, fake_stream
 
 # Head dims of Q/K (D) and of V/O (Dv), in any combination: with 128x128 tiles the forward's two Q stages,
 # four K/V stages and O tile take 1024·D + 768·Dv bytes of shared memory (224 KiB at D = Dv = 128), and the
@@ -68,7 +69,8 @@ def key_tile(head_dim: int, head_dim_v: int) -> int:
 
 
 def cute_dsl_available() -> bool:
-    return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cuda") is not None
+    """cutlass-dsl, its CUDA bindings and TVM-FFI (the kernels' calling path, ``kernel_args``) import."""
+    return all(importlib.util.find_spec(name) is not None for name in ("cutlass", "cuda", "tvm_ffi"))
 
 
 def on_sm90(device: torch.device) -> bool:
@@ -93,7 +95,7 @@ def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
 def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
     """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses."""
     if not cute_dsl_available():
-        return False, "nvidia-cutlass-dsl is not installed"
+        return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
     if bias is not None or causal:
@@ -120,73 +122,38 @@ def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activatio
     return True, ""
 
 
-def _fake_operands(element, count: int):
-    """Fake [N, D, H, Z]-mode operands shaped as ``_as_cute`` marks real ones: every size and stride dynamic
-    except the unit stride of D (a compile check needs no GPU and no memory)."""
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    def one():
-        return make_fake_tensor(
-            element, tuple(cute.sym_int() for _ in range(4)),
-            stride=(cute.sym_int(64), 1, cute.sym_int(64), cute.sym_int(64)), assumed_align=16,
-        )
-
-    return [one() for _ in range(count)]
-
-
-def _fake_rows():
-    """A fake (5, B) int32 rows tensor of a varlen call (``GdpaFwdSm90.__call__``)."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    return make_fake_tensor(cutlass.Int32, (5, cute.sym_int()), stride=(cute.sym_int(), 1), assumed_align=4)
-
-
-def _as_cute(t: torch.Tensor):
-    from cutlass.cute.runtime import from_dlpack
-
-    # [Z, H, N, D] -> (N, D, H, Z), the kernel's mode order; every size and stride stays a runtime value
-    return from_dlpack(t.detach().permute(2, 3, 1, 0), assumed_align=16).mark_layout_dynamic(leading_dim=1)
-
-
 def compile_fwd(
-    dtype: torch.dtype, head_dim: int, activation: str, operands=None, keep_ptx: bool = False,
+    dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     pingpong: bool | None = None, split_store: bool | None = None, mask_keys: bool = True,
     head_dim_v: int | None = None, varlen: bool = False,
 ):
     """The compiled forward for (dtype, head dims, activation, schedule, masking), compiled once and cached in
     memory and on disk (``compile_cache``): its sizes and strides are runtime values, so every shape reuses it.
-    ``operands``: the call's four tensors in the kernel's form (``_as_cute``); without them the kernel is
-    compiled against fake tensors, which needs no GPU (target sm_90a). ``keep_ptx`` keeps the PTX in
+    Compiled against fake tensors (``kernel_args``), which needs no GPU (target sm_90a); called with the four
+    tensors in the kernel's mode order (``kernel_args.dense_modes``). ``keep_ptx`` keeps the PTX in
     ``.artifacts`` (compile tests). ``pingpong``/``split_store``: None takes ``fwd_schedule``.
     ``mask_keys``: Nk is not a multiple of the key tile (the last key tile's padded columns give P = 0).
-    ``head_dim_v``: V's and O's head dim (None: ``head_dim``). ``varlen``: per-sample rows (``operands`` then
-    ends with the (5, B) rows tensor, see ``GdpaFwdSm90.__call__``; its keys always masked)."""
+    ``head_dim_v``: V's and O's head dim (None: ``head_dim``). ``varlen``: per-sample rows (the call then ends
+    with the (5, B) rows tensor and the longest sample's query tiles, see ``GdpaFwdSm90.__call__``; its keys
+    always masked)."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     schedule = fwd_schedule(head_dim, head_dim_v)
     pingpong = schedule[0] if pingpong is None else pingpong
     split_store = schedule[1] if split_store is None else split_store
     mask_keys = mask_keys or varlen
-    key = ("fwd", str(dtype), head_dim, head_dim_v, activation, operands is None, keep_ptx, pingpong, split_store,
-           mask_keys, varlen)
+    key = ("fwd", str(dtype), head_dim, head_dim_v, activation, keep_ptx, pingpong, split_store, mask_keys, varlen)
 
     def build():
         import cutlass
         import cutlass.cute as cute
-        from cutlass.cute.runtime import make_fake_stream
 
         from . import activation_math
         from .gdpa_fwd_sm90 import GdpaFwdSm90
 
         element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
-        args = list(operands) if operands is not None else _fake_operands(element, 4) + (
-            [_fake_rows()] if varlen else []
-        )
         # varlen: the rows tensor and the longest sample's query tiles follow the stream
-        extra = [args.pop(), cutlass.Int32(1)] if varlen else []
+        extra = [fake_rows(), cutlass.Int32(1)] if varlen else []
         one = cutlass.Float32(1.0)
         form = activation_math.forward_form(activation, element is cutlass.BFloat16)
         kernel = GdpaFwdSm90(
@@ -194,12 +161,12 @@ def compile_fwd(
             varlen=varlen, **wide_head_tiles(head_dim, head_dim_v),
         )
         return cute.compile(
-            kernel, *args, one, one, one, cutlass.Int32(1), make_fake_stream(), *extra,
-            options="--keep-ptx" if keep_ptx else "",
+            kernel, *fake_operands(element, 4), one, one, one, cutlass.Int32(1), fake_stream(), *extra,
+            options=compile_options(keep_ptx),
         )
 
-    # compiles for real calls also go to disk; compile checks (fake operands, PTX kept) stay in memory
-    return cached_compile(key, build, persist=operands is not None and not keep_ptx)
+    # builds with the PTX kept (compile checks) stay in memory
+    return cached_compile(key, build, persist=not keep_ptx)
 
 
 def gdpa_fwd_cute(
@@ -210,24 +177,19 @@ def gdpa_fwd_cute(
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv] (checked by ``fwd_supported``) -> out
     [Z, H, Nq, Dv]. ``pingpong`` and ``split_store`` override ``fwd_schedule`` (benchmarks, tests). ``out``: a
     tensor of that shape and q's dtype to write (TMA's layout rules, as for q), else a new one."""
-    import cuda.bindings.driver as cuda
-    import cutlass
-
     if out is None:
         out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     if k.shape[2] == 0:
         return out.zero_()
-    operands = [_as_cute(t) for t in (q, k, v, out)]
-    fn = compile_fwd(q.dtype, q.shape[-1], activation, operands, pingpong=pingpong, split_store=split_store,
+    fn = compile_fwd(q.dtype, q.shape[-1], activation, pingpong=pingpong, split_store=split_store,
                      mask_keys=k.shape[2] % key_tile(q.shape[-1], v.shape[-1]) != 0, head_dim_v=v.shape[-1])
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     # persistent: one CTA per SM (its shared memory and registers admit one), never more than the tiles
     tiles = -(-q.shape[2] // 128) * q.shape[1] * q.shape[0]
     num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
-    fn(*operands, cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope),
-       cutlass.Int32(num_ctas), stream)
+    # no rows, no query-tile count: a dense batch (a function loaded from the disk cache fills in no defaults)
+    fn(*(dense_modes(t) for t in (q, k, v, out)), scale, post_scale, negative_slope, num_ctas, None, None)
     return out
 
 

@@ -17,7 +17,8 @@ import torch
 from ..triton.gdpa_fwd_tma import tma_layout
 from ..triton.varlen_layout import VarlenSide
 from .gdpa_bwd import KEY_TILE, compile_bwd, dq_sums_for
-from .varlen_fwd import _as_cute_rows, cute_varlen_fwd_support
+from .kernel_args import row_modes
+from .varlen_fwd import cute_varlen_fwd_support
 
 
 def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
@@ -50,10 +51,6 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
                          activation: str, scale: float, post_scale: float, negative_slope: float):
     """(dq, dk, dv) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout (the queries'
     rows, Dv wide)."""
-    import cuda.bindings.driver as cuda
-    import cutlass
-    from cutlass.cute.runtime import from_dlpack
-
     q, k = qs.tensor, ks.tensor
     h, d = q.shape[-2:]
     hkv, d_v = v.shape[-2:]
@@ -69,12 +66,9 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
     num_n = -(-ks.max_len // KEY_TILE)
     if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
         rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
-        operands = [_as_cute_rows(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)]
-        operands.append(from_dlpack(rows, assumed_align=4).mark_layout_dynamic(leading_dim=1))
-        fn = compile_bwd(q.dtype, d, activation, operands, dq_sums=dq_sums, head_dim_v=d_v, varlen=True)
-        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-        fn(*operands[:7], cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope),
-           stream, operands[7], cutlass.Int32(num_n))
+        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True)
+        fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
+           rows, num_n)
     dq = _finish(dq_buf, qs.tensor)
     dk, dv = _finish(dk_buf, k), _finish(dv_buf, v)
     if group > 1:

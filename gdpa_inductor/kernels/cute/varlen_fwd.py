@@ -14,6 +14,7 @@ import torch
 
 from ..triton.varlen_layout import VarlenSide
 from .gdpa_fwd import compile_fwd, cute_dsl_available, on_sm90, operand_support
+from .kernel_args import row_modes
 
 # the dense forward's 128x128 tiles with O stored by TMA: head dims past 128 take other tiles (registers)
 VARLEN_HEAD_DIMS = (64, 96, 128)
@@ -26,7 +27,7 @@ def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     """(ok, reason) for the CuTe varlen forward on the varlen op's operands (``[total, H, D]`` or
     ``[B, N, H, D]`` each); ``kernel`` names it in the reasons (the backward takes the same calls)."""
     if not cute_dsl_available():
-        return False, "nvidia-cutlass-dsl is not installed"
+        return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
     if bias is not None or causal or tuple(window) != (-1, -1):
@@ -34,22 +35,10 @@ def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     return operand_support(q, k, v, activation, VARLEN_HEAD_DIMS, kernel)
 
 
-def _as_cute_rows(t: torch.Tensor):
-    """A side's tensor in the kernel's (rows, D, H, Z) mode order: Z = 1 for jagged rows."""
-    from cutlass.cute.runtime import from_dlpack
-
-    t4 = t.unsqueeze(0) if t.dim() == 3 else t
-    return from_dlpack(t4.detach().permute(1, 3, 2, 0), assumed_align=16).mark_layout_dynamic(leading_dim=1)
-
-
 def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
                          activation: str, scale: float, post_scale: float, negative_slope: float) -> torch.Tensor:
     """Writes ``out.tensor`` (the queries' layout, Dv wide; rows past each sample's length untouched) from the
     sides of a ``cute_varlen_fwd_support``-checked call; returns it."""
-    import cuda.bindings.driver as cuda
-    import cutlass
-    from cutlass.cute.runtime import from_dlpack
-
     q, k, o = qs.tensor, ks.tensor, out.tensor
     num_m = -(-qs.max_len // _TILE_M)
     tiles = num_m * q.shape[-2] * qs.batch
@@ -59,11 +48,7 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
         # no sample has keys (and the descriptors would have no memory to point at)
         return o.zero_()
     rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
-    operands = [_as_cute_rows(t) for t in (q, k, v, o)]
-    operands.append(from_dlpack(rows, assumed_align=4).mark_layout_dynamic(leading_dim=1))
-    fn = compile_fwd(q.dtype, q.shape[-1], activation, operands, head_dim_v=v.shape[-1], varlen=True)
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    fn = compile_fwd(q.dtype, q.shape[-1], activation, head_dim_v=v.shape[-1], varlen=True)
     num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
-    fn(*operands[:4], cutlass.Float32(scale), cutlass.Float32(post_scale), cutlass.Float32(negative_slope),
-       cutlass.Int32(num_ctas), stream, operands[4], cutlass.Int32(num_m))
+    fn(*(row_modes(t) for t in (q, k, v, o)), scale, post_scale, negative_slope, num_ctas, rows, num_m)
     return o

@@ -1,0 +1,161 @@
+"""The CuTe launchers' calling convention (kernels/cute/kernel_args.py), without a GPU: tensors reach the kernels as
+views in the kernels' (N, D, H, Z) mode order, never copies, and each launcher's argument list, as it stands, is
+taken by the kernel compiled for sm_90a through TVM-FFI, fresh or loaded from the disk cache (which fills in no
+defaults), up to the one check a CPU cannot pass: the tensors' device. The kernels' results are checked on the GPU
+(tests/gpu)."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
+
+import torch  # noqa: E402
+import tvm_ffi  # noqa: E402
+
+from gdpa_inductor import config  # noqa: E402
+from gdpa_inductor.kernels.cute import compile_cache, gdpa_bwd, gdpa_fwd, varlen_bwd, varlen_fwd  # noqa: E402
+from gdpa_inductor.kernels.cute.kernel_args import dense_modes, row_modes  # noqa: E402
+from gdpa_inductor.lowering.varlen_ops import _sides  # noqa: E402
+
+DTYPE, D, ACT = torch.float16, 64, "relu"
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 300, 128), (1, 1, 64, 64), (3, 2, 17, 96)])
+def test_dense_modes_view_in_kernel_order(shape):
+    z, h, n, d = shape
+    t = torch.randn(shape)
+    m = dense_modes(t)
+    assert m.shape == (n, d, h, z) and m.stride(1) == 1 and m.data_ptr() == t.data_ptr()
+    assert m[n - 1, d - 2, h - 1, z - 1] == t[z - 1, h - 1, n - 1, d - 2]
+
+
+@pytest.mark.parametrize("shape", [(500, 4, 128), (3, 40, 2, 64)])
+def test_row_modes_view_jagged_and_padded_sides(shape):
+    t = torch.randn(shape)
+    m = row_modes(t)
+    t4 = t.unsqueeze(0) if t.dim() == 3 else t
+    z, n, h, d = t4.shape
+    assert m.shape == (n, d, h, z) and m.stride(1) == 1 and m.data_ptr() == t.data_ptr()
+    assert m[n - 1, 1, h - 1, z - 1] == t4[z - 1, n - 1, h - 1, 1]
+
+
+class Launch:
+    """Stands in for a compiled kernel: records the compile's arguments and the call's."""
+
+    def __init__(self, compile_fn):
+        self.compile_fn, self.compile_args, self.call_args = compile_fn, None, None
+
+    def compile(self, *args, **kwargs):
+        self.compile_args = (args, kwargs)
+        return self
+
+    def __call__(self, *args):
+        self.call_args = args
+
+    def check_on_compiled_kernel(self):
+        """The recorded call on the real kernel: rejected for the device alone, and TVM-FFI's account of the
+        kernel's parameters (named in that error; it checks arguments in order and stops at the first) matches
+        the call's arguments one by one: tensors of the same dtype and rank, float32 and int32 scalars."""
+        args, kwargs = self.compile_args
+        compiled = self.compile_fn(*args, **kwargs)
+        compile_cache._MEMORY.clear()  # a later process: the kernel from the disk cache
+        loaded = self.compile_fn(*args, **kwargs)
+        assert isinstance(loaded, tvm_ffi.Function) and not isinstance(compiled, tvm_ffi.Function)
+        for kernel in (compiled, loaded):
+            with pytest.raises(ValueError, match="argument #0.*expected device_type=cuda") as error:
+                kernel(*self.call_args)
+            params = _parameters(str(error.value))
+            assert len(params) == len(self.call_args), params
+            for param, arg in zip(params, self.call_args):
+                assert param == _kind(arg), (param, arg)
+
+
+def _parameters(message: str) -> list[str]:
+    """The parameter types of the signature in a TVM-FFI argument error: `f(a: Tensor([n0, 5], int32), s: float32)`
+    -> ["Tensor(2, int32)", "float32"]."""
+    signature = re.search(r"`\w+\((.*)\)`", message).group(1)
+    params = re.findall(r"\w+: (Tensor\(\[[^\]]*\], \w+\)|\w+)", signature)
+    return [re.sub(r"Tensor\(\[([^\]]*)\], (\w+)\)", lambda m: f"Tensor({m[1].count(',') + 1}, {m[2]})", p)
+            for p in params]
+
+
+def _kind(arg) -> str:
+    if isinstance(arg, torch.Tensor):
+        return f"Tensor({arg.dim()}, {str(arg.dtype).removeprefix('torch.')})"
+    return {float: "float32", int: "int32", type(None): "None"}[type(arg)]
+
+
+@pytest.fixture
+def launch(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(config, "kernel_cache_dir", str(tmp_path))
+    monkeypatch.setattr(compile_cache, "_MEMORY", {})
+
+    def record(module, name, compile_fn):
+        stand_in = Launch(compile_fn)
+        monkeypatch.setattr(module, name, stand_in.compile)
+        return stand_in
+
+    return record
+
+
+def _randn(*shape):
+    return torch.randn(*shape, dtype=DTYPE)
+
+
+def test_dense_forward_call(launch):
+    stand_in = launch(gdpa_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    q, k, v = _randn(2, 4, 200, D), _randn(2, 4, 130, D), _randn(2, 4, 130, D)
+    out = gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.125, 1.0, 0.01)
+    tensors = stand_in.call_args[:4]
+    assert [t.data_ptr() for t in tensors] == [x.data_ptr() for x in (q, k, v, out)]
+    assert stand_in.call_args[4:] == (0.125, 1.0, 0.01, 2 * 4 * 2, None, None)
+    stand_in.check_on_compiled_kernel()
+
+
+@pytest.mark.parametrize("num_keys, dq_dtype", [(300, DTYPE), (1100, torch.float32)])
+def test_dense_backward_call(launch, num_keys, dq_dtype):
+    stand_in = launch(gdpa_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    q, k, v, do = _randn(1, 2, 100, D), _randn(1, 2, num_keys, D), _randn(1, 2, num_keys, D), _randn(1, 2, 100, D)
+    gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01)
+    tensors, scalars = stand_in.call_args[:7], stand_in.call_args[7:]
+    assert [t.data_ptr() for t in tensors[:4]] == [x.data_ptr() for x in (q, k, v, do)]
+    assert tensors[4].dtype == dq_dtype and scalars == (0.125, 1.0, 0.01, None, None)
+    stand_in.check_on_compiled_kernel()
+
+
+def _jagged_sides(lengths):
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    total, longest = int(cu[-1]), max(lengths)
+    q, k, v = _randn(total, 4, D), _randn(total, 2, D), _randn(total, 2, D)
+    _, qs, ks, order = _sides(q, k, v, cu, cu, None, None, longest, longest)
+    return qs, ks, v, order
+
+
+def test_varlen_forward_call(launch):
+    stand_in = launch(varlen_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    qs, ks, v, order = _jagged_sides([5, 300, 129])
+    out = torch.empty(qs.tensor.shape[0], 4, D, dtype=DTYPE)
+    varlen_fwd.gdpa_varlen_fwd_cute(qs, ks, v, SimpleNamespace(tensor=out), order, ACT, 0.125, 1.0, 0.01)
+    args = stand_in.call_args
+    assert [t.data_ptr() for t in args[:4]] == [x.data_ptr() for x in (qs.tensor, ks.tensor, v, out)]
+    assert args[4:8] == (0.125, 1.0, 0.01, 3 * 4 * 3) and args[9] == 3
+    assert args[8].tolist() == [qs.starts.tolist(), qs.lengths.tolist(), ks.starts.tolist(), ks.lengths.tolist(),
+                                order.tolist()]
+    stand_in.check_on_compiled_kernel()
+
+
+def test_varlen_backward_call(launch):
+    stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    qs, ks, v, order = _jagged_sides([5, 300, 129])
+    dout = _randn(qs.tensor.shape[0], 4, D)
+    varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01)
+    args = stand_in.call_args
+    assert args[0].data_ptr() == qs.tensor.data_ptr() and args[3].data_ptr() == dout.data_ptr()
+    assert args[7:10] == (0.125, 1.0, 0.01) and args[11] == 3
+    stand_in.check_on_compiled_kernel()
