@@ -16,8 +16,9 @@ static round robin (every tile costs the same in a dense batch); three warpgroup
   silu run two scores per instruction on bf16x2 registers, their last step writing P straight into the P·V
   operand (``activation_math.forward_form``).
 No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and
-with ``mask_keys`` (Nk not a multiple of the key tile) the last key tile's padded columns are selected to
-P = 0, so a non-finite query cannot leak NaN from them. The epilogue scales O once, writes it to shared
+with ``mask_keys`` (Nk not a multiple of the key tile, and every varlen sample) the last key tile's padded
+columns are selected to P = 0, so a non-finite query cannot leak NaN from them; that ragged tile is the first a
+query tile computes (the others follow in order), so it is the only one whose scores pay the select. The epilogue scales O once, writes it to shared
 memory and stores it by TMA, which clips rows past Nq, the copy draining while the next tile computes: each
 warpgroup its own 64 rows with ``split_store`` (neither waits for the other), else one copy of the tile. With
 ``o_from_registers`` (head dims past 128, where shared memory has no room for an O tile) each thread stores its
@@ -94,7 +95,8 @@ class GdpaFwdSm90:
         # each consumer warpgroup stores its own 64 rows of O (neither waits for the other at the tile's end),
         # or both store one 128-row tile together
         self.split_store = split_store
-        # keys past Nk (Nk not a multiple of the key tile) masked to P = 0; without it no step pays the select
+        # keys past Nk (Nk not a multiple of the key tile) masked to P = 0 in the ragged last key tile, which each
+        # query tile computes first (``_key_tile_at``); without it no step pays the select
         self.mask_keys = mask_keys
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
         # the producer keeps 24 registers so the consumers can take 240 (24·128 + 240·256 <= 64K)
@@ -272,11 +274,13 @@ class GdpaFwdSm90:
                         tVsV, tVgV = _tma_part(tma_v, sV, cute.local_tile(gV, (dv, self.tile_n), (0, None)))
                         handle = q_producer.acquire_and_advance()
                         cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                        for j in cutlass.range(self._key_tiles(n_tiles, nk_z), unroll=1):
+                        n_tiles_z = self._key_tiles(n_tiles, nk_z)
+                        for j in cutlass.range(n_tiles_z, unroll=1):
+                            jk = self._key_tile_at(j, n_tiles_z)
                             handle = k_producer.acquire_and_advance()
-                            cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                            cute.copy(tma_k, tKgK[(None, jk)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
                             handle = v_producer.acquire_and_advance()
-                            cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                            cute.copy(tma_v, tVgV[(None, jk)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             qk_mma, pv_mma = self._tiled_mmas()
@@ -334,11 +338,10 @@ class GdpaFwdSm90:
                     m_blk, h, _, z, q0, nq_z, _, nk_z = self._work(tile, work)
                     if self._has_rows(m_blk, nq_z, nk_z):
                         n_tiles_z = self._key_tiles(n_tiles, nk_z)
-                        ragged_z = nk_z - (n_tiles_z - 1) * self.tile_n
                         acc_o.fill(0.0)
                         rQ = tSrQ[None, None, None, q_handle.index]
                         # step j: S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j issued back to back, act(S_{j+1}) under
-                        # P_j V_j
+                        # P_j V_j; only the first key tile (the ragged one) is masked, so these steps are not
                         for j in cutlass.range(n_tiles_z - 1, unroll=1):
                             k_handle = k_consumer.wait_and_advance()
                             v_consumer, v_handle = self._issue_pair(
@@ -347,8 +350,7 @@ class GdpaFwdSm90:
                             )
                             warpgroup.wait_group(1)
                             k_handle.release()
-                            self._activate(acc_s, pairs, tScS, ragged_z if j + 2 == n_tiles_z else self.tile_n,
-                                           scale, slope, consts)
+                            self._activate(acc_s, pairs, tScS, None, scale, slope, consts)
                             warpgroup.wait_group(0)
                             v_handle.release()
                             self._write_p(acc_s, pairs, r_p)
@@ -439,14 +441,23 @@ class GdpaFwdSm90:
         return cutlass.max(cute.ceil_div(nk, self.tile_n), 1)
 
     @cute.jit
+    def _key_tile_at(self, j: cutlass.Int32, n_tiles: cutlass.Int32):
+        """The key tile of step ``j`` of ``n_tiles``: with ``mask_keys`` the ragged last tile first, then the others
+        in order, so that only the first step's scores are masked; else in order."""
+        if cutlass.const_expr(not self.mask_keys):
+            return j
+        return (j + n_tiles - 1) % n_tiles
+
+    @cute.jit
     def _first_limit(self, tile: cutlass.Int32, work: tuple):
-        """Keys in range in the first key tile of ``tile`` (a tile index past the last reads the last sample)."""
+        """Keys in range in the first key tile ``tile`` computes, the ragged last one (``_key_tile_at``; a tile
+        index past the last reads the last sample)."""
         num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
         n_tiles = cute.ceil_div(nk, self.tile_n)
         if cutlass.const_expr(self.varlen):
             nk = rows[3, cutlass.min(tile // num_m // num_q_heads, rows.shape[1] - 1)]
             n_tiles = self._key_tiles(n_tiles, nk)
-        return nk if n_tiles == 1 else self.tile_n
+        return nk - (n_tiles - 1) * self.tile_n
 
     @cute.jit
     def _rows_of(self, m: cute.Tensor, h: cutlass.Int32, z: cutlass.Int32, start: cutlass.Int32,
@@ -539,14 +550,14 @@ class GdpaFwdSm90:
     @cute.jit
     def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts):
         """P = act(scale · S): in place for an fp32 form; for a packed form, per pair of scores x in bf16x2
-        and tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). ``masked``: columns at or past ``limit`` (keys
-        past Nk) give P = 0, by a select per score (an ``if`` would carry the whole fragment through both
+        and tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). With ``mask_keys``, columns at or past ``limit``
+        (keys past Nk; None: a full key tile, no select) give P = 0, by a select per score (an ``if`` would carry the whole fragment through both
         branches, and that register pressure makes ptxas serialize every wgmma of the kernel); a packed form
         selects its input, as its act(0) = 0."""
         if cutlass.const_expr(self.packed):
             for i in cutlass.range_constexpr(cute.size(acc_s) // 2):
                 x0, x1 = acc_s[2 * i], acc_s[2 * i + 1]
-                if cutlass.const_expr(self.mask_keys):
+                if cutlass.const_expr(self.mask_keys and limit is not None):
                     x0 = x0 if tScS[2 * i][1] < limit else cutlass.Float32(0.0)
                     x1 = x1 if tScS[2 * i + 1][1] < limit else cutlass.Float32(0.0)
                 x = pack_bf16x2(x0, x1)
@@ -555,7 +566,7 @@ class GdpaFwdSm90:
         else:
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 p = self.activation(acc_s[i], scale, slope)
-                if cutlass.const_expr(self.mask_keys):
+                if cutlass.const_expr(self.mask_keys and limit is not None):
                     p = p if tScS[i][1] < limit else cutlass.Float32(0.0)
                 acc_s[i] = p
 
