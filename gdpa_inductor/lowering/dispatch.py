@@ -56,12 +56,18 @@ def select_backward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
 
 
 def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str) -> str:
-    """The varlen forward's path: "cute" where the CuTe varlen forward covers the call (under "auto" and
-    "cute"; a case it does not cover runs as under "auto"), otherwise as ``select_impl``."""
-    from ..kernels.cute.varlen_fwd import cute_varlen_fwd_support
+    """The varlen forward's path: "cute" where the CuTe varlen forward covers the call (under "auto" where it is
+    also preferred, and under "cute"; a case it does not cover runs as under "auto"), otherwise as
+    ``select_impl``."""
+    from ..kernels.cute.varlen_fwd import cute_varlen_fwd_preferred, cute_varlen_fwd_support
 
-    return _varlen_cute_else_select(cute_varlen_fwd_support, q, k, v, bias, causal, window, activation,
-                                    "varlen forward")
+    def support(q, k, v, bias, causal, window, activation):
+        ok, reason = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation)
+        if ok and config.backend == "auto":
+            ok, reason = cute_varlen_fwd_preferred(q, v)
+        return ok, reason
+
+    return _varlen_cute_else_select(support, q, k, v, bias, causal, window, activation, "varlen forward")
 
 
 # The CuTe varlen backward measured level with the Triton varlen backward (H200, B=1152, H=4, D=128, gelu_tanh,

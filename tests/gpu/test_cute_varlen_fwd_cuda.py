@@ -80,3 +80,17 @@ def test_samples_without_keys(layout, lq, lk, gen, cute_varlen_only):
     for z, n in enumerate(case.lk):
         if n == 0 and layout == "cross":
             assert torch.count_nonzero(out[starts[z]:starts[z + 1]]) == 0
+
+
+@pytest.mark.parametrize("d, dv", [(256, 256), (128, 256), (256, 64)])
+@pytest.mark.parametrize("layout, dtype, activation", [("self", torch.bfloat16, "gelu_tanh"),
+                                                       ("padded", torch.float16, "silu"),
+                                                       ("cross", torch.bfloat16, "relu"),
+                                                       ("pma", torch.bfloat16, "sigmoid")])
+def test_wide_heads(d, dv, layout, dtype, activation, gen, cute_varlen_only):
+    """Head dims past 128 take the dense forward's wide-head tiles (64-key tiles, O stored from the registers):
+    each sample's rows past its end are predicated off, so its neighbours' rows (and a padded batch's zeros)
+    stay as they are; samples without keys give O = 0; GQA, several query and key tiles a sample."""
+    lq, lk = [300, 1, 129, 64, 0, 77], [65, 0, 300, 1, 40, 128]
+    case = make_case(layout, gen, h=4, hkv=2, d=d, dv=dv, lq=lq, lk=lk).to("cuda")
+    check_forward(case, dtype, activation=activation)

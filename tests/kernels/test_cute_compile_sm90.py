@@ -60,7 +60,8 @@ FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpo
                      ("fwd_exact_keys", 64, 64, "gelu_tanh"), ("fwd_fp16", 128, 128, "gelu_tanh"),
                      ("fwd_fp16", 128, 128, "silu"), ("fwd_no_pingpong", 96, 128, "gelu_tanh"),
                      ("fwd_varlen", 128, 128, "gelu_tanh"), ("fwd_varlen", 128, 128, "relu"),
-                     ("fwd_varlen", 64, 64, "gelu_tanh"), ("fwd_varlen", 96, 128, "sigmoid")]
+                     ("fwd_varlen", 64, 64, "gelu_tanh"), ("fwd_varlen", 96, 128, "sigmoid"),
+                     ("fwd_varlen", 256, 256, "gelu_tanh"), ("fwd_varlen", 128, 256, "silu")]
 FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
 # measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (since the

@@ -25,8 +25,9 @@ warpgroup its own 64 rows with ``split_store`` (neither waits for the other), el
 accumulator values straight to global memory, rows past Nq predicated off.
 With ``varlen`` the tiles are (query tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
 (longest first), each side's rows of a sample read through a TMA descriptor bounded at the sample's end
-(``ragged_rows``), so its ragged last tiles read zeros and its O stores are clipped there; query tiles past a
-sample's length are skipped, and those of samples without keys are stored as zeros after the main loop.
+(``ragged_rows``), so its ragged last tiles read zeros and its O stores are clipped there (or, from the
+registers, predicated off past it); query tiles past a sample's length are skipped, and those of samples without
+keys are stored as zeros after the main loop.
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ class GdpaFwdSm90:
         # has no room for an O tile
         self.o_from_registers = o_from_registers
         # per-sample rows (``varlen``): each side's rows of sample z start at its own row and run its own length,
-        # read through ragged TMA descriptors (``ragged_rows``); O is stored by TMA, which clips the sample's end
+        # read through ragged TMA descriptors (``ragged_rows``); O is stored by TMA, which clips the sample's end,
+        # or from the registers with the rows past it predicated off
         self.varlen = varlen
-        assert not (varlen and o_from_registers), "varlen stores O by TMA"
         self.pingpong = pingpong
         # each consumer warpgroup stores its own 64 rows of O (neither waits for the other at the tile's end),
         # or both store one 128-row tile together
@@ -377,10 +378,10 @@ class GdpaFwdSm90:
                         self._write_p(acc_s, pairs, r_p)
                         r_o = cute.make_fragment_like(acc_o, self.dtype)
                         r_o.store((acc_o.load() * o_scale).to(self.dtype))
+                        gO = self._rows_of(mO, h, z, q0, nq_z, 0)
                         if cutlass.const_expr(self.o_from_registers):
-                            self._store_o_from_registers(r_o, tOsO_mma, mO, m_blk, h, z)
+                            self._store_o_from_registers(r_o, tOsO_mma, gO, m_blk, nq_z)
                         else:
-                            gO = self._rows_of(mO, h, z, q0, nq_z, 0)
                             self._store_o(r_o, tOsO_mma, tma_o, sO, gO, m_blk, warp_idx, wg_idx)
             if cutlass.const_expr(self.varlen):
                 self._store_keyless_tiles(acc_o, tOsO_mma, tma_o, sO, mO, work, warp_idx, wg_idx)
@@ -479,7 +480,11 @@ class GdpaFwdSm90:
         for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
             m_blk, h, _, z, q0, nq_z, _, nk_z = self._work(tile, work)
             if (m_blk * self.tile_m < nq_z) & (nk_z == 0):
-                self._store_o(r_o, tOsO_mma, tma_o, sO, self._rows_of(mO, h, z, q0, nq_z, 0), m_blk, warp_idx, wg_idx)
+                gO = self._rows_of(mO, h, z, q0, nq_z, 0)
+                if cutlass.const_expr(self.o_from_registers):
+                    self._store_o_from_registers(r_o, tOsO_mma, gO, m_blk, nq_z)
+                else:
+                    self._store_o(r_o, tOsO_mma, tma_o, sO, gO, m_blk, warp_idx, wg_idx)
 
     @cute.jit
     def _store_o(self, r_o, tOsO_mma, tma_o, sO, gO, m_blk, warp_idx, wg_idx):
@@ -507,12 +512,16 @@ class GdpaFwdSm90:
             cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
-    def _store_o_from_registers(self, r_o, pv_thr, mO, m_blk, h, z):
-        """O straight from the registers into global memory, rows past Nq predicated off."""
+    def _store_o_from_registers(self, r_o, pv_thr, gO, m_blk, nq):
+        """O straight from the registers into global memory, rows past the sample's ``nq`` queries (dense: O's
+        rows) predicated off. ``gO``: the (rows, Dv) tensor of the tile's head and sample (varlen: seen through the
+        ragged descriptor's layout, rows counted from the sample's first)."""
         shape = (self.tile_m, self.head_dim_v)
-        tOgO = pv_thr.partition_C(cute.local_tile(mO[None, None, h, z], shape, (m_blk, 0)))
+        tOgO = pv_thr.partition_C(cute.local_tile(gO, shape, (m_blk, 0)))
         tOcO = pv_thr.partition_C(cute.make_identity_tensor(shape))
-        valid_rows = mO.shape[0] - m_blk * self.tile_m
+        if cutlass.const_expr(not self.varlen):
+            nq = gO.shape[0]
+        valid_rows = nq - m_blk * self.tile_m
         for i in cutlass.range_constexpr(cute.size(r_o)):
             if tOcO[i][0] < valid_rows:
                 tOgO[i] = r_o[i]

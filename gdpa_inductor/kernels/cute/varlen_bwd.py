@@ -16,16 +16,17 @@ import torch
 
 from ..triton.gdpa_fwd_tma import tma_layout
 from ..triton.varlen_layout import VarlenSide
-from .gdpa_bwd import KEY_TILE, compile_bwd, dq_sums_for
+from .gdpa_bwd import BWD_HEAD_DIMS, KEY_TILE, compile_bwd, dq_sums_for
 from .kernel_args import row_modes
 from .varlen_fwd import cute_varlen_fwd_support
 
 
 def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
                             window: tuple[int, int], activation: str) -> tuple[bool, str]:
-    """(ok, reason) for the CuTe varlen backward: the varlen forward's cases (its head dims, 64 to 128, are the
-    dense backward's)."""
-    return cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, "the CuTe varlen backward")
+    """(ok, reason) for the CuTe varlen backward: the varlen forward's cases at the dense backward's head dims
+    (64 to 128)."""
+    return cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, "the CuTe varlen backward",
+                                   BWD_HEAD_DIMS)
 
 
 def _shared(side: VarlenSide, t: torch.Tensor) -> bool:

@@ -16,23 +16,32 @@ from ..triton.varlen_layout import VarlenSide
 from .gdpa_fwd import compile_fwd, cute_dsl_available, on_sm90, operand_support
 from .kernel_args import row_modes
 
-# the dense forward's 128x128 tiles with O stored by TMA: head dims past 128 take other tiles (registers)
-VARLEN_HEAD_DIMS = (64, 96, 128)
+# the dense forward's head dims: past 128 its wide-head tiles (64 keys, O stored from the registers, the rows past
+# each sample's end predicated off)
+VARLEN_HEAD_DIMS = (64, 96, 128, 256)
 _TILE_M = 128
 
 
 def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                            window: tuple[int, int], activation: str,
-                            kernel: str = "the CuTe varlen forward") -> tuple[bool, str]:
+                            window: tuple[int, int], activation: str, kernel: str = "the CuTe varlen forward",
+                            head_dims: tuple = VARLEN_HEAD_DIMS) -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen forward on the varlen op's operands (``[total, H, D]`` or
-    ``[B, N, H, D]`` each); ``kernel`` names it in the reasons (the backward takes the same calls)."""
+    ``[B, N, H, D]`` each); ``kernel`` names it in the reasons and ``head_dims`` are D's and Dv's (the backward
+    takes the same calls at its own head dims)."""
     if not cute_dsl_available():
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
     if bias is not None or causal or tuple(window) != (-1, -1):
         return False, f"bias, causal masking and windows are not in {kernel} yet"
-    return operand_support(q, k, v, activation, VARLEN_HEAD_DIMS, kernel)
+    return operand_support(q, k, v, activation, head_dims, kernel)
+
+
+def cute_varlen_fwd_preferred(q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    """(ok, reason): whether "auto" should run a supported call on the CuTe varlen forward."""
+    if max(q.shape[-1], v.shape[-1]) > 128:
+        return False, "head dims past 128 take the CuTe varlen forward only under backend='cute' (not yet timed)"
+    return True, ""
 
 
 def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
