@@ -15,14 +15,14 @@ static round robin (every tile costs the same in a dense batch); three warpgroup
   other's matmuls. The activation forms fold the scale into their constants, and in bf16 gelu_tanh and
   silu run two scores per instruction on bf16x2 registers, their last step writing P straight into the P·V
   operand (``activation_math.forward_form``).
-No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and
-with ``mask_keys`` (Nk not a multiple of the key tile, and every varlen sample) the last key tile's padded
-columns are selected to P = 0, so a non-finite query cannot leak NaN from them; that ragged tile is the first a
-query tile computes (the others follow in order), so it is the only one whose scores pay the select. The epilogue scales O once, writes it to shared
-memory and stores it by TMA, which clips rows past Nq, the copy draining while the next tile computes: each
-warpgroup its own 64 rows with ``split_store`` (neither waits for the other), else one copy of the tile. With
-``o_from_registers`` (head dims past 128, where shared memory has no room for an O tile) each thread stores its
-accumulator values straight to global memory, rows past Nq predicated off.
+No softmax: no running max, no rescale of O, no row sums. Keys past Nk read as zeros (TMA fills them), and with
+``mask_keys`` (Nk not a multiple of the key tile, and every varlen sample) the last key tile's padded columns are
+selected to P = 0, so a non-finite query cannot leak NaN from them; that ragged tile is the first a query tile
+computes (the others follow in order), so it is the only one whose scores pay the select. The epilogue scales O
+once, writes it to shared memory and stores it by TMA, which clips rows past Nq, the copy draining while the next
+tile computes: each warpgroup its own 64 rows with ``split_store`` (neither waits for the other), else one copy of
+the tile. With ``o_from_registers`` (head dims past 128, where shared memory has no room for an O tile) each
+thread stores its accumulator values straight to global memory, rows past Nq predicated off.
 With ``varlen`` the tiles are (query tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
 (longest first), each side's rows of a sample read through a TMA descriptor bounded at the sample's end
 (``ragged_rows``), so its ragged last tiles read zeros and its O stores are clipped there (or, from the
@@ -558,11 +558,11 @@ class GdpaFwdSm90:
 
     @cute.jit
     def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts):
-        """P = act(scale · S): in place for an fp32 form; for a packed form, per pair of scores x in bf16x2
-        and tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). With ``mask_keys``, columns at or past ``limit``
-        (keys past Nk; None: a full key tile, no select) give P = 0, by a select per score (an ``if`` would carry the whole fragment through both
-        branches, and that register pressure makes ptxas serialize every wgmma of the kernel); a packed form
-        selects its input, as its act(0) = 0."""
+        """P = act(scale · S): in place for an fp32 form; for a packed form, per pair of scores x in bf16x2 and
+        tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). With ``mask_keys``, columns at or past ``limit``
+        (keys past Nk; None: a full key tile, no select) give P = 0, by a select per score (an ``if`` would
+        carry the whole fragment through both branches, and that register pressure makes ptxas serialize every
+        wgmma of the kernel); a packed form selects its input, as its act(0) = 0."""
         if cutlass.const_expr(self.packed):
             for i in cutlass.range_constexpr(cute.size(acc_s) // 2):
                 x0, x1 = acc_s[2 * i], acc_s[2 * i + 1]
