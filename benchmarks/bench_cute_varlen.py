@@ -3,15 +3,18 @@ kernels vs the dense CuTe kernels on the padded batch vs flash-attn-4's varlen k
 one process, Meta's jagged shapes (GPU only; cutlass-dsl and flash-attn-4 staged with
 ../shared/device/stage-cute-dsl.sh).
 
-B = 1152 samples, H = 4, D = 128, bf16, self attention, gelu_tanh, lengths up to N in {256, 512, 1024, 2048} at
-"sparsity" 1.0 (every sample full) and 0.5 (lengths uniform in [1, N]). Rates are TF/s of the real tokens' work
-(4 · H · D · Σ n², the same for every provider, the padded one included), each provider's do_bench median over
-three rounds of rotated order after an untimed settle (``median_over_rounds``); forward+backward counts 3.5x the
-forward's work and takes the gradients by ``torch.autograd.grad`` of one fixed output gradient. The CuTe varlen
-op is checked against the float64 reference on 8 samples first (the forward, and with ``--backward`` dq, dk, dv).
+B = 1152 samples, H = 4, D = Dv = 128 (``--head-dims``), bf16, self attention, gelu_tanh, lengths up to N in
+{256, 512, 1024, 2048} at "sparsity" 1.0 (every sample full) and 0.5 (lengths uniform in [1, N]). Rates are TF/s
+of the real tokens' work (2 · H · (D + Dv) · Σ n², the same for every provider, the padded one included), each
+provider's do_bench median over three rounds of rotated order after an untimed settle (``median_over_rounds``);
+forward+backward counts 3.5x the forward's work and takes the gradients by ``torch.autograd.grad`` of one fixed
+output gradient. The CuTe varlen op is checked against the float64 reference on 8 samples first (the forward,
+and with ``--backward`` dq, dk, dv), and each row records which kernels the "CuTe varlen" provider really ran
+(``cute_varlen_runs``: a forced "cute" runs an uncovered varlen pass on Triton).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --out results/cute_varlen   # .json and .png
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --backward --out results/cute_varlen_bwd
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --head-dims 256,256 --out results/cute_varlen_d256
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from bench_varlen import lengths_for
 import gdpa_inductor
 from gdpa_inductor import gdpa, gdpa_varlen
 from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference
+from gdpa_inductor.lowering.dispatch import select_varlen_backward_impl, select_varlen_forward_impl
 
-ACT, H, D = "gelu_tanh", 4, 128
-SCALE = D**-0.5
+ACT, H = "gelu_tanh", 4
 SHAPES = [(n, s) for n in (256, 512, 1024, 2048) for s in (1.0, 0.5)]
 PROVIDERS = [("cute_varlen", "CuTe varlen"), ("triton_varlen", "Triton varlen"), ("cute_padded", "CuTe dense, padded"),
              ("fa4_varlen", "FA4 varlen (softmax)")]
@@ -49,16 +52,30 @@ def _on(backend: str, fn):
     return run
 
 
-def check(lengths, device, backward: bool) -> dict:
+def _qkv(t_or_bn, d, dv, **kw):
+    return tuple(torch.randn(*t_or_bn, H, width, **kw) for width in (d, d, dv))
+
+
+def cute_runs(q, k, v, backward: bool) -> str:
+    """Which kernels the varlen op runs under a forced "cute" for these operands."""
+    def picks():
+        fwd = select_varlen_forward_impl(q, k, v, None, False, (-1, -1), ACT)
+        return f"{fwd} fwd + {select_varlen_backward_impl(q, k, v, None, False, (-1, -1), ACT)} bwd" \
+            if backward else f"{fwd} fwd"
+
+    return _on("cute", picks)()
+
+
+def check(lengths, device, backward: bool, d: int, dv: int) -> dict:
     """Relative errors of the CuTe varlen op (bf16) vs the float64 reference on the first 8 samples: the output,
     and with ``backward`` each gradient."""
     lens = lengths[:8]
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)]).to(device)
     t, longest = int(lens.sum()), int(lens.max())
-    q, k, v = (torch.randn(t, H, D, device=device, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    q, k, v = _qkv((t,), d, dv, device=device, dtype=torch.float64, requires_grad=True)
     low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
-    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu, longest, longest, activation=ACT, scale=SCALE))()
-    want = gdpa_varlen_reference(q, k, v, None, cu, cu, None, None, longest, longest, ACT, SCALE, 1.0, False,
+    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu, longest, longest, activation=ACT, scale=d**-0.5))()
+    want = gdpa_varlen_reference(q, k, v, None, cu, cu, None, None, longest, longest, ACT, d**-0.5, 1.0, False,
                                  (-1, -1), 0.01)
     pairs = {"rel_err": (got, want)}
     if backward:
@@ -83,28 +100,30 @@ def _with_backward(fn, inputs):
     return run
 
 
-def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool) -> dict:
+def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: int) -> dict:
     lengths = lengths_for(batch, max_len, sparsity, gen)
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).cuda()
     total = int(lengths.sum())
-    flops = 4.0 * H * D * float((lengths.double() ** 2).sum()) * (3.5 if backward else 1.0)
-    row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, **check(lengths, "cuda", backward))
-    q, k, v = (torch.randn(total, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
-               for _ in range(3))
-    qp, kp, vp = (torch.randn(batch, H, max_len, D, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
-                  for _ in range(3))
+    scale = d**-0.5
+    flops = 2.0 * H * (d + dv) * float((lengths.double() ** 2).sum()) * (3.5 if backward else 1.0)
+    row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, head_dims=[d, dv],
+               **check(lengths, "cuda", backward, d, dv))
+    q, k, v = _qkv((total,), d, dv, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+    qp, kp, vp = (torch.randn(batch, H, max_len, width, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+                  for width in (d, d, dv))
+    row["cute_varlen_runs"] = cute_runs(q, k, v, backward)
 
     def varlen():
-        return gdpa_varlen(q, k, v, cu, cu, max_len, max_len, activation=ACT, scale=SCALE)
+        return gdpa_varlen(q, k, v, cu, cu, max_len, max_len, activation=ACT, scale=scale)
 
     providers = {
         "cute_varlen": _on("cute", varlen),
         "triton_varlen": _on("triton", varlen),
-        "cute_padded": _on("cute", lambda: gdpa(qp, kp, vp, activation=ACT, scale=SCALE)),
+        "cute_padded": _on("cute", lambda: gdpa(qp, kp, vp, activation=ACT, scale=scale)),
     }
     if fa4 is not None:
         providers["fa4_varlen"] = lambda: fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
-                                              max_seqlen_k=max_len, softmax_scale=SCALE)
+                                              max_seqlen_k=max_len, softmax_scale=scale)
     if backward:
         # the forwards alone too, in the same rounds: a backward's time is its f+b's less its forward's
         providers = {**{f"{name}_fwd": fn for name, fn in providers.items()},
@@ -143,7 +162,8 @@ def plot(rows, meta, path, what: str):
         ax.set_title(f"sparsity {sparsity}")
     axes[0].set_ylabel("TF/s (real tokens' work)")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"varlen {what}, B=1152, H=4, D=128, bf16, {ACT} — {meta['device']}", fontsize=10)
+    d, dv = meta["head_dims"]
+    fig.suptitle(f"varlen {what}, B=1152, H=4, D={d}, Dv={dv}, bf16, {ACT} — {meta['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -155,9 +175,11 @@ def main():
     parser.add_argument("--backward", action="store_true", help="time forward+backward")
     parser.add_argument("--shapes", default=None,
                         help="max_len:sparsity pairs, comma-separated (default: N in 256..2048 at 1.0 and 0.5)")
+    parser.add_argument("--head-dims", default="128,128", help="D,Dv")
     args = parser.parse_args()
+    d, dv = (int(x) for x in args.head_dims.split(","))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=datetime.date.today().isoformat())
+                date=datetime.date.today().isoformat(), head_dims=[d, dv])
     warm_up_gpu(2.0)
     fa4 = fa4_function("flash_attn_varlen_func")
     gen = torch.Generator().manual_seed(0)
@@ -165,7 +187,7 @@ def main():
     shapes = SHAPES if args.shapes is None else [
         (int(n), float(sp)) for n, sp in (pair.split(":") for pair in args.shapes.split(","))]
     for max_len, sparsity in shapes:
-        rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward))
+        rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward, d, dv))
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     with open(f"{args.out}.json", "w") as f:
         json.dump(dict(meta=meta, backward=args.backward, rows=rows), f, indent=1)

@@ -38,12 +38,14 @@ def test_forced_cute_backward_without_hopper_raises_with_reason(backend):
 
 
 @pytest.mark.parametrize("missing", ["cutlass", "cuda", "tvm_ffi"])
-def test_without_a_cute_package_the_reason_names_it(monkeypatch, missing):
+def test_without_a_cute_package_the_reason_names_it(monkeypatch, request, missing):
     """cutlass-dsl, its CUDA bindings and TVM-FFI (the kernels' calling path) are all needed: without any one of
     them the CuTe kernels are not taken, and the reason says which packages to install."""
     find_spec = cute_fwd.importlib.util.find_spec
     monkeypatch.setattr(cute_fwd.importlib.util, "find_spec", lambda name: None if name == missing else find_spec(name))
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    cute_fwd.cute_dsl_available.cache_clear()
+    request.addfinalizer(cute_fwd.cute_dsl_available.cache_clear)
     assert not cute_fwd.cute_dsl_available()
     ok, why = cute_fwd.fwd_supported(*_qkv(), None, False, "silu")
     assert not ok and "nvidia-cutlass-dsl or apache-tvm-ffi is not installed" in why

@@ -93,13 +93,14 @@ def test_selector(on_hopper, backend, name, causal, expected):
 
 
 @needs_cute_dsl
-@pytest.mark.parametrize("name, expected", [("auto", None), ("cute", "cute")])
-def test_selector_wide_heads_only_when_forced(on_hopper, backend, name, expected):
-    """Head dims past 128 (the wide-head tiles) take the CuTe varlen forward only under a forced "cute": their
-    speed against Triton's is not measured yet."""
+@pytest.mark.parametrize("name", ["auto", "cute"])
+@pytest.mark.parametrize("d, dv, auto_takes_cute", [(256, 256, True), (128, 256, False), (256, 128, False)])
+def test_selector_wide_heads(on_hopper, backend, name, d, dv, auto_takes_cute):
+    """Equal head dims of 256 take the CuTe varlen forward under "auto" too; unequal ones past 128 only under a
+    forced "cute" (Triton's was faster at short samples)."""
     backend(name)
-    q, k, v = _jagged(d=256)
-    expected = select_impl(q, k, v, None, "varlen forward") if expected is None else expected
+    q, k, v = _jagged(d=d, dv=dv)
+    expected = "cute" if name == "cute" or auto_takes_cute else select_impl(q, k, v, None, "varlen forward")
     assert select_varlen_forward_impl(q, k, v, None, False, (-1, -1), "silu") == expected
 
 

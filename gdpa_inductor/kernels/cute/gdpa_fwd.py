@@ -8,6 +8,7 @@ and on disk (``compile_cache``). cutlass-dsl is imported lazily: the package wor
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -68,8 +69,10 @@ def key_tile(head_dim: int, head_dim_v: int) -> int:
     return wide_head_tiles(head_dim, head_dim_v).get("tile_n", 128)
 
 
+@functools.cache
 def cute_dsl_available() -> bool:
-    """cutlass-dsl, its CUDA bindings and TVM-FFI (the kernels' calling path, ``kernel_args``) import."""
+    """cutlass-dsl, its CUDA bindings and TVM-FFI (the kernels' calling path, ``kernel_args``) import. Cached:
+    the dispatch asks on every call, and a module search costs tens of microseconds."""
     return all(importlib.util.find_spec(name) is not None for name in ("cutlass", "cuda", "tvm_ffi"))
 
 
