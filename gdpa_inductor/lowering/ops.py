@@ -28,7 +28,7 @@ def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_
     if impl == "cute":
         from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_batched
 
-        return gdpa_fwd_cute_batched(q, k, v, activation, scale, post_scale, negative_slope)
+        return gdpa_fwd_cute_batched(q, k, v, activation, scale, post_scale, negative_slope, causal)
     if impl == "triton":
         from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
 

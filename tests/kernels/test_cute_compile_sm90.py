@@ -2,8 +2,8 @@
 tensors): every activation at D=128, a subset at D=64, D=96 and Dv != D, and the forward alone at head dims of
 256 (its wide-head tiles, O stored from the registers) (the forward in the schedule each
 pair of head dims takes, in the two others, for key counts that are a multiple of the key tile (no mask) and in
-fp16, whose activation forms differ, and the varlen forward, whose loads and stores go through 5-D ragged
-descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
+fp16, whose activation forms differ, the causal forward, and the varlen forward, whose loads and stores go
+through 5-D ragged descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
 the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
 arrives at its mbarrier are checked too, and the varlen backward in the first two, through 5-D ragged descriptors), each checked for wgmma (every matmul), TMA loads and stores (and the
 backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split),
@@ -53,6 +53,7 @@ FWD_KINDS = {
     "fwd_exact_keys": dict(mask_keys=False),
     "fwd_fp16": {},
     "fwd_varlen": dict(varlen=True),
+    "fwd_causal": dict(causal=True),
 }
 FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpong", 128, 128, "sigmoid"),
                      ("fwd_shared_store", 128, 128, "gelu_tanh"), ("fwd_shared_store", 128, 128, "relu"),
@@ -61,7 +62,9 @@ FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpo
                      ("fwd_fp16", 128, 128, "silu"), ("fwd_no_pingpong", 96, 128, "gelu_tanh"),
                      ("fwd_varlen", 128, 128, "gelu_tanh"), ("fwd_varlen", 128, 128, "relu"),
                      ("fwd_varlen", 64, 64, "gelu_tanh"), ("fwd_varlen", 96, 128, "sigmoid"),
-                     ("fwd_varlen", 256, 256, "gelu_tanh"), ("fwd_varlen", 128, 256, "silu")]
+                     ("fwd_varlen", 256, 256, "gelu_tanh"), ("fwd_varlen", 128, 256, "silu"),
+                     ("fwd_causal", 128, 128, "gelu_tanh"), ("fwd_causal", 128, 128, "relu"),
+                     ("fwd_causal", 64, 64, "gelu_tanh"), ("fwd_causal", 96, 128, "sigmoid")]
 FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
 # measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (since the
@@ -132,6 +135,15 @@ def test_cute_fwd_without_mask_selects_less(case, reports):
     assert masked - exact == 2 * scores_per_thread, (exact, masked)
     if case[3] == "gelu_tanh":
         assert exact == 0
+
+
+@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] == "fwd_causal"], ids=str)
+def test_cute_causal_fwd_masks_one_step(case, reports):
+    """The causal forward masks only its diagonal key tile, the first step of each query tile: as many selects
+    as the kernel masking keys past Nk in its first step, none in the key-tile loop, and the same matmuls."""
+    causal, masked = reports[case], reports[("fwd", *case[1:])]
+    assert causal["selp_f32"] == masked["selp_f32"], (causal["selp_f32"], masked["selp_f32"])
+    assert causal["wgmma"] == masked["wgmma"]
 
 
 @pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] == "fwd_varlen"], ids=str)

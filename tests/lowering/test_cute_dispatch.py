@@ -16,10 +16,10 @@ from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward
 SELECTORS = {"forward": select_forward_impl, "backward": select_backward_impl}
 
 
-def _qkv(dtype=torch.bfloat16, d=128, dv=None, h=4, hkv=4, batch=(2,)):
-    q = torch.randn(*batch, h, 64, d, dtype=dtype)
-    k = torch.randn(*batch, hkv, 80, d, dtype=dtype)
-    v = torch.randn(*batch, hkv, 80, dv or d, dtype=dtype)
+def _qkv(dtype=torch.bfloat16, d=128, dv=None, h=4, hkv=4, batch=(2,), nq=64, nk=80):
+    q = torch.randn(*batch, h, nq, d, dtype=dtype)
+    k = torch.randn(*batch, hkv, nk, d, dtype=dtype)
+    v = torch.randn(*batch, hkv, nk, dv or d, dtype=dtype)
     return q, k, v
 
 
@@ -65,7 +65,7 @@ def test_off_hopper_dispatches_as_before(backend, name, what):
                                                      ("auto", True, "reference"), ("triton", False, "triton")])
 def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal, expected, what):
     """On sm_90 (stood in for here) "auto" runs the CuTe kernels where they cover the call; a case they do
-    not cover (causal) falls through to the usual choice (the reference on these CPU tensors)."""
+    not cover (causal with Nk - Nq = 16) falls through to the usual choice (the reference on these CPU tensors)."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend(name)
@@ -80,8 +80,12 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
     "change, reason",
     [
         (dict(), ""),
-        (dict(bias=True), "bias and causal"),
-        (dict(causal=True), "bias and causal"),
+        (dict(bias=True), "a bias is not in the CuTe forward"),
+        (dict(causal=True), "Nk - Nq to be a non-negative multiple of 128"),
+        (dict(causal=True, nq=80, nk=80), ""),
+        (dict(causal=True, nq=80, nk=336, d=64, dv=96), ""),
+        (dict(causal=True, nq=208, nk=80), "non-negative multiple"),
+        (dict(causal=True, nq=80, nk=80, dv=256), "D and Dv of at most 128"),
         (dict(activation="softplus"), "no CuTe form"),
         (dict(dtype=torch.float32), "fp16/bf16"),
         (dict(d=96), ""),
@@ -97,7 +101,8 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
 )
 def test_support_reasons(monkeypatch, change, reason):
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
-    q, k, v = _qkv(change.get("dtype", torch.bfloat16), change.get("d", 128), change.get("dv"))
+    q, k, v = _qkv(change.get("dtype", torch.bfloat16), change.get("d", 128), change.get("dv"),
+                   nq=change.get("nq", 64), nk=change.get("nk", 80))
     if change.get("transpose"):
         q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
     if change.get("broadcast_q"):
@@ -141,3 +146,23 @@ def test_wide_head_forward_from_min_keys_under_auto(monkeypatch, backend, name, 
     q = torch.randn(2, 4, 64, 256, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 4, keys, 256, dtype=torch.bfloat16) for _ in range(2))
     assert select_forward_impl(q, k, v, None, False, "silu") == expected
+
+
+@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.parametrize("nq, nk", [(80, 80), (80, 208)])
+def test_causal_forward_on_cute_only_when_forced(monkeypatch, backend, nq, nk):
+    """The causal mask is in the CuTe forward only, level with Triton's: "auto" keeps the usual choice for both
+    passes (never the unmasked CuTe backward); a forced "cute" runs the forward and says why the backward
+    cannot run."""
+    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    q, k, v = _qkv(nq=nq, nk=nk)
+    ok, why = cute_bwd.cute_bwd_support(q, k, v, None, True, "silu")
+    assert not ok and "causal masking is not in the CuTe backward" in why
+    backend("auto")
+    assert select_forward_impl(q, k, v, None, True, "silu") == select_impl(q, k, v, None, "forward")
+    assert select_backward_impl(q, k, v, None, True, "silu") == select_impl(q, k, v, None, "backward")
+    backend("cute")
+    assert select_forward_impl(q, k, v, None, True, "silu") == "cute"
+    with pytest.raises(ValueError, match="causal masking is not in the CuTe backward"):
+        select_backward_impl(q, k, v, None, True, "silu")

@@ -57,11 +57,19 @@ def wide_head_tiles(head_dim: int, head_dim_v: int) -> dict:
 WIDE_HEAD_MIN_KEYS = 1024
 
 
-def cute_fwd_preferred(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
-    """(ok, reason): whether "auto" should run a supported call on the CuTe forward."""
+def cute_fwd_preferred(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> tuple[bool, str]:
+    """(ok, reason): whether "auto" should run a supported call on the CuTe forward. The causal forward measured
+    level with Triton's on H200 (0.89-1.08x, B·Nq = 590K rows, H=4, D=128, bf16 gelu_tanh, 256 to 2048 keys;
+    twenty-fourth session, docs/benchmarks.md), so "auto" keeps Triton's there."""
+    if causal:
+        return False, "the causal CuTe forward runs only under backend='cute' (level with Triton's, measured)"
     if max(q.shape[-1], v.shape[-1]) > 128 and k.shape[-2] < WIDE_HEAD_MIN_KEYS:
         return False, f"head dims past 128 take the CuTe forward from {WIDE_HEAD_MIN_KEYS} keys"
     return True, ""
+
+
+# the causal forward's key tile (and query tile): the one where its mask sits must hold the query tile's diagonal
+CAUSAL_TILE = 128
 
 
 def key_tile(head_dim: int, head_dim_v: int) -> int:
@@ -101,9 +109,26 @@ def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
-    if bias is not None or causal:
-        return False, "bias and causal masking are not in the CuTe forward yet"
+    if bias is not None:
+        return False, "a bias is not in the CuTe forward yet"
+    if causal:
+        ok, reason = causal_support(q, k, v)
+        if not ok:
+            return ok, reason
     return operand_support(q, k, v, activation, SUPPORTED_HEAD_DIMS)
+
+
+def causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    """(ok, reason) for the CuTe forward's causal mask, which masks one key tile per query tile: that tile must
+    hold the whole query tile's diagonal (128-key tiles, so D and Dv at most 128, and Nk - Nq a whole number of
+    them); Nq > Nk (query rows without keys) is left to Triton."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    if max(q.shape[-1], v.shape[-1]) > 128:
+        return False, "causal masking in the CuTe forward needs D and Dv of at most 128"
+    if nk < nq or (nk - nq) % CAUSAL_TILE:
+        return False, (f"causal masking in the CuTe forward needs Nk - Nq to be a non-negative multiple of "
+                       f"{CAUSAL_TILE}; got Nq={nq}, Nk={nk}")
+    return True, ""
 
 
 def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, head_dims: tuple,
@@ -128,7 +153,7 @@ def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activatio
 def compile_fwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     pingpong: bool | None = None, split_store: bool | None = None, mask_keys: bool = True,
-    head_dim_v: int | None = None, varlen: bool = False,
+    head_dim_v: int | None = None, varlen: bool = False, causal: bool = False,
 ):
     """The compiled forward for (dtype, head dims, activation, schedule, masking), compiled once and cached in
     memory and on disk (``compile_cache``): its sizes and strides are runtime values, so every shape reuses it.
@@ -138,14 +163,17 @@ def compile_fwd(
     ``mask_keys``: Nk is not a multiple of the key tile (the last key tile's padded columns give P = 0).
     ``head_dim_v``: V's and O's head dim (None: ``head_dim``). ``varlen``: per-sample rows (the call then ends
     with the (5, B) rows tensor and the longest sample's query tiles, see ``GdpaFwdSm90.__call__``; its keys
-    always masked)."""
+    always masked). ``causal``: the bottom-right aligned causal mask (``causal_support``'s cases; it also masks
+    the keys past Nk, so ``mask_keys`` is dropped)."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     schedule = fwd_schedule(head_dim, head_dim_v)
     pingpong = schedule[0] if pingpong is None else pingpong
     split_store = schedule[1] if split_store is None else split_store
-    mask_keys = mask_keys or varlen
+    mask_keys = (mask_keys or varlen) and not causal
     key = ("fwd", str(dtype), head_dim, head_dim_v, activation, keep_ptx, pingpong, split_store, mask_keys, varlen)
+    if causal:
+        key = (*key, "causal")
 
     def build():
         import cutlass
@@ -161,7 +189,7 @@ def compile_fwd(
         form = activation_math.forward_form(activation, element is cutlass.BFloat16)
         kernel = GdpaFwdSm90(
             element, head_dim, head_dim_v, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys,
-            varlen=varlen, **wide_head_tiles(head_dim, head_dim_v),
+            varlen=varlen, causal=causal, **wide_head_tiles(head_dim, head_dim_v),
         )
         return cute.compile(
             kernel, *fake_operands(element, 4), one, one, one, cutlass.Int32(1), fake_stream(), *extra,
@@ -175,11 +203,12 @@ def compile_fwd(
 def gdpa_fwd_cute(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, scale: float, post_scale: float,
     negative_slope: float, pingpong: bool | None = None, split_store: bool | None = None,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, causal: bool = False,
 ) -> torch.Tensor:
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv] (checked by ``fwd_supported``) -> out
     [Z, H, Nq, Dv]. ``pingpong`` and ``split_store`` override ``fwd_schedule`` (benchmarks, tests). ``out``: a
-    tensor of that shape and q's dtype to write (TMA's layout rules, as for q), else a new one."""
+    tensor of that shape and q's dtype to write (TMA's layout rules, as for q), else a new one. ``causal``: the
+    bottom-right aligned causal mask."""
     if out is None:
         out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
@@ -187,7 +216,8 @@ def gdpa_fwd_cute(
     if k.shape[2] == 0:
         return out.zero_()
     fn = compile_fwd(q.dtype, q.shape[-1], activation, pingpong=pingpong, split_store=split_store,
-                     mask_keys=k.shape[2] % key_tile(q.shape[-1], v.shape[-1]) != 0, head_dim_v=v.shape[-1])
+                     mask_keys=k.shape[2] % key_tile(q.shape[-1], v.shape[-1]) != 0, head_dim_v=v.shape[-1],
+                     causal=causal)
     # persistent: one CTA per SM (its shared memory and registers admit one), never more than the tiles
     tiles = -(-q.shape[2] // 128) * q.shape[1] * q.shape[0]
     num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
@@ -196,9 +226,10 @@ def gdpa_fwd_cute(
     return out
 
 
-def gdpa_fwd_cute_batched(q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float):
+def gdpa_fwd_cute_batched(q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
+                          causal: bool = False):
     """The op's forward on the CuTe kernel: [..., H, N, D] operands (``cute_fwd_support`` checked) ->
     [*batch, H, Nq, Dv]."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
-    out = gdpa_fwd_cute(q4, k4, v4, activation, scale, post_scale, negative_slope)
+    out = gdpa_fwd_cute(q4, k4, v4, activation, scale, post_scale, negative_slope, causal=causal)
     return out.view(*batch, *out.shape[1:])

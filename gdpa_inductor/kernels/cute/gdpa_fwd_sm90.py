@@ -23,6 +23,10 @@ once, writes it to shared memory and stores it by TMA, which clips rows past Nq,
 tile computes: each warpgroup its own 64 rows with ``split_store`` (neither waits for the other), else one copy of
 the tile. With ``o_from_registers`` (head dims past 128, where shared memory has no room for an O tile) each
 thread stores its accumulator values straight to global memory, rows past Nq predicated off.
+With ``causal`` (dense batches whose Nk - Nq is a whole number of 128-key tiles, Nk >= Nq) a query tile computes
+only the key tiles up to its diagonal, the diagonal one first: it is the only one whose scores are masked (key
+c of the tile kept for row r iff c <= r; that mask also drops keys past Nk), and the query tiles run last-first, so
+the longest start first and the persistent CTAs even out.
 With ``varlen`` the tiles are (query tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
 (longest first), each side's rows of a sample read through a TMA descriptor bounded at the sample's end
 (``ragged_rows``), so its ragged last tiles read zeros and its O stores are clipped there (or, from the
@@ -70,7 +74,7 @@ class GdpaFwdSm90:
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, activation: Callable | PackedForm, tile_n: int = 128,
         kv_stages: int = 2, pingpong: bool = True, split_store: bool = False, mask_keys: bool = True,
-        q_stages: int = 2, o_from_registers: bool = False, varlen: bool = False,
+        q_stages: int = 2, o_from_registers: bool = False, varlen: bool = False, causal: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -99,6 +103,12 @@ class GdpaFwdSm90:
         # keys past Nk (Nk not a multiple of the key tile) masked to P = 0 in the ragged last key tile, which each
         # query tile computes first (``_key_tile_at``); without it no step pays the select
         self.mask_keys = mask_keys
+        # bottom-right aligned causal mask, on the diagonal key tile only: it needs that tile to hold the diagonal
+        # of the whole query tile (key tiles as tall as query tiles, Nk - Nq a multiple of them)
+        assert not (causal and (varlen or tile_n != self.tile_m)), "causal: dense batches, 128-key tiles"
+        self.causal = causal
+        # whether a query tile's first step is masked (and so comes first: ``_key_tile_at``)
+        self.masks_first_step = mask_keys or causal
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
         # the producer keeps 24 registers so the consumers can take 240 (24·128 + 240·256 <= 64K)
         self.regs_producer = 24
@@ -275,7 +285,7 @@ class GdpaFwdSm90:
                         tVsV, tVgV = _tma_part(tma_v, sV, cute.local_tile(gV, (dv, self.tile_n), (0, None)))
                         handle = q_producer.acquire_and_advance()
                         cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                        n_tiles_z = self._key_tiles(n_tiles, nk_z)
+                        n_tiles_z = self._key_tiles(n_tiles, nk_z, m_blk, nq_z)
                         for j in cutlass.range(n_tiles_z, unroll=1):
                             jk = self._key_tile_at(j, n_tiles_z)
                             handle = k_producer.acquire_and_advance()
@@ -338,7 +348,7 @@ class GdpaFwdSm90:
                 for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
                     m_blk, h, _, z, q0, nq_z, _, nk_z = self._work(tile, work)
                     if self._has_rows(m_blk, nq_z, nk_z):
-                        n_tiles_z = self._key_tiles(n_tiles, nk_z)
+                        n_tiles_z = self._key_tiles(n_tiles, nk_z, m_blk, nq_z)
                         acc_o.fill(0.0)
                         rQ = tSrQ[None, None, None, q_handle.index]
                         # step j: S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j issued back to back, act(S_{j+1}) under
@@ -394,6 +404,9 @@ class GdpaFwdSm90:
         of a tile index: the rows from ``rows`` by the tile's rank (varlen), else every sample's whole tensor."""
         num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
         m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
+        if cutlass.const_expr(self.causal):
+            # the query tiles with the most key tiles first
+            m_blk = num_m - 1 - m_blk
         q0, k0 = 0, 0
         if cutlass.const_expr(self.varlen):
             rank = z
@@ -434,30 +447,33 @@ class GdpaFwdSm90:
         return t
 
     @cute.jit
-    def _key_tiles(self, n_tiles: cutlass.Int32, nk: cutlass.Int32):
-        """Key tiles of a sample of ``nk`` keys: ``n_tiles`` in a dense batch; at least one in a varlen batch, so
-        a sample without keys still runs one (fully masked: O = 0)."""
+    def _key_tiles(self, n_tiles: cutlass.Int32, nk: cutlass.Int32, m_blk: cutlass.Int32, nq: cutlass.Int32):
+        """Key tiles query tile ``m_blk`` of a sample of ``nq`` queries and ``nk`` keys computes: ``n_tiles`` in a
+        dense batch, up to its diagonal one with ``causal``; at least one in a varlen batch, so a sample without
+        keys still runs one (fully masked: O = 0)."""
+        if cutlass.const_expr(self.causal):
+            return m_blk + (nk - nq) // self.tile_n + 1
         if cutlass.const_expr(not self.varlen):
             return n_tiles
         return cutlass.max(cute.ceil_div(nk, self.tile_n), 1)
 
     @cute.jit
     def _key_tile_at(self, j: cutlass.Int32, n_tiles: cutlass.Int32):
-        """The key tile of step ``j`` of ``n_tiles``: with ``mask_keys`` the ragged last tile first, then the others
-        in order, so that only the first step's scores are masked; else in order."""
-        if cutlass.const_expr(not self.mask_keys):
+        """The key tile of step ``j`` of ``n_tiles``: with ``mask_keys`` the ragged last tile first (``causal``: the
+        diagonal one), then the others in order, so that only the first step's scores are masked; else in order."""
+        if cutlass.const_expr(not self.masks_first_step):
             return j
         return (j + n_tiles - 1) % n_tiles
 
     @cute.jit
     def _first_limit(self, tile: cutlass.Int32, work: tuple):
         """Keys in range in the first key tile ``tile`` computes, the ragged last one (``_key_tile_at``; a tile
-        index past the last reads the last sample)."""
+        index past the last reads the last sample; unused by the causal mask)."""
         num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
         n_tiles = cute.ceil_div(nk, self.tile_n)
         if cutlass.const_expr(self.varlen):
             nk = rows[3, cutlass.min(tile // num_m // num_q_heads, rows.shape[1] - 1)]
-            n_tiles = self._key_tiles(n_tiles, nk)
+            n_tiles = cutlass.max(cute.ceil_div(nk, self.tile_n), 1)
         return nk - (n_tiles - 1) * self.tile_n
 
     @cute.jit
@@ -562,22 +578,32 @@ class GdpaFwdSm90:
         tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). With ``mask_keys``, columns at or past ``limit``
         (keys past Nk; None: a full key tile, no select) give P = 0, by a select per score (an ``if`` would
         carry the whole fragment through both branches, and that register pressure makes ptxas serialize every
-        wgmma of the kernel); a packed form selects its input, as its act(0) = 0."""
+        wgmma of the kernel); a packed form selects its input, as its act(0) = 0. With ``causal`` the first step's
+        mask is the diagonal tile's instead (``_kept``)."""
         if cutlass.const_expr(self.packed):
             for i in cutlass.range_constexpr(cute.size(acc_s) // 2):
                 x0, x1 = acc_s[2 * i], acc_s[2 * i + 1]
-                if cutlass.const_expr(self.mask_keys and limit is not None):
-                    x0 = x0 if tScS[2 * i][1] < limit else cutlass.Float32(0.0)
-                    x1 = x1 if tScS[2 * i + 1][1] < limit else cutlass.Float32(0.0)
+                if cutlass.const_expr(self.masks_first_step and limit is not None):
+                    x0 = x0 if self._kept(tScS[2 * i], limit) else cutlass.Float32(0.0)
+                    x1 = x1 if self._kept(tScS[2 * i + 1], limit) else cutlass.Float32(0.0)
                 x = pack_bf16x2(x0, x1)
                 pairs[i, 0] = x
                 pairs[i, 1] = tanh_bf16x2(self.activation.argument(x, consts))
         else:
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 p = self.activation(acc_s[i], scale, slope)
-                if cutlass.const_expr(self.mask_keys and limit is not None):
-                    p = p if tScS[i][1] < limit else cutlass.Float32(0.0)
+                if cutlass.const_expr(self.masks_first_step and limit is not None):
+                    p = p if self._kept(tScS[i], limit) else cutlass.Float32(0.0)
                 acc_s[i] = p
+
+    @cute.jit
+    def _kept(self, coord, limit):
+        """Whether the first step keeps the score at tile coordinate (row, column): the columns below ``limit``
+        (keys within Nk), or with ``causal`` those on or left of the diagonal (the diagonal key tile sits at the
+        query tile's own rows shifted by Nk - Nq, a whole number of tiles; it also drops keys past Nk)."""
+        if cutlass.const_expr(self.causal):
+            return coord[1] <= coord[0]
+        return coord[1] < limit
 
     @cute.jit
     def _write_p(self, acc_s, pairs, r_p):

@@ -1,0 +1,106 @@
+"""The causal forward: the CuTe-DSL Hopper kernel vs the Triton kernel vs softmax SDPA and flash-attn-4 (causal,
+where it imports), one process, same shapes (GPU only; cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh).
+
+B=1152 (fewer at long rows, so every shape has about the same tokens), H=4, D=Dv=128, bf16, gelu_tanh,
+self-attention at Meta's lengths and two cross shapes with Nk - Nq a multiple of 128 (bottom-right aligned; SDPA's
+``is_causal`` aligns top-left, so it runs on the square shapes only). Rates are TF/s of the kept pairs' work
+(2 · (D + Dv) · Σ kept keys per query, the same for every provider); each provider's do_bench median over three
+rounds of rotated order after an untimed settle (``median_over_rounds``). Each row first checks the CuTe kernel
+against the float64 reference on two samples of the shape.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_causal.py --out results/cute_causal   # .json and .png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+
+import torch
+import torch.nn.functional as F
+import triton
+from bench_cute_fwd import fa4_function  # beside this file
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
+
+from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
+from gdpa_inductor.kernels.reference import band_keep_mask, gdpa_reference
+from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
+
+ACT, H, D = "gelu_tanh", 4, 128
+SHAPES = [(256, 256), (512, 512), (1024, 1024), (2048, 2048), (256, 512), (512, 1024)]
+PROVIDERS = [("cute", "CuTe"), ("triton", "Triton"), ("sdpa", "SDPA (softmax)"), ("fa4", "FA4 (softmax)")]
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def bench_shape(batch, nq, nk, fa4) -> dict:
+    q = torch.randn(batch, H, nq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, H, nk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    scale, post = D**-0.5, 1.0 / nk
+    ref = gdpa_reference(q[:2].double(), k[:2].double(), v[:2].double(), None, ACT, scale, post, causal=True)
+    row = dict(nq=nq, nk=nk, batch=batch, rel_err=_rel(gdpa_fwd_cute(q[:2], k[:2], v[:2], ACT, scale, post, 0.01,
+                                                                      causal=True), ref),
+               triton_rel_err=_rel(gdpa_fwd_triton(q[:2], k[:2], v[:2], None, ACT, scale, post, True, 0.01), ref))
+    kept = int(band_keep_mask(nq, nk, True, (-1, -1), "cpu").sum())
+    flops = 2.0 * (D + D) * batch * H * kept
+    providers = {
+        "cute": lambda: gdpa_fwd_cute(q, k, v, ACT, scale, post, 0.01, causal=True),
+        "triton": lambda: gdpa_fwd_triton(q, k, v, None, ACT, scale, post, True, 0.01),
+    }
+    if nq == nk:
+        providers["sdpa"] = lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=True)
+    if fa4 is not None:
+        qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        providers["fa4"] = lambda: fa4(qb, kb, vb, softmax_scale=scale, causal=True)
+    for name, ms in median_over_rounds(providers, settle_ms=SETTLE_MS).items():
+        if ms is not None:
+            row[f"{name}_ms"] = ms
+            row[name] = flops / ms * 1e-9
+    for other in ("triton", "sdpa", "fa4"):
+        if "cute" in row and other in row:
+            row[f"cute_vs_{other}"] = row["cute"] / row[other]
+    return row
+
+
+def plot(rows, meta, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(PROVIDERS)
+    for i, (key, label) in enumerate(PROVIDERS):
+        ax.bar([j + i * width for j in range(len(rows))], [r.get(key) or 0 for r in rows], width, label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [f"{r['nq']}x{r['nk']}" for r in rows])
+    ax.set_xlabel("q x kv")
+    ax.set_ylabel("TF/s (kept pairs' work)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"causal forward, H={H}, D={D}, bf16, {ACT} — {meta['device']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="results/cute_causal")
+    parser.add_argument("--tokens", type=int, default=1152 * 512, help="query rows per shape (B = tokens / Nq)")
+    args = parser.parse_args()
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat())
+    warm_up_gpu(2.0)
+    fa4 = fa4_function()
+    rows = []
+    for nq, nk in SHAPES:
+        rows.append(bench_shape(max(args.tokens // nq, 1), nq, nk, fa4))
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+    with open(f"{args.out}.json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    plot(rows, meta, f"{args.out}.png")
+
+
+if __name__ == "__main__":
+    main()
