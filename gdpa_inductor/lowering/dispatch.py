@@ -42,7 +42,7 @@ def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
     def support(q, k, v, bias, causal, activation):
         ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
         if ok and config.backend == "auto":
-            ok, reason = cute_fwd_preferred(q, k, v, causal)
+            ok, reason = cute_fwd_preferred(q, k, v)
         return ok, reason
 
     return _cute_else_select(support, q, k, v, bias, causal, activation, "forward")

@@ -66,7 +66,8 @@ def test_auto_takes_the_cute_kernels():
     assert gdpa_inductor.config.backend == "auto"
     assert select_forward_impl(q, k, v, None, False, "silu") == "cute"
     assert select_backward_impl(q, k, v, None, False, "silu") == "cute"
-    assert select_backward_impl(q, k, v, None, True, "silu") == "triton"
+    assert select_forward_impl(q, k, v, None, True, "silu") == "cute"
+    assert select_backward_impl(q, k, v, None, True, "silu") == "cute"
     assert select_backward_impl(q.float(), k.float(), v.float(), None, False, "silu") == "triton"
 
 

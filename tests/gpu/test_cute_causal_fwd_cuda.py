@@ -1,8 +1,8 @@
 """GPU correctness of the CuTe-DSL Hopper forward's causal mask (bottom-right aligned, Nk - Nq a multiple of 128;
 skipped without an sm_90 GPU and nvidia-cutlass-dsl): against float64 within 2x eager's own error, over
 activations, ragged lengths, Nk > Nq, GQA, head dims, fp16 and bf16, several query tiles a CTA; all schedules give
-the same bits; a non-finite key reaches only the rows that keep it. Forced through ``config.backend = "cute"``
-("auto" keeps Triton's causal forward, level with it)."""
+the same bits; a non-finite key reaches only the rows that keep it; the grid coprime with the query tiles gives
+the bits of the one-CTA-per-SM grid. Through ``config.backend = "cute"``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.activations import get_activation
+from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
 from gdpa_inductor.kernels.reference import band_keep_mask, gdpa_reference
 from gdpa_inductor.lowering import dispatch
@@ -83,3 +84,12 @@ def test_causal_nonfinite_key_reaches_only_rows_that_keep_it(act, cute_backend):
     expected = eager_causal(q, k, v, act, 1.0, 1.0)
     assert torch.equal(out.isnan(), expected.isnan()) and torch.equal(out.isinf(), expected.isinf())
     assert torch.isfinite(out[0, 0, :200]).all() and not torch.isfinite(out[0, 0, 200:]).all()
+
+
+def test_causal_grid_changes_no_bit(monkeypatch):
+    """The grid coprime with the query tiles (``persistent_grid``) only hands the tiles to other CTAs: the same bits
+    as the one-CTA-per-SM grid, with several tiles per CTA."""
+    q, k, v = _qkv(60, 4, 4, 1024, 1152, 128, 128, torch.bfloat16, 4)
+    balanced = gdpa_fwd_cute(q, k, v, "silu", 128**-0.5, 1e-3, 0.01, causal=True)
+    monkeypatch.setattr(cute_fwd, "persistent_grid", lambda tiles, sms, num_m, causal: min(tiles, sms))
+    assert torch.equal(gdpa_fwd_cute(q, k, v, "silu", 128**-0.5, 1e-3, 0.01, causal=True), balanced)

@@ -5,7 +5,9 @@ pair of head dims takes, in the two others, for key counts that are a multiple o
 fp16, whose activation forms differ, the causal forward, and the varlen forward, whose loads and stores go
 through 5-D ragged descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
 the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
-arrives at its mbarrier are checked too, and the varlen backward in the first two, through 5-D ragged descriptors), each checked for wgmma (every matmul), TMA loads and stores (and the
+arrives at its mbarrier are checked too, the varlen backward in the first two, through 5-D ragged descriptors, and
+the causal backward in the first two, whose diagonal takes a third, masked copy of the loop), each checked for
+wgmma (every matmul), TMA loads and stores (and the
 backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split),
 tanh.approx for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
 gelu_tanh and silu, f32 elsewhere), no register spills in ptxas's report, and no "wgmma serialized" warning
@@ -79,14 +81,20 @@ TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 # the dQ sums: in an fp32 buffer, in place in bf16 (short key ranges), or by pairs of key tiles
 BWD_KINDS = ("bwd", "bwd_dq_direct", "bwd_dq_pairs")
 BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pairs", "bwd_varlen": "fp32",
-               "bwd_varlen_direct": "in_place"}
+               "bwd_varlen_direct": "in_place", "bwd_causal": "fp32", "bwd_causal_direct": "in_place"}
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
                     ("bwd_varlen", 96, 128, "sigmoid")]
 # measured with cutlass-dsl 4.8.1: 8 bytes of spills, as the dense kernel's forms above
 BWD_SPILLING |= {("bwd_varlen", 128, 128, "gelu_tanh")}
-BWD_ALL_CASES = [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_VARLEN_CASES
+# the causal backward in its two dQ sums: a third copy of the loop, masked, for the diagonal's query tiles
+BWD_CAUSAL_CASES = [("bwd_causal", 128, 128, "gelu_tanh"), ("bwd_causal", 128, 128, "sigmoid"),
+                    ("bwd_causal", 64, 64, "gelu_tanh"), ("bwd_causal_direct", 128, 128, "gelu_tanh"),
+                    ("bwd_causal_direct", 128, 128, "silu"), ("bwd_causal_direct", 96, 128, "sigmoid")]
+# measured with cutlass-dsl 4.8.1: 16 bytes stored, 44 loaded (a few loads per query tile, none in the activation)
+BWD_SPILLING |= {("bwd_causal", 128, 128, "gelu_tanh")}
+BWD_ALL_CASES = [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_VARLEN_CASES + BWD_CAUSAL_CASES
 
 
 @pytest.fixture(scope="module")
@@ -167,10 +175,12 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     d, dv = case[1], case[2]
     assert r["target"] == "sm_90a"
     # S (k = D) and dP (k = Dv), dV and dK (k = 64 queries), dQ (k = 128 keys), one wgmma per 16-wide k-block, in
-    # the loop with and the loop without the mask; one tile late, the last tile's dQ after the loops
+    # the loop with and the loop without the mask (causal: and the diagonal's masked loop); one tile late, the last
+    # tile's dQ after the loops
     per_tile = d // 16 + dv // 16 + 2 * (64 // 16) + 128 // 16
     late = dq_late_for(BWD_DQ_SUMS[case[0]], d, dv)
-    assert r["wgmma"] == 2 * per_tile + (128 // 16 if late else 0), r
+    loops = 3 if case[0].startswith("bwd_causal") else 2
+    assert r["wgmma"] == loops * per_tile + (128 // 16 if late else 0), r
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/dO/K/V loads and the dK/dV stores go through TMA"
     assert r["tma_reduce"] > 0, "dQ tiles are added by TMA reduce-add"
     assert r["stmatrix"] > 0, "dS goes to shared memory by stmatrix"
@@ -197,6 +207,15 @@ def test_cute_varlen_bwd_reads_samples_through_ragged_descriptors(case, reports)
     assert varlen["ld_global_s32"] > dense["ld_global_s32"]
 
 
+@pytest.mark.parametrize("case", BWD_CAUSAL_CASES, ids=str)
+def test_cute_causal_bwd_masks_two_loop_copies(case, reports):
+    """The causal backward selects per score in its diagonal's loop and in the last query tile's, as many as the
+    unmasked kernel's one masked loop each (these activations select nothing of their own), none in the loop of the
+    query tiles past the diagonal."""
+    dense = reports[("bwd" if BWD_DQ_SUMS[case[0]] == "fp32" else "bwd_dq_direct", *case[1:])]
+    assert reports[case]["selp_f32"] == 2 * dense["selp_f32"] > 0, (reports[case]["selp_f32"], dense["selp_f32"])
+
+
 def _compile_all(cases) -> list[dict]:
     import torch
     from triton.backends.nvidia.compiler import get_ptxas
@@ -213,7 +232,7 @@ def _compile_all(cases) -> list[dict]:
         else:
             ptx = compile_bwd(
                 torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind], head_dim_v=dv,
-                varlen=kind.startswith("bwd_varlen"),
+                varlen=kind.startswith("bwd_varlen"), causal=kind.startswith("bwd_causal"),
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)

@@ -150,19 +150,32 @@ def test_wide_head_forward_from_min_keys_under_auto(monkeypatch, backend, name, 
 
 @pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
 @pytest.mark.parametrize("nq, nk", [(80, 80), (80, 208)])
-def test_causal_forward_on_cute_only_when_forced(monkeypatch, backend, nq, nk):
-    """The causal mask is in the CuTe forward only, level with Triton's: "auto" keeps the usual choice for both
-    passes (never the unmasked CuTe backward); a forced "cute" runs the forward and says why the backward
-    cannot run."""
+def test_causal_on_cute_where_covered(monkeypatch, backend, nq, nk):
+    """Under the causal mask "auto" and a forced "cute" run both CuTe kernels where they cover the call."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     q, k, v = _qkv(nq=nq, nk=nk)
+    assert cute_bwd.cute_bwd_support(q, k, v, None, True, "silu") == (True, "")
+    for name in ("auto", "cute"):
+        backend(name)
+        assert select_forward_impl(q, k, v, None, True, "silu") == "cute"
+        assert select_backward_impl(q, k, v, None, True, "silu") == "cute"
+
+
+@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.parametrize("nq, nk, d, dv, reason", [(80, 96, 128, 128, "non-negative multiple of 128"),
+                                                   (208, 80, 128, 128, "non-negative multiple of 128"),
+                                                   (80, 80, 128, 256, "D and Dv of at most 128")])
+def test_causal_backward_outside_the_mask_cases_says_why(monkeypatch, backend, nq, nk, d, dv, reason):
+    """Causal calls the CuTe kernels do not cover (Nk - Nq not a whole number of 128-key tiles, Nq > Nk, heads
+    past 128) keep the usual choice under "auto", and a forced "cute" names the reason."""
+    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    q, k, v = _qkv(nq=nq, nk=nk, d=d, dv=dv)
     ok, why = cute_bwd.cute_bwd_support(q, k, v, None, True, "silu")
-    assert not ok and "causal masking is not in the CuTe backward" in why
+    assert not ok and reason in why
     backend("auto")
-    assert select_forward_impl(q, k, v, None, True, "silu") == select_impl(q, k, v, None, "forward")
     assert select_backward_impl(q, k, v, None, True, "silu") == select_impl(q, k, v, None, "backward")
     backend("cute")
-    assert select_forward_impl(q, k, v, None, True, "silu") == "cute"
-    with pytest.raises(ValueError, match="causal masking is not in the CuTe backward"):
+    with pytest.raises(ValueError, match=reason):
         select_backward_impl(q, k, v, None, True, "silu")

@@ -48,29 +48,32 @@ def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
 
 
 def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
-    """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting): the forward's cases
-    without its causal mask, at the backward's head dims."""
-    if causal:
-        return False, "causal masking is not in the CuTe backward yet"
+    """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting): the forward's cases, its
+    causal mask included (``causal_support``), at the backward's head dims."""
     return _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation), q, v)
 
 
 def compile_bwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
-    dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False,
+    dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False, causal: bool = False,
 ):
     """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``, varlen or
-    not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values. Compiled
-    against fake tensors (``kernel_args``); called with the seven tensors in the kernel's mode order, the three
-    scalars and, varlen, the (5, B) rows tensor and the longest sample's key tiles. ``head_dim_v``: V's and dO's
-    head dim (None: ``head_dim``)."""
+    not, causal or not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values.
+    Compiled against fake tensors (``kernel_args``); called with the seven tensors in the kernel's mode order, the
+    three scalars and, varlen, the (5, B) rows tensor and the longest sample's key tiles. ``head_dim_v``: V's and
+    dO's head dim (None: ``head_dim``). ``causal``: the bottom-right aligned mask (``causal_support``'s cases),
+    dense batches, dQ not summed by pairs."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
         raise ValueError("dq_sums='pairs' is not available for varlen batches")
+    if causal and (varlen or dq_sums == "pairs"):
+        raise ValueError("the causal CuTe backward takes dense batches, dq_sums 'in_place' or 'fp32'")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, keep_ptx, varlen)
+    if causal:
+        key = (*key, "causal")
 
     def build():
         import cutlass
@@ -88,7 +91,7 @@ def compile_bwd(
         form = activation_math.backward_form(activation)
         kernel = GdpaBwdSm90(
             element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
-            dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen,
+            dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen, causal=causal,
         )
         return cute.compile(kernel, *args, one, one, one, fake_stream(), *extra, options=compile_options(keep_ptx))
 
@@ -116,12 +119,12 @@ def dq_sums_for(num_keys: int) -> str:
 
 def gdpa_bwd_cute(
     q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float,
-    dq_sums: str | None = None,
+    dq_sums: str | None = None, causal: bool = False,
 ):
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv], grad_out [Z, H, Nq, Dv] (``bwd_supported``
     checked) -> (dq, dk, dv).
     ``dq_sums``: one of ``DQ_SUMS`` (None: ``dq_sums_for`` decides by the key count; "pairs" needs an even
-    number of key tiles)."""
+    number of key tiles, and no ``causal``). ``causal``: the bottom-right aligned mask."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     group = h // hkv
@@ -138,7 +141,7 @@ def gdpa_bwd_cute(
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     if dq_acc.numel() and dk.numel():
-        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v)
+        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, causal=causal)
         # no rows, no key-tile count: a dense batch (a function loaded from the disk cache fills in no defaults)
         fn(*(dense_modes(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)), scale, post_scale, negative_slope, None,
            None)
@@ -152,10 +155,11 @@ def gdpa_bwd_cute(
     return dq, dk, dv
 
 
-def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float):
+def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
+                          causal: bool = False):
     """The op's backward on the CuTe kernel: [..., H, N, D] operands of one batch shape (``cute_bwd_support``
     checked: no broadcast dims) -> (dq, dk, dv) in the inputs' shapes."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
     do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])
-    dq, dk, dv = gdpa_bwd_cute(q4, k4, v4, do4, activation, scale, post_scale, negative_slope)
+    dq, dk, dv = gdpa_bwd_cute(q4, k4, v4, do4, activation, scale, post_scale, negative_slope, causal=causal)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)

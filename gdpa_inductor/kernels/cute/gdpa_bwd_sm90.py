@@ -29,6 +29,10 @@ No softmax: no LSE, no rowsum(dO ∘ O) pass. 5 matmuls per tile, nothing N×N l
 scales dK and dV, writes them over the K and V tiles in shared memory and stores them by TMA. Keys and queries
 past the ends read as zeros (TMA fills them) and are masked out of P and dS, so non-finite inputs cannot leak
 through padding; tiles with nothing to mask run a copy of the loop without the mask.
+With ``causal`` (the bottom-right aligned mask, dense batches whose Nk - Nq is a whole number of 128-key tiles) a
+CTA starts at the first query tile that sees one of its keys and masks only the two 64-row tiles across its
+diagonal, run first through the masked copy of the loop; the tiles before it add nothing to its dK and dV, nor it
+to their dQ.
 With ``varlen`` the CTAs are (key tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
 (longest first), each side's rows of a sample read, stored and reduce-added through TMA descriptors bounded at the
 sample's end (``ragged_rows``); a CTA past its sample's keys, or of a sample without queries, exits at once.
@@ -78,7 +82,7 @@ class GdpaBwdSm90:
 
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
-        q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False,
+        q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False, causal: bool = False,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -122,6 +126,11 @@ class GdpaBwdSm90:
         # its sample read and written through TMA descriptors bounded at the sample's end (``ragged_rows``)
         self.varlen = varlen
         assert not (varlen and dq_pairs), "a varlen sample's key tiles need not pair up"
+        # bottom-right aligned causal mask (dense batches, Nk - Nq a whole number of key tiles): a CTA starts at
+        # the first query tile that sees one of its keys, and only the two 64-row tiles across its diagonal are
+        # masked; the pairs would exchange dQ tiles of two CTAs that start at different query tiles
+        self.causal = causal
+        assert not (causal and (varlen or dq_pairs)), "causal: dense batches, dQ not summed by pairs"
 
     @cute.jit
     def __call__(
@@ -286,6 +295,13 @@ class GdpaBwdSm90:
         tidx, _, _ = cute.arch.thread_idx()
         d, dv = self.head_dim, self.head_dim_v
         num_m = cute.ceil_div(nq, self.tile_m)
+        # causal: the first query row that sees this CTA's first key (a multiple of 128: Nk - Nq is one), so the
+        # query tiles before it are skipped and only the two across the diagonal need the mask; a CTA whose
+        # keys are all left of the diagonal (a negative row) sees every query
+        diag_row, m_first = 0, 0
+        if cutlass.const_expr(self.causal):
+            diag_row = n_blk * self.tile_n - (nk - nq)
+            m_first = cutlass.max(diag_row, 0) // self.tile_m
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -358,13 +374,13 @@ class GdpaBwdSm90:
                 handle = kv_producer.acquire_and_advance()
                 cute.copy(tma_k, tKgK[(None, n_blk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
                 cute.copy(tma_v, tVgV[(None, n_blk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
-                for m in cutlass.range(num_m, unroll=1):
+                for m in cutlass.range(m_first, num_m, unroll=1):
                     handle = q_producer.acquire_and_advance()
                     cute.copy(tma_q, tQgQ[(None, m)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
                     handle = do_producer.acquire_and_advance()
                     cute.copy(tma_do, tdOgdO[(None, m)], tdOsdO[(None, handle.index)], tma_bar_ptr=handle.barrier)
             if warp_idx == self.dq_warp:
-                self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, num_m, own_half)
+                self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, num_m, own_half)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             ctid = tidx - _WG_THREADS
@@ -416,11 +432,28 @@ class GdpaBwdSm90:
                 if cwg == 1:
                     cute.arch.barrier(barrier_id=self.barrier_offset, number_of_threads=ds_threads)
             # Query tiles that need no mask (every tile but the last, when this CTA's keys are all in range) run
-            # first, through a copy of the loop without the mask's compares and selects (2048², gelu_tanh, H200:
-            # 461 -> 481 TF/s)
-            m_unmasked = num_m - 1 if valid_keys >= self.tile_n else 0
-            for masked in cutlass.range_constexpr(2):
-                for m in cutlass.range(m_unmasked if masked else 0, num_m if masked else m_unmasked, unroll=1):
+            # through a copy of the loop without the mask's compares and selects (2048², gelu_tanh, H200:
+            # 461 -> 481 TF/s); causal, the diagonal's two tiles run first through a third, masked copy. The
+            # consumers count query tiles from the CTA's first (m below is the tile's index minus m_first), so the
+            # loop tests what it tests without the mask; the loop runs at the edge of the registers (ptxas spills
+            # 60 bytes of the causal fp32-sum gelu_tanh build, a few reloads per query tile)
+            num_rel, diag0 = num_m, 0
+            if cutlass.const_expr(self.causal):
+                num_rel = num_m - m_first
+                # key c of this CTA is kept for row r of tile m iff c <= r + 64 m + diag0
+                diag0 = m_first * self.tile_m - diag_row
+            m_unmasked = num_rel - 1 if valid_keys >= self.tile_n else 0
+            # (masked, first tile, end) per copy of the loop, in the order the tiles run
+            passes = [(False, 0, m_unmasked), (True, m_unmasked, num_rel)]
+            if cutlass.const_expr(self.causal):
+                diag_end = 0
+                if diag_row >= 0:
+                    diag_end = cutlass.min(self.tile_n // self.tile_m, num_rel)
+                m_unmasked = cutlass.max(m_unmasked, diag_end)
+                passes = [(True, 0, diag_end), (False, diag_end, m_unmasked), (True, m_unmasked, num_rel)]
+            for pass_idx in cutlass.range_constexpr(len(passes)):
+                masked, m_lo, m_hi = passes[pass_idx]
+                for m in cutlass.range(m_lo, m_hi, unroll=1):
                     q_handle = q_consumer.wait_and_advance()
                     acc_s = sdp.make_fragment_C(st_shape)
                     warpgroup.fence()
@@ -440,11 +473,17 @@ class GdpaBwdSm90:
                         # masked so a non-finite input cannot reach the sums through them, by a select per score
                         # (a branch per score made ptxas keep its predicate in a register and test it per score)
                         valid_rows = self.tile_m
-                        if m == num_m - 1:
+                        if m == num_rel - 1:
                             valid_rows = valid_rows_last
+                        if cutlass.const_expr(self.causal):
+                            # key c of this CTA is kept for query row r of this tile iff c <= r + diag; for rows
+                            # before Nq that also keeps c before Nk (the last key tile is always a diagonal one)
+                            diag = m * self.tile_m + diag0
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
                             y, g = self.act_form.fn(acc_s[i], scale, slope)
                             keep = tScS[i][0] < valid_keys and tScS[i][1] < valid_rows
+                            if cutlass.const_expr(self.causal):
+                                keep = tScS[i][1] < valid_rows and tScS[i][0] <= tScS[i][1] + diag
                             p_acc[i] = y if keep else cutlass.Float32(0.0)
                             acc_s[i] = g if keep else cutlass.Float32(0.0 - act_grad_offset)
                     else:
@@ -506,7 +545,7 @@ class GdpaBwdSm90:
                     q_handle.release()
 
             if cutlass.const_expr(self.dq_late):
-                last = (num_m - 1) % self.ds_stages
+                last = (num_rel - 1) % self.ds_stages
                 cute.arch.barrier(
                     barrier_id=self.barrier_ds + self.ds_stages * (1 - cwg) + last, number_of_threads=ds_threads
                 )
@@ -515,7 +554,7 @@ class GdpaBwdSm90:
                 fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, last], tQrK, False)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-                self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, num_m - 1, recv_slot, recv_full, peer_free)
+                self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, num_rel - 1, recv_slot, recv_full, peer_free)
 
             # epilogue: dV and dK over the V and K tiles, then one TMA store each
             r_dv = cute.make_fragment_like(acc_dv, self.dtype)
@@ -619,14 +658,15 @@ class GdpaBwdSm90:
 
     @cute.jit
     def _add_dq_tiles(
-        self, tma_dq: cute.CopyAtom, tdQsdQ: cute.Tensor, tdQgdQ: cute.Tensor, num_m: cutlass.Int32,
-        own_half: cutlass.Int32,
+        self, tma_dq: cute.CopyAtom, tdQsdQ: cute.Tensor, tdQgdQ: cute.Tensor, m_first: cutlass.Int32,
+        num_m: cutlass.Int32, own_half: cutlass.Int32,
     ):
-        """The dQ warp: per query tile, frees each warpgroup's sdQ buffer once its previous copy has read it,
-        then adds the buffer into dQ once the warpgroup has filled it (dq_pairs: the owned half only)."""
+        """The dQ warp: per query tile from ``m_first``, frees each warpgroup's sdQ buffer once its previous copy
+        has read it, then adds the buffer into dQ once the warpgroup has filled it (dq_pairs: the owned half
+        only)."""
         dq_threads = _WG_THREADS + 32
         halves = 1 if self.dq_pairs else self.num_mma_wg
-        for m in cutlass.range(num_m, unroll=1):
+        for m in cutlass.range(m_first, num_m, unroll=1):
             for w in cutlass.range_constexpr(halves):
                 cute.arch.cp_async_bulk_wait_group(halves - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=self.barrier_dq_empty + w, number_of_threads=dq_threads)

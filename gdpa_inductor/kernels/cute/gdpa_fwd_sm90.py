@@ -26,7 +26,8 @@ thread stores its accumulator values straight to global memory, rows past Nq pre
 With ``causal`` (dense batches whose Nk - Nq is a whole number of 128-key tiles, Nk >= Nq) a query tile computes
 only the key tiles up to its diagonal, the diagonal one first: it is the only one whose scores are masked (key
 c of the tile kept for row r iff c <= r; that mask also drops keys past Nk), and the query tiles run last-first, so
-the longest start first (the static round robin still hands the CTAs unequal work: docs/benchmarks.md).
+the longest start first; the launcher's grid, coprime with the query tiles per head (``persistent_grid``), hands
+every CTA each query tile position in turn.
 With ``varlen`` the tiles are (query tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
 (longest first), each side's rows of a sample read through a TMA descriptor bounded at the sample's end
 (``ragged_rows``), so its ragged last tiles read zeros and its O stores are clipped there (or, from the

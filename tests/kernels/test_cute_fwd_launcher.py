@@ -1,0 +1,53 @@
+"""The CuTe forward's persistent grid (no GPU needed): one CTA per SM, never more than the tiles; under the causal
+mask a grid coprime with the query tiles per head, so that the static round robin hands every CTA each query
+tile position in turn and the CTAs' key-tile work comes out even (the one-CTA-per-SM grid of 132 pins each CTA to
+a few positions: measured 1.13-1.58x slower on H200, docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gdpa_inductor.kernels.cute.gdpa_fwd import persistent_grid
+
+
+def _key_tiles_per_cta(grid: int, heads: int, num_m: int, offset_tiles: int = 0) -> list[int]:
+    """Key tiles each CTA computes when CTA c runs tiles c, c + grid, ... (query tiles fastest, longest first)."""
+    work = [0] * grid
+    for tile in range(heads * num_m):
+        work[tile % grid] += num_m - tile % num_m + offset_tiles
+    return work
+
+
+@pytest.mark.parametrize("tiles, sms, num_m", [(10, 132, 2), (132, 132, 16), (1000, 132, 1), (5000, 78, 4)])
+def test_dense_grid_is_one_cta_per_sm_at_most_the_tiles(tiles, sms, num_m):
+    assert persistent_grid(tiles, sms, num_m, False) == min(tiles, sms)
+
+
+@pytest.mark.parametrize("num_m", [1, 2, 3, 4, 8, 11, 12, 16, 33, 64, 131, 132, 264])
+@pytest.mark.parametrize("sms", [132, 114, 78])
+def test_causal_grid_is_the_largest_coprime_with_the_query_tiles(num_m, sms):
+    tiles = 4608 * num_m
+    grid = persistent_grid(tiles, sms, num_m, True)
+    assert 1 <= grid <= sms and math.gcd(grid, num_m) == 1
+    assert all(math.gcd(g, num_m) != 1 for g in range(grid + 1, sms + 1))
+
+
+def test_causal_grid_of_one_round_keeps_every_tile_its_cta():
+    """Tiles that fit one round (each CTA runs one) need no balancing: one CTA per tile."""
+    assert persistent_grid(96, 132, 16, True) == 96
+    assert persistent_grid(132, 132, 4, True) == 132
+
+
+@pytest.mark.parametrize("num_m, offset_tiles", [(2, 0), (4, 0), (8, 0), (16, 0), (12, 0), (4, 2), (8, 1)])
+def test_causal_grid_evens_out_the_key_tiles(num_m, offset_tiles):
+    """H=4 heads of B = 590K / (128 num_m) samples on 132 SMs: the busiest CTA carries within 2% of the mean,
+    where the one-CTA-per-SM grid gave it 17-60% more."""
+    heads = 4 * (590_000 // (128 * num_m))
+    grid = persistent_grid(heads * num_m, 132, num_m, True)
+    work = _key_tiles_per_cta(grid, heads, num_m, offset_tiles)
+    assert max(work) / (sum(work) / len(work)) < 1.02
+    if math.gcd(132, num_m) != 1:
+        old = _key_tiles_per_cta(132, heads, num_m, offset_tiles)
+        assert max(old) / (sum(old) / len(old)) > 1.1
