@@ -53,5 +53,20 @@ def eager_gdpa(q, k, v, activation, scale, post_scale):
     return get_activation(activation).torch_fn(q @ k.transpose(-2, -1) * scale, 0.01) * post_scale @ v
 
 
+def autograd_grads(forward, q, k, v, do, *args):
+    """(dq, dk, dv) of ``forward(q, k, v, *args)`` against ``do``, by autograd on fresh leaves."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    forward(q, k, v, *args).backward(do)
+    return q.grad, k.grad, v.grad
+
+
+def assert_grads_within_eager(grads, refs, eager, dtype):
+    """Each of (dq, dk, dv) in ``dtype`` and the reference's shape, within 2x eager's own error against it."""
+    for name, got, ref, base in zip(("dq", "dk", "dv"), grads, refs, eager):
+        assert got.dtype == dtype and got.shape == ref.shape, name
+        err, bound = rel_error(got, ref), rel_error(base, ref)
+        assert err <= 2 * bound + FLOOR, (name, err, bound)
+
+
 def rel_error(x, ref):
     return ((x.double() - ref).norm() / ref.norm()).item()

@@ -20,7 +20,7 @@ from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl
 
 from .cute_common import CASES as SHARED_CASES
-from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, eager_gdpa, rel_error
+from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, assert_grads_within_eager, autograd_grads, eager_gdpa, rel_error
 
 pytestmark = NEEDS_CUTE
 # the forward's cases plus a ragged fp16 D=64 one, Meta's 2048x256, key ranges whose dQ is summed by pairs of key
@@ -35,9 +35,7 @@ CASES = SHARED_CASES + [
 
 
 def _eager_grads(q, k, v, do, activation, scale, post_scale):
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    eager_gdpa(q, k, v, activation, scale, post_scale).backward(do)
-    return q.grad, k.grad, v.grad
+    return autograd_grads(eager_gdpa, q, k, v, do, activation, scale, post_scale)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -52,13 +50,8 @@ def test_cute_backward_matches_float64(case, cute_backend):
     scale, post = d**-0.5, 1.0 / nk
     assert select_backward_impl(q, k, v, None, False, act) == "cute"
     refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[:3]
-    qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
-    gdpa(qa, ka, va, activation=act, scale=scale, post_scale=post).backward(do)
-    eager = _eager_grads(q, k, v, do, act, scale, post)
-    for name, got, ref, base in zip(("dq", "dk", "dv"), (qa.grad, ka.grad, va.grad), refs, eager):
-        assert got.dtype == dtype and got.shape == ref.shape, name
-        err, bound = rel_error(got, ref), rel_error(base, ref)
-        assert err <= 2 * bound + FLOOR, (name, err, bound)
+    grads = autograd_grads(lambda *qkv: gdpa(*qkv, activation=act, scale=scale, post_scale=post), q, k, v, do)
+    assert_grads_within_eager(grads, refs, _eager_grads(q, k, v, do, act, scale, post), dtype)
 
 
 def test_auto_takes_the_cute_kernels():

@@ -15,7 +15,7 @@ from gdpa_inductor.kernels.cute.gdpa_bwd import dq_sums_for, gdpa_bwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering import dispatch
 
-from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, rel_error
+from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, assert_grads_within_eager, autograd_grads, rel_error
 from .test_cute_causal_fwd_cuda import eager_causal
 
 pytestmark = NEEDS_CUTE
@@ -46,9 +46,7 @@ def _inputs(z, h, hkv, nq, nk, d, dv, dtype, seed):
 
 
 def _eager_causal_grads(q, k, v, do, activation, scale, post_scale):
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    eager_causal(q, k, v, activation, scale, post_scale).backward(do)
-    return q.grad, k.grad, v.grad
+    return autograd_grads(eager_causal, q, k, v, do, activation, scale, post_scale)
 
 
 @pytest.mark.parametrize("case", CAUSAL_BWD_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -60,13 +58,9 @@ def test_causal_backward_matches_float64(case, cute_backend):
     assert dispatch.select_backward_impl(q, k, v, None, True, act) == "cute"
     refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post,
                                    causal=True)[:3]
-    qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
-    gdpa(qa, ka, va, activation=act, scale=scale, post_scale=post, causal=True).backward(do)
-    eager = _eager_causal_grads(q, k, v, do, act, scale, post)
-    for name, got, ref, base in zip(("dq", "dk", "dv"), (qa.grad, ka.grad, va.grad), refs, eager):
-        assert got.dtype == dtype and got.shape == ref.shape, name
-        err, bound = rel_error(got, ref), rel_error(base, ref)
-        assert err <= 2 * bound + FLOOR, (name, err, bound)
+    grads = autograd_grads(lambda *qkv: gdpa(*qkv, activation=act, scale=scale, post_scale=post, causal=True),
+                           q, k, v, do)
+    assert_grads_within_eager(grads, refs, _eager_causal_grads(q, k, v, do, act, scale, post), dtype)
 
 
 @pytest.mark.parametrize("nq, nk", [(1000, 1000), (300, 1324)])

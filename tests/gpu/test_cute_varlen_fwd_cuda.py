@@ -16,6 +16,7 @@ import torch
 from varlen_testing import make_case, oracle
 
 from gdpa_inductor import gdpa_varlen
+from gdpa_inductor.kernels.cute import varlen_fwd
 
 from .cute_common import NEEDS_CUTE
 from .varlen_common import FLOOR, rel
@@ -94,3 +95,14 @@ def test_wide_heads(d, dv, layout, dtype, activation, gen, cute_varlen_only):
     lq, lk = [300, 1, 129, 64, 0, 77], [65, 0, 300, 1, 40, 128]
     case = make_case(layout, gen, h=4, hkv=2, d=d, dv=dv, lq=lq, lk=lk).to("cuda")
     check_forward(case, dtype, activation=activation)
+
+
+def test_grid_coprime_with_query_tiles_changes_no_bit(gen, cute_varlen_only, monkeypatch):
+    """The grid coprime with the longest sample's query tiles (``persistent_grid``) only hands the tiles to other
+    CTAs: the bits of the one-CTA-per-SM grid, with many tiles per CTA over jagged lengths."""
+    lengths = torch.randint(1, 1025, (400,), generator=gen).tolist()
+    case = make_case("self", gen, h=4, hkv=4, d=128, dv=128, lq=lengths).to("cuda")
+    q, k, v = (t.detach().to(torch.bfloat16) for t in case.inputs(torch.float64))
+    balanced = gdpa_varlen(q, k, v, **case.kwargs, activation="gelu_tanh")
+    monkeypatch.setattr(varlen_fwd, "persistent_grid", lambda tiles, sms, num_m, uneven: min(tiles, sms))
+    assert torch.equal(gdpa_varlen(q, k, v, **case.kwargs, activation="gelu_tanh"), balanced)

@@ -1,7 +1,8 @@
-"""The CuTe forward's persistent grid (no GPU needed): one CTA per SM, never more than the tiles; under the causal
-mask a grid coprime with the query tiles per head, so that the static round robin hands every CTA each query
-tile position in turn and the CTAs' key-tile work comes out even (the one-CTA-per-SM grid of 132 pins each CTA to
-a few positions: measured 1.13-1.58x slower on H200, docs/benchmarks.md)."""
+"""The CuTe forward's persistent grid (no GPU needed): one CTA per SM, never more than the tiles; where the tiles'
+work depends on their query tile position (the causal mask; jagged varlen samples) a grid coprime with the
+positions, so that the static round robin hands every CTA each position in turn and the CTAs' work comes out
+even (the one-CTA-per-SM grid of 132 pins each CTA to a few positions: measured 1.13-1.58x slower causal and
+1.12-1.20x slower over jagged lengths on H200, docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..triton.varlen_layout import VarlenSide
-from .gdpa_fwd import compile_fwd, cute_dsl_available, on_sm90, operand_support
+from .gdpa_fwd import compile_fwd, cute_dsl_available, on_sm90, operand_support, persistent_grid
 from .kernel_args import row_modes
 
 # the dense forward's head dims: past 128 its wide-head tiles (64 keys, O stored from the registers, the rows past
@@ -64,6 +64,8 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
         return o.zero_()
     rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
     fn = compile_fwd(q.dtype, q.shape[-1], activation, head_dim_v=v.shape[-1], varlen=True)
-    num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    # jagged samples: the later query tile positions exist only in the longer ones (full samples lose one CTA's
+    # 0.8%, measured 2%)
+    num_ctas = persistent_grid(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count, num_m, True)
     fn(*(row_modes(t) for t in (q, k, v, o)), scale, post_scale, negative_slope, num_ctas, rows, num_m)
     return o
