@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu  # beside this file
+from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, warm_up_gpu  # beside this file
 
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, compile_fwd, fwd_supported, gdpa_fwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference
@@ -128,10 +128,7 @@ def plot(rows, path, providers, kind, ylabel):
     for ax, d in zip(axes, (128, 64)):
         sel = [r for r in rows if r["kind"] == kind and r["d"] == d]
         labels = [f"{r['nq']}x{r['nk']}" for r in sel]
-        width = 0.8 / len(providers)
-        for i, (key, name) in enumerate(providers):
-            ax.bar([x + i * width for x in range(len(sel))], [r.get(key) or 0 for r in sel], width, label=name)
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sel))], labels, rotation=30)
+        bar_groups(ax, sel, providers, labels, rotation=30)
         ax.set_title(f"bf16, H=4, D={d}")
         ax.set_xlabel("q x kv")
     axes[0].set_ylabel(ylabel)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from bench_cute_bwd import fresh_operands  # beside this file
-from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
+from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, warm_up_gpu
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import fwd_schedule, gdpa_fwd_cute
@@ -113,11 +113,7 @@ def plot(rows, path):
     fig, axes = plt.subplots(3, 1, figsize=(15, 11))
     labels = [f"{r['d']}/{r['dv']}\n{r['nq']}x{r['nk']}" for r in rows]
     for ax, (ylabel, providers) in zip(axes, PANELS):
-        width = 0.8 / len(providers)
-        for i, (key, name) in enumerate(providers):
-            ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0 for r in rows], width, label=name,
-                   color=COLORS[name])
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, fontsize=7)
+        bar_groups(ax, rows, providers, labels, COLORS, fontsize=7)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8, ncol=len(providers))
     axes[0].set_title("bf16 gelu_tanh, H=4, D/Dv and q x kv")

@@ -26,7 +26,7 @@ import json
 import torch
 import triton
 from bench_cute_fwd import fa4_function  # beside this file
-from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
+from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, warm_up_gpu
 from bench_varlen import lengths_for
 
 import gdpa_inductor
@@ -154,11 +154,7 @@ def plot(rows, meta, path, what: str):
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, sparsity in zip(axes, (1.0, 0.5)):
         sel = [r for r in rows if r["sparsity"] == sparsity]
-        width = 0.8 / len(PROVIDERS)
-        for i, (key, label) in enumerate(PROVIDERS):
-            xs = [j + i * width for j, r in enumerate(sel) if key in r]
-            ax.bar(xs, [r[key] for r in sel if key in r], width, label=label)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sel))], [f"N≤{r['max_len']}" for r in sel])
+        bar_groups(ax, sel, PROVIDERS, [f"N≤{r['max_len']}" for r in sel])
         ax.set_title(f"sparsity {sparsity}")
     axes[0].set_ylabel("TF/s (real tokens' work)")
     axes[0].legend(fontsize=8)

@@ -169,6 +169,16 @@ def print_table(rows):
         print(f"| {nq} | {nk} | {cells}{ratio} |")
 
 
+def bar_groups(ax, rows, providers, labels, colors=None, **tick_kw):
+    """One group of bars per row of ``rows``, labelled ``labels``: a bar per (key, name) of ``providers`` that
+    has a figure in the row (a provider that did not run has no bar); ``colors``: name -> color."""
+    width = 0.8 / len(providers)
+    for i, (key, name) in enumerate(providers):
+        xs = [j + i * width for j, r in enumerate(rows) if r.get(key)]
+        ax.bar(xs, [r[key] for r in rows if r.get(key)], width, label=name, color=(colors or {}).get(name))
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, **tick_kw)
+
+
 def plot(rows, meta, path):
     import matplotlib
 

@@ -481,9 +481,10 @@ class GdpaBwdSm90:
                             diag = m * self.tile_m + diag0
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
                             y, g = self.act_form.fn(acc_s[i], scale, slope)
-                            keep = tScS[i][0] < valid_keys and tScS[i][1] < valid_rows
                             if cutlass.const_expr(self.causal):
                                 keep = tScS[i][1] < valid_rows and tScS[i][0] <= tScS[i][1] + diag
+                            else:
+                                keep = tScS[i][0] < valid_keys and tScS[i][1] < valid_rows
                             p_acc[i] = y if keep else cutlass.Float32(0.0)
                             acc_s[i] = g if keep else cutlass.Float32(0.0 - act_grad_offset)
                     else:

@@ -119,14 +119,15 @@ def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
 
 
 def causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
-    """(ok, reason) for the CuTe forward's causal mask, which masks one key tile per query tile: that tile must
+    """(ok, reason) for the CuTe kernels' causal mask: the forward masks one key tile per query tile, which must
     hold the whole query tile's diagonal (128-key tiles, so D and Dv at most 128, and Nk - Nq a whole number of
-    them); Nq > Nk (query rows without keys) is left to Triton."""
+    them), and the backward masks the two 64-row query tiles across each key tile's diagonal; Nq > Nk (query rows
+    without keys) is left to Triton."""
     nq, nk = q.shape[-2], k.shape[-2]
     if max(q.shape[-1], v.shape[-1]) > 128:
-        return False, "causal masking in the CuTe forward needs D and Dv of at most 128"
+        return False, "causal masking in the CuTe kernels needs D and Dv of at most 128"
     if nk < nq or (nk - nq) % CAUSAL_TILE:
-        return False, (f"causal masking in the CuTe forward needs Nk - Nq to be a non-negative multiple of "
+        return False, (f"causal masking in the CuTe kernels needs Nk - Nq to be a non-negative multiple of "
                        f"{CAUSAL_TILE}; got Nq={nq}, Nk={nk}")
     return True, ""
 
