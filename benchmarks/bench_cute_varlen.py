@@ -1,20 +1,23 @@
-"""The varlen forward (or, with ``--backward``, forward+backward) on the CuTe-DSL Hopper kernels vs the Triton varlen
-kernels vs the dense CuTe kernels on the padded batch vs flash-attn-4's varlen kernels (softmax, where it imports),
-one process, Meta's jagged shapes (GPU only; cutlass-dsl and flash-attn-4 staged with
-../shared/device/stage-cute-dsl.sh).
+"""The varlen forward (or, with ``--backward``, forward+backward; with ``--causal``, under the causal mask) on
+the CuTe-DSL Hopper kernels vs the Triton varlen kernels vs the dense CuTe kernels on the padded batch vs
+flash-attn-4's varlen kernels (softmax, where it imports), one process, Meta's jagged shapes (GPU only;
+cutlass-dsl and flash-attn-4 staged with ../shared/device/stage-cute-dsl.sh).
 
 B = 1152 samples, H = 4, D = Dv = 128 (``--head-dims``), bf16, self attention, gelu_tanh, lengths up to N in
 {256, 512, 1024, 2048} at "sparsity" 1.0 (every sample full) and 0.5 (lengths uniform in [1, N]). Rates are TF/s
-of the real tokens' work (2 · H · (D + Dv) · Σ n², the same for every provider, the padded one included), each
+of the real tokens' work (2 · H · (D + Dv) · Σ n², causal Σ n(n + 1)/2, the same for every provider, the padded
+one included), each
 provider's do_bench median over three rounds of rotated order after an untimed settle (``median_over_rounds``);
 forward+backward counts 3.5x the forward's work and takes the gradients by ``torch.autograd.grad`` of one fixed
-output gradient. The CuTe varlen op is checked against the float64 reference on 8 samples first (the forward,
+output gradient, the backward under the provider's backend as its forward (the kernels are chosen when each pass
+runs). The CuTe varlen op is checked against the float64 reference on 8 samples first (the forward,
 and with ``--backward`` dq, dk, dv), and each row records which kernels the "CuTe varlen" provider really ran
 (``cute_varlen_runs``: a forced "cute" runs an uncovered varlen pass on Triton).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --out results/cute_varlen   # .json and .png
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --backward --out results/cute_varlen_bwd
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --head-dims 256,256 --out results/cute_varlen_d256
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --backward --out results/cute_varlen_causal
 """
 
 from __future__ import annotations
@@ -56,17 +59,18 @@ def _qkv(t_or_bn, d, dv, **kw):
     return tuple(torch.randn(*t_or_bn, H, width, **kw) for width in (d, d, dv))
 
 
-def cute_runs(q, k, v, backward: bool) -> str:
-    """Which kernels the varlen op runs under a forced "cute" for these operands."""
+def cute_runs(q, k, v, cu, backward: bool, causal: bool) -> str:
+    """Which kernels the varlen op runs under a forced "cute" for these operands (self attention over ``cu``)."""
+    call = (q, k, v, None, causal, (-1, -1), ACT, (cu, cu, None, None))
+
     def picks():
-        fwd = select_varlen_forward_impl(q, k, v, None, False, (-1, -1), ACT)
-        return f"{fwd} fwd + {select_varlen_backward_impl(q, k, v, None, False, (-1, -1), ACT)} bwd" \
-            if backward else f"{fwd} fwd"
+        fwd = select_varlen_forward_impl(*call)
+        return f"{fwd} fwd + {select_varlen_backward_impl(*call)} bwd" if backward else f"{fwd} fwd"
 
     return _on("cute", picks)()
 
 
-def check(lengths, device, backward: bool, d: int, dv: int) -> dict:
+def check(lengths, device, backward: bool, d: int, dv: int, causal: bool) -> dict:
     """Relative errors of the CuTe varlen op (bf16) vs the float64 reference on the first 8 samples: the output,
     and with ``backward`` each gradient."""
     lens = lengths[:8]
@@ -74,8 +78,9 @@ def check(lengths, device, backward: bool, d: int, dv: int) -> dict:
     t, longest = int(lens.sum()), int(lens.max())
     q, k, v = _qkv((t,), d, dv, device=device, dtype=torch.float64, requires_grad=True)
     low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
-    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu, longest, longest, activation=ACT, scale=d**-0.5))()
-    want = gdpa_varlen_reference(q, k, v, None, cu, cu, None, None, longest, longest, ACT, d**-0.5, 1.0, False,
+    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu, longest, longest, activation=ACT, scale=d**-0.5,
+                                          causal=causal))()
+    want = gdpa_varlen_reference(q, k, v, None, cu, cu, None, None, longest, longest, ACT, d**-0.5, 1.0, causal,
                                  (-1, -1), 0.01)
     pairs = {"rel_err": (got, want)}
     if backward:
@@ -100,35 +105,41 @@ def _with_backward(fn, inputs):
     return run
 
 
-def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: int) -> dict:
+def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: int, causal: bool) -> dict:
     lengths = lengths_for(batch, max_len, sparsity, gen)
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).cuda()
     total = int(lengths.sum())
     scale = d**-0.5
-    flops = 2.0 * H * (d + dv) * float((lengths.double() ** 2).sum()) * (3.5 if backward else 1.0)
-    row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, head_dims=[d, dv],
-               **check(lengths, "cuda", backward, d, dv))
+    n = lengths.double()
+    pairs = float((n * (n + 1) / 2).sum() if causal else (n**2).sum())
+    flops = 2.0 * H * (d + dv) * pairs * (3.5 if backward else 1.0)
+    row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, head_dims=[d, dv], causal=causal,
+               **check(lengths, "cuda", backward, d, dv, causal))
     q, k, v = _qkv((total,), d, dv, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
     qp, kp, vp = (torch.randn(batch, H, max_len, width, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
                   for width in (d, d, dv))
-    row["cute_varlen_runs"] = cute_runs(q, k, v, backward)
+    row["cute_varlen_runs"] = cute_runs(q, k, v, cu, backward, causal)
 
     def varlen():
-        return gdpa_varlen(q, k, v, cu, cu, max_len, max_len, activation=ACT, scale=scale)
+        return gdpa_varlen(q, k, v, cu, cu, max_len, max_len, activation=ACT, scale=scale, causal=causal)
 
-    providers = {
-        "cute_varlen": _on("cute", varlen),
-        "triton_varlen": _on("triton", varlen),
-        "cute_padded": _on("cute", lambda: gdpa(qp, kp, vp, activation=ACT, scale=scale)),
+    # name: (the backend the whole call runs under, its backward included: the kernels are chosen when each pass
+    # runs; the forward; its differentiable inputs)
+    calls = {
+        "cute_varlen": ("cute", varlen, (q, k, v)),
+        "triton_varlen": ("triton", varlen, (q, k, v)),
+        "cute_padded": ("cute", lambda: gdpa(qp, kp, vp, activation=ACT, scale=scale, causal=causal), (qp, kp, vp)),
     }
     if fa4 is not None:
-        providers["fa4_varlen"] = lambda: fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
-                                              max_seqlen_k=max_len, softmax_scale=scale)
+        calls["fa4_varlen"] = ("auto", lambda: fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
+                                                   max_seqlen_k=max_len, softmax_scale=scale, causal=causal),
+                               (q, k, v))
+    providers = {name: _on(backend, fn) for name, (backend, fn, _) in calls.items()}
     if backward:
         # the forwards alone too, in the same rounds: a backward's time is its f+b's less its forward's
         providers = {**{f"{name}_fwd": fn for name, fn in providers.items()},
-                     **{name: _with_backward(fn, (qp, kp, vp) if name == "cute_padded" else (q, k, v))
-                        for name, fn in providers.items()}}
+                     **{name: _on(backend, _with_backward(fn, inputs))
+                        for name, (backend, fn, inputs) in calls.items()}}
     for name, ms in median_over_rounds(providers, settle_ms=SETTLE_MS).items():
         if ms is not None:
             row[f"{name}_ms"] = ms
@@ -159,7 +170,8 @@ def plot(rows, meta, path, what: str):
     axes[0].set_ylabel("TF/s (real tokens' work)")
     axes[0].legend(fontsize=8)
     d, dv = meta["head_dims"]
-    fig.suptitle(f"varlen {what}, B=1152, H=4, D={d}, Dv={dv}, bf16, {ACT} — {meta['device']}", fontsize=10)
+    mask = ", causal" if meta.get("causal") else ""
+    fig.suptitle(f"varlen {what}{mask}, B=1152, H=4, D={d}, Dv={dv}, bf16, {ACT} — {meta['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -172,10 +184,11 @@ def main():
     parser.add_argument("--shapes", default=None,
                         help="max_len:sparsity pairs, comma-separated (default: N in 256..2048 at 1.0 and 0.5)")
     parser.add_argument("--head-dims", default="128,128", help="D,Dv")
+    parser.add_argument("--causal", action="store_true", help="the causal mask in every sample")
     args = parser.parse_args()
     d, dv = (int(x) for x in args.head_dims.split(","))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=datetime.date.today().isoformat(), head_dims=[d, dv])
+                date=datetime.date.today().isoformat(), head_dims=[d, dv], causal=args.causal)
     warm_up_gpu(2.0)
     fa4 = fa4_function("flash_attn_varlen_func")
     gen = torch.Generator().manual_seed(0)
@@ -183,7 +196,7 @@ def main():
     shapes = SHAPES if args.shapes is None else [
         (int(n), float(sp)) for n, sp in (pair.split(":") for pair in args.shapes.split(","))]
     for max_len, sparsity in shapes:
-        rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward, d, dv))
+        rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward, d, dv, args.causal))
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     with open(f"{args.out}.json", "w") as f:
         json.dump(dict(meta=meta, backward=args.backward, rows=rows), f, indent=1)

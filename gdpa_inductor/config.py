@@ -2,13 +2,14 @@
 
 ``GDPA_INDUCTOR_BACKEND`` (environment) or ``gdpa_inductor.config.backend`` forces a kernel path:
 - ``"auto"`` (default): on an sm_90 GPU with nvidia-cutlass-dsl, the CuTe-DSL forward and backward
-  (``kernels/cute``, and its varlen forward for the varlen op) where they cover the call; otherwise Triton on CUDA where it supports the case, the
-  reference elsewhere;
+  (``kernels/cute``, dense and varlen) where they cover the call; otherwise Triton on CUDA where it supports the
+  case, the reference elsewhere;
 - ``"triton"``: Triton or an error saying why not (on CPU it needs ``TRITON_INTERPRET=1``);
 - ``"reference"``: always the pure-PyTorch path;
-- ``"cute"``: the CuTe-DSL Hopper forward and backward or an error saying why not; the varlen op's forward
-  takes the CuTe varlen forward where it covers the call, and the varlen calls it does not cover (the varlen
-  backward, bias, causal masks, windows) run as under ``"auto"``. Needs nvidia-cutlass-dsl and an sm_90 GPU.
+- ``"cute"``: the CuTe-DSL Hopper forward and backward or an error saying why not; the varlen op takes the
+  CuTe varlen kernels where they cover the call, and the varlen calls they do not cover (bias, windows, causal
+  masks whose per-sample offsets are not known to fit) run as under ``"auto"``. Needs nvidia-cutlass-dsl and an
+  sm_90 GPU.
 
 ``GDPA_INDUCTOR_CACHE_DIR`` or ``gdpa_inductor.config.kernel_cache_dir``: where compiled CuTe-DSL kernels are
 kept between processes (default ``~/.cache/gdpa_inductor``; the empty string keeps them in memory only).

@@ -139,6 +139,10 @@ def _gdpa_nested(query, key, value, activation, scale, post_scale, bias, causal,
     if key.is_nested:
         k, cu_k, max_k = _jagged_rows(key, "key")
         v, _, _ = _jagged_rows(value, "value")
+        if query.is_nested and key.offsets() is query.offsets():
+            # one offsets tensor for both sides (self attention), as the CuTe kernels' causal mask asks
+            # (varlen_causal_support): each side's int32 copy would be a tensor of its own
+            cu_k = cu_q
     else:
         k, v, cu_k, max_k = key.transpose(-3, -2), value.transpose(-3, -2), None, key.shape[-2]
     out = gdpa_varlen(q, k, v, cu_q, cu_k, max_q, max_k, activation=activation, scale=scale,

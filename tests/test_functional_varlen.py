@@ -70,6 +70,24 @@ def test_nested_tensor_through_gdpa_matches_dense_per_sample(gen):
         rows += n
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_nested_self_attention_passes_one_offsets_tensor(gen, monkeypatch, shared):
+    """Queries and keys with one offsets tensor reach the varlen op with one cu_seqlens tensor (the CuTe kernels'
+    causal rule asks for that); keys with offsets of their own, even equal ones, with their own."""
+    import gdpa_inductor.functional as functional
+
+    seen = []
+    monkeypatch.setattr(functional, "varlen_attention", lambda q, k, v, bias, cu_q, cu_k, *a: seen.append(
+        (cu_q, cu_k)) or q)
+    offsets = torch.tensor([0, 3, 10])
+    q, k, v = (torch.nested.nested_tensor_from_jagged(randn(gen, 10, 2, 8), offsets if shared or i == 0
+                                                      else offsets.clone()).transpose(1, 2) for i in range(3))
+    gdpa(q, k, v, causal=True)
+    (cu_q, cu_k), = seen
+    assert (cu_q is cu_k) == shared
+    assert torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32
+
+
 def test_nested_key_with_dense_seed_query_is_pma(gen):
     lengths = [4, 0, 9]
     h, d = 2, 8

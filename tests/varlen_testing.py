@@ -33,16 +33,21 @@ class VarlenCase:
         return tuple(t.detach().to(dtype).requires_grad_() for t in (self.q, self.k, self.v))
 
     def to(self, device) -> "VarlenCase":
-        kw = {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in self.kwargs.items()}
+        # one tensor given for both sides stays one tensor (the CuTe kernels' causal rule asks for that)
+        moved = {}
+        kw = {n: moved.setdefault(id(t), t.to(device)) if isinstance(t, torch.Tensor) else t
+              for n, t in self.kwargs.items()}
         return VarlenCase(self.q.to(device), self.k.to(device), self.v.to(device), kw, self.lq, self.lk)
 
 
 def make_case(layout: str, gen, h=4, hkv=2, d=16, dv=24, lq=None, lk=None) -> VarlenCase:
+    """A random batch in ``layout``: one of ``LAYOUTS``, or "padded_self" (a padded batch whose keys have the
+    queries' lengths, both sides given one seqused tensor). "self" gives both sides one cu_seqlens tensor."""
     lq = list(lq or LENGTHS_Q)
     lk = list(lk or LENGTHS_K)
     b = len(lq)
     kw = dict(cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None)
-    if layout == "self":
+    if layout in ("self", "padded_self"):
         lk = lq
     if layout in ("self", "cross", "pffn"):
         q = randn(gen, sum(lq), h, d, dtype=torch.float64)
@@ -58,12 +63,16 @@ def make_case(layout: str, gen, h=4, hkv=2, d=16, dv=24, lq=None, lk=None) -> Va
         lk = [12] * b
         k = randn(gen, b, 12, hkv, d, dtype=torch.float64)
         v = randn(gen, b, 12, hkv, dv, dtype=torch.float64)
-    if layout == "padded":
+    if layout in ("padded", "padded_self"):
         q = randn(gen, b, max(lq), h, d, dtype=torch.float64)
         k = randn(gen, b, max(lk), hkv, d, dtype=torch.float64)
         v = randn(gen, b, max(lk), hkv, dv, dtype=torch.float64)
         kw["seqused_q"] = torch.tensor(lq, dtype=torch.int32)
         kw["seqused_k"] = torch.tensor(lk, dtype=torch.int32)
+    if layout == "self":
+        kw["cu_seqlens_k"] = kw["cu_seqlens_q"]
+    if layout == "padded_self":
+        kw["seqused_k"] = kw["seqused_q"]
     kw["max_seqlen_q"], kw["max_seqlen_k"] = max(lq), max(lk)
     return VarlenCase(q, k, v, kw, lq, lk)
 

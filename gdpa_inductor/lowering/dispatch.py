@@ -55,41 +55,41 @@ def select_backward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
     return _cute_else_select(cute_bwd_support, q, k, v, bias, causal, activation, "backward")
 
 
-def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str) -> str:
+def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
+                               rows: tuple) -> str:
     """The varlen forward's path: "cute" where the CuTe varlen forward covers the call (under "auto" where it is
     also preferred, and under "cute"; a case it does not cover runs as under "auto"), otherwise as
-    ``select_impl``."""
+    ``select_impl``. ``rows``: the call's (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)."""
     from ..kernels.cute.varlen_fwd import cute_varlen_fwd_preferred, cute_varlen_fwd_support
 
-    def support(q, k, v, bias, causal, window, activation):
-        ok, reason = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation)
+    def support(q, k, v, bias, causal, window, activation, rows):
+        ok, reason = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows)
         if ok and config.backend == "auto":
             ok, reason = cute_varlen_fwd_preferred(q, v)
         return ok, reason
 
-    return _varlen_cute_else_select(support, q, k, v, bias, causal, window, activation, "varlen forward")
+    return _varlen_cute_else_select(support, q, k, v, bias, causal, window, activation, rows, "varlen forward")
 
 
-# The CuTe varlen backward measured level with the Triton varlen backward (H200, B=1152, H=4, D=128, gelu_tanh,
-# lengths up to 128..2048 at sparsity 1.0 and 0.5: 0.80-1.30x the backward alone, f+b within 5% but at N <= 256,
-# sparsity 0.5, 16% behind; twenty-second session, docs/benchmarks.md), so "auto" keeps Triton's and only "cute"
-# takes it.
-CUTE_VARLEN_BWD_BACKENDS = ("cute",)
+def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
+                                rows: tuple) -> str:
+    """The varlen backward's path: "cute" where the CuTe varlen backward covers the call (under "auto" and "cute";
+    a case it does not cover runs as under "auto"), otherwise as ``select_impl``. ``rows``: as for the forward.
 
-
-def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str) -> str:
-    """The varlen backward's path: "cute" under a forced "cute" where the CuTe varlen backward covers the call,
-    otherwise as ``select_impl`` ("auto" included: see ``CUTE_VARLEN_BWD_BACKENDS``)."""
+    Measured on H200 (``bench_cute_varlen.py --backward``, B=1152, H=4, D=128, bf16 gelu_tanh, lengths up to 256 to
+    2048, all full or uniform in [1, N]; twenty-sixth session, docs/benchmarks.md): the backward alone 1.13-1.94x
+    Triton's varlen backward, 1.20-2.22x under the causal mask. (Until then the benchmark ran every provider's
+    backward under "auto", and "auto" had been set to keep Triton's on that measurement.)"""
     from ..kernels.cute.varlen_bwd import cute_varlen_bwd_support
 
-    return _varlen_cute_else_select(cute_varlen_bwd_support, q, k, v, bias, causal, window, activation,
-                                    "varlen backward", CUTE_VARLEN_BWD_BACKENDS)
+    return _varlen_cute_else_select(cute_varlen_bwd_support, q, k, v, bias, causal, window, activation, rows,
+                                    "varlen backward")
 
 
 def _varlen_cute_else_select(cute_support, q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
-                             what: str, backends: tuple[str, ...] = ("auto", "cute")) -> str:
-    if config.backend in backends:
-        ok, reason = cute_support(q, k, v, bias, causal, window, activation)
+                             rows: tuple, what: str) -> str:
+    if config.backend in ("auto", "cute"):
+        ok, reason = cute_support(q, k, v, bias, causal, window, activation, rows)
         if ok:
             log.debug("gdpa %s: cute", what)
             return "cute"

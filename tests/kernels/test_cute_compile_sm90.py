@@ -2,12 +2,12 @@
 tensors): every activation at D=128, a subset at D=64, D=96 and Dv != D, and the forward alone at head dims of
 256 (its wide-head tiles, O stored from the registers) (the forward in the schedule each
 pair of head dims takes, in the two others, for key counts that are a multiple of the key tile (no mask) and in
-fp16, whose activation forms differ, the causal forward, and the varlen forward, whose loads and stores go
-through 5-D ragged descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
+fp16, whose activation forms differ, the causal forward, and the varlen forward (causal too), whose loads and
+stores go through 5-D ragged descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
 the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
 arrives at its mbarrier are checked too, the varlen backward in the first two, through 5-D ragged descriptors, and
-the causal backward in the first two, whose diagonal takes a third, masked copy of the loop), each checked for
-wgmma (every matmul), TMA loads and stores (and the
+the causal backward in the first two, whose diagonal takes a third, masked copy of the loop, dense and varlen),
+each checked for wgmma (every matmul), TMA loads and stores (and the
 backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split),
 tanh.approx for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
 gelu_tanh and silu, f32 elsewhere), no register spills in ptxas's report, and no "wgmma serialized" warning
@@ -56,6 +56,7 @@ FWD_KINDS = {
     "fwd_fp16": {},
     "fwd_varlen": dict(varlen=True),
     "fwd_causal": dict(causal=True),
+    "fwd_varlen_causal": dict(varlen=True, causal=True),
 }
 FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpong", 128, 128, "sigmoid"),
                      ("fwd_shared_store", 128, 128, "gelu_tanh"), ("fwd_shared_store", 128, 128, "relu"),
@@ -66,7 +67,9 @@ FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpo
                      ("fwd_varlen", 64, 64, "gelu_tanh"), ("fwd_varlen", 96, 128, "sigmoid"),
                      ("fwd_varlen", 256, 256, "gelu_tanh"), ("fwd_varlen", 128, 256, "silu"),
                      ("fwd_causal", 128, 128, "gelu_tanh"), ("fwd_causal", 128, 128, "relu"),
-                     ("fwd_causal", 64, 64, "gelu_tanh"), ("fwd_causal", 96, 128, "sigmoid")]
+                     ("fwd_causal", 64, 64, "gelu_tanh"), ("fwd_causal", 96, 128, "sigmoid"),
+                     ("fwd_varlen_causal", 128, 128, "gelu_tanh"), ("fwd_varlen_causal", 128, 128, "silu"),
+                     ("fwd_varlen_causal", 64, 64, "relu"), ("fwd_varlen_causal", 96, 128, "sigmoid")]
 FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
 # measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (since the
@@ -81,7 +84,8 @@ TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 # the dQ sums: in an fp32 buffer, in place in bf16 (short key ranges), or by pairs of key tiles
 BWD_KINDS = ("bwd", "bwd_dq_direct", "bwd_dq_pairs")
 BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pairs", "bwd_varlen": "fp32",
-               "bwd_varlen_direct": "in_place", "bwd_causal": "fp32", "bwd_causal_direct": "in_place"}
+               "bwd_varlen_direct": "in_place", "bwd_causal": "fp32", "bwd_causal_direct": "in_place",
+               "bwd_varlen_causal": "fp32", "bwd_varlen_causal_direct": "in_place"}
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
@@ -94,7 +98,15 @@ BWD_CAUSAL_CASES = [("bwd_causal", 128, 128, "gelu_tanh"), ("bwd_causal", 128, 1
                     ("bwd_causal_direct", 128, 128, "silu"), ("bwd_causal_direct", 96, 128, "sigmoid")]
 # measured with cutlass-dsl 4.8.1: 16 bytes stored, 44 loaded (a few loads per query tile, none in the activation)
 BWD_SPILLING |= {("bwd_causal", 128, 128, "gelu_tanh")}
-BWD_ALL_CASES = [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_VARLEN_CASES + BWD_CAUSAL_CASES
+# the causal mask in the varlen backward (per-sample rows through ragged descriptors); its fp32-sum builds spill as
+# the dense ones do (cutlass-dsl 4.8.1: gelu_tanh as the causal one, 16 bytes stored and 44 loaded; silu as the
+# unmasked one, 16 bytes)
+BWD_VARLEN_CAUSAL_CASES = [("bwd_varlen_causal", 128, 128, "gelu_tanh"), ("bwd_varlen_causal", 128, 128, "silu"),
+                           ("bwd_varlen_causal_direct", 128, 128, "gelu_tanh"),
+                           ("bwd_varlen_causal_direct", 64, 64, "gelu_tanh"), ("bwd_varlen_causal", 96, 128, "sigmoid")]
+BWD_SPILLING |= {("bwd_varlen_causal", 128, 128, "gelu_tanh"), ("bwd_varlen_causal", 128, 128, "silu")}
+BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_VARLEN_CASES + BWD_CAUSAL_CASES
+                 + BWD_VARLEN_CAUSAL_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +157,8 @@ def test_cute_fwd_without_mask_selects_less(case, reports):
         assert exact == 0
 
 
-@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] == "fwd_causal"], ids=str)
+@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] in ("fwd_causal", "fwd_varlen_causal")],
+                         ids=str)
 def test_cute_causal_fwd_masks_one_step(case, reports):
     """The causal forward masks only its diagonal key tile, the first step of each query tile: as many selects
     as the kernel masking keys past Nk in its first step, none in the key-tile loop, and the same matmuls."""
@@ -154,7 +167,8 @@ def test_cute_causal_fwd_masks_one_step(case, reports):
     assert causal["wgmma"] == masked["wgmma"]
 
 
-@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] == "fwd_varlen"], ids=str)
+@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] in ("fwd_varlen", "fwd_varlen_causal")],
+                         ids=str)
 def test_cute_varlen_fwd_reads_samples_through_ragged_descriptors(case, reports):
     """The varlen forward's loads and stores take the ragged descriptors' extra mode (5-D where the dense
     kernel's are 4-D), and it reads the per-sample rows from global memory."""
@@ -179,7 +193,7 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     # tile's dQ after the loops
     per_tile = d // 16 + dv // 16 + 2 * (64 // 16) + 128 // 16
     late = dq_late_for(BWD_DQ_SUMS[case[0]], d, dv)
-    loops = 3 if case[0].startswith("bwd_causal") else 2
+    loops = 3 if "causal" in case[0] else 2
     assert r["wgmma"] == loops * per_tile + (128 // 16 if late else 0), r
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/dO/K/V loads and the dK/dV stores go through TMA"
     assert r["tma_reduce"] > 0, "dQ tiles are added by TMA reduce-add"
@@ -195,7 +209,7 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 
 
-@pytest.mark.parametrize("case", BWD_VARLEN_CASES, ids=str)
+@pytest.mark.parametrize("case", BWD_VARLEN_CASES + BWD_VARLEN_CAUSAL_CASES, ids=str)
 def test_cute_varlen_bwd_reads_samples_through_ragged_descriptors(case, reports):
     """The varlen backward's loads, stores and dQ reduce-adds all take the ragged descriptors' extra mode (5-D
     where the dense kernel's are 4-D), and it reads the per-sample rows from global memory."""
@@ -207,7 +221,7 @@ def test_cute_varlen_bwd_reads_samples_through_ragged_descriptors(case, reports)
     assert varlen["ld_global_s32"] > dense["ld_global_s32"]
 
 
-@pytest.mark.parametrize("case", BWD_CAUSAL_CASES, ids=str)
+@pytest.mark.parametrize("case", BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES, ids=str)
 def test_cute_causal_bwd_masks_two_loop_copies(case, reports):
     """The causal backward selects per score in its diagonal's loop and in the last query tile's, as many as the
     unmasked kernel's one masked loop each (these activations select nothing of their own), none in the loop of the
@@ -232,7 +246,7 @@ def _compile_all(cases) -> list[dict]:
         else:
             ptx = compile_bwd(
                 torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind], head_dim_v=dv,
-                varlen=kind.startswith("bwd_varlen"), causal=kind.startswith("bwd_causal"),
+                varlen=kind.startswith("bwd_varlen"), causal="causal" in kind,
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)

@@ -1,6 +1,6 @@
-"""Which path the varlen forward and backward take: the CuTe-DSL varlen forward where it covers the call (under
-"auto" and "cute"), the CuTe-DSL varlen backward likewise but only under "cute" (level with Triton's, measured),
-else the usual choice, with the reason in the support check. CPU tensors stand in for an sm_90 GPU's;
+"""Which path the varlen forward and backward take: the CuTe-DSL varlen kernels where they cover the call (under
+"auto" and "cute"; the causal mask where every sample's Nk - Nq is known to fit it), else the usual choice, with
+the reason in the support check. CPU tensors stand in for an sm_90 GPU's;
 the op itself then runs as before (the reference here), whatever the selector says for the GPU."""
 
 from __future__ import annotations
@@ -28,14 +28,21 @@ def _jagged(dtype=torch.bfloat16, d=128, dv=None, h=4, hkv=2, total=300):
     return q, k, v
 
 
+def _self_rows(total=300):
+    """(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) of self attention: one offsets tensor for both sides."""
+    cu = torch.tensor([0, 100, total], dtype=torch.int32)
+    return cu, cu, None, None
+
+
 @needs_cute_dsl
 @pytest.mark.parametrize(
     "change, reason",
     [
         (dict(), ""),
-        (dict(bias=True), "bias, causal masking and windows"),
-        (dict(causal=True), "bias, causal masking and windows"),
-        (dict(window=(16, 0)), "bias, causal masking and windows"),
+        (dict(bias=True), "bias and windows"),
+        (dict(causal=True), ""),
+        (dict(window=(16, 0)), "bias and windows"),
+        (dict(causal=True, window=(16, 0)), "bias and windows"),
         (dict(activation="softplus"), "no CuTe form"),
         (dict(dtype=torch.float32), "fp16/bf16"),
         (dict(d=64), ""),
@@ -61,35 +68,82 @@ def test_support_reasons(on_hopper, change, reason):
         q = torch.randn(1, 7, 4, q.shape[-1], dtype=q.dtype)
     bias = torch.randn(4, 300, 300, dtype=q.dtype) if change.get("bias") else None
     ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, bias, change.get("causal", False),
-                                                  change.get("window", (-1, -1)), change.get("activation", "silu"))
+                                                  change.get("window", (-1, -1)), change.get("activation", "silu"),
+                                                  _self_rows())
     assert ok == (reason == "")
     assert reason in why
 
 
+def _dense(n, b=2, d=128, dtype=torch.bfloat16):
+    return torch.randn(b, n, 4, d, dtype=dtype)
+
+
+@needs_cute_dsl
+@pytest.mark.parametrize("layout, reason", [
+    ("self", ""),
+    ("equal_offsets", "one cu_seqlens tensor"),
+    ("jagged_q_dense_k", "one cu_seqlens tensor"),
+    ("padded_self", ""),
+    ("padded_two_lengths", "one seqused tensor"),
+    ("padded_q_only", "one seqused tensor"),
+    ("dense_equal", ""),
+    ("dense_offset_256", ""),
+    ("dense_offset_100", "non-negative multiple of 128"),
+    ("dense_fewer_keys", "non-negative multiple of 128"),
+    ("self_d256", "D and Dv of at most 128"),
+])
+def test_causal_support_reasons(on_hopper, layout, reason):
+    """The causal mask is taken where every sample's Nk - Nq is known, without reading the offsets, to be a
+    non-negative multiple of 128: one cu_seqlens or one seqused tensor for both sides, or full dense sides whose
+    lengths differ by such a multiple."""
+    q, k, v = _jagged(d=256 if layout == "self_d256" else 128)
+    rows = _self_rows()
+    lengths = torch.tensor([5, 9], dtype=torch.int32)
+    if layout == "equal_offsets":
+        rows = (rows[0], rows[0].clone(), None, None)
+    elif layout == "jagged_q_dense_k":
+        k, v, rows = _dense(300), _dense(300), (rows[0], None, None, None)
+    elif layout.startswith(("padded", "dense")):
+        nq, nk = {"dense_offset_256": (64, 320), "dense_offset_100": (64, 164), "dense_fewer_keys": (300, 172)}.get(
+            layout, (300, 300))
+        q, k, v = _dense(nq), _dense(nk), _dense(nk)
+        rows = {"padded_self": (None, None, lengths, lengths),
+                "padded_two_lengths": (None, None, lengths, lengths.clone()),
+                "padded_q_only": (None, None, lengths, None)}.get(layout, (None, None, None, None))
+    ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, None, True, (-1, -1), "silu", rows)
+    assert ok == (reason == "")
+    assert reason in why
+    # the same call without the mask is taken
+    assert cute_varlen.cute_varlen_fwd_support(q, k, v, None, False, (-1, -1), "silu", rows) == (True, "")
+
+
 def test_off_hopper_is_not_cute():
     q, k, v = _jagged()
-    ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, None, False, (-1, -1), "silu")
+    ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, None, False, (-1, -1), "silu", _self_rows())
     assert not ok and ("sm_90" in why or "not installed" in why)
 
 
 @needs_cute_dsl
-@pytest.mark.parametrize("name, causal, expected", [("auto", False, "cute"), ("cute", False, "cute"),
-                                                     ("auto", True, None), ("cute", True, None),
-                                                     ("triton", False, None), ("reference", False, "reference")])
-def test_selector(on_hopper, backend, name, causal, expected):
-    """"auto" and "cute" take the CuTe varlen forward where it covers the call; what it does not cover (causal
-    here) takes the usual choice under both (None: ``select_impl``'s answer, the reference on CPU tensors, or
-    its error under a forced "triton")."""
+@pytest.mark.parametrize("name, causal, rows, expected", [
+    ("auto", False, "self", "cute"), ("cute", False, "self", "cute"), ("auto", True, "self", "cute"),
+    ("cute", True, "self", "cute"), ("auto", True, "equal_offsets", None), ("cute", True, "equal_offsets", None),
+    ("triton", False, "self", None), ("reference", False, "self", "reference"),
+])
+def test_selector(on_hopper, backend, name, causal, rows, expected):
+    """"auto" and "cute" take the CuTe varlen forward where it covers the call; what it does not cover (causal over
+    two offsets tensors here) takes the usual choice under both (None: ``select_impl``'s answer, the reference on
+    CPU tensors, or its error under a forced "triton")."""
     backend(name)
     q, k, v = _jagged()
+    rows = _self_rows() if rows == "self" else (_self_rows()[0], _self_rows()[0], None, None)
     if expected is None:
         try:
             expected = select_impl(q, k, v, None, "varlen forward")
         except ValueError as e:
             with pytest.raises(ValueError, match=str(e)[:40]):
-                select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu")
+                select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu", rows)
             return
-    assert select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu") == expected
+    assert select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu", rows) == expected
 
 
 @needs_cute_dsl
@@ -101,29 +155,45 @@ def test_selector_wide_heads(on_hopper, backend, name, d, dv, auto_takes_cute):
     backend(name)
     q, k, v = _jagged(d=d, dv=dv)
     expected = "cute" if name == "cute" or auto_takes_cute else select_impl(q, k, v, None, "varlen forward")
-    assert select_varlen_forward_impl(q, k, v, None, False, (-1, -1), "silu") == expected
+    assert select_varlen_forward_impl(q, k, v, None, False, (-1, -1), "silu", _self_rows()) == expected
 
 
 @needs_cute_dsl
-@pytest.mark.parametrize("change, reason", [(dict(), ""), (dict(causal=True), "not in the CuTe varlen backward"),
+@pytest.mark.parametrize("change, reason", [(dict(), ""), (dict(causal=True), ""),
+                                            (dict(causal=True, equal_offsets=True), "in the CuTe varlen backward"),
+                                            (dict(window=(3, 0)), "not in the CuTe varlen backward"),
                                             (dict(d=256), "for the CuTe varlen backward"),
                                             (dict(activation="softplus"), "no CuTe form")])
 def test_backward_support_reasons(on_hopper, change, reason):
-    """The backward takes the forward's calls; its reasons name it."""
+    """The backward takes the forward's calls, causal ones included; its reasons name it."""
     q, k, v = _jagged(d=change.get("d", 128))
-    ok, why = cute_varlen_bwd.cute_varlen_bwd_support(q, k, v, None, change.get("causal", False), (-1, -1),
-                                                      change.get("activation", "silu"))
+    rows = _self_rows()
+    if change.get("equal_offsets"):
+        rows = (rows[0], rows[0].clone(), None, None)
+    ok, why = cute_varlen_bwd.cute_varlen_bwd_support(q, k, v, None, change.get("causal", False),
+                                                      change.get("window", (-1, -1)),
+                                                      change.get("activation", "silu"), rows)
     assert ok == (reason == "")
     assert reason in why
 
 
 @needs_cute_dsl
-@pytest.mark.parametrize("name, causal, expected", [("cute", False, "cute"), ("auto", False, None),
-                                                     ("cute", True, None), ("reference", False, "reference")])
-def test_backward_selector(on_hopper, backend, name, causal, expected):
-    """Only a forced "cute" takes the CuTe varlen backward; "auto" and the cases it does not cover take the usual
-    choice (None: ``select_impl``'s answer)."""
+@pytest.mark.parametrize("name, causal, rows, expected", [
+    ("cute", False, "self", "cute"), ("auto", False, "self", "cute"), ("cute", True, "self", "cute"),
+    ("auto", True, "self", "cute"), ("auto", True, "equal_offsets", None), ("triton", False, "self", None),
+    ("reference", False, "self", "reference"),
+])
+def test_backward_selector(on_hopper, backend, name, causal, rows, expected):
+    """"auto" and "cute" take the CuTe varlen backward where it covers the call; the cases it does not cover take
+    the usual choice (None: ``select_impl``'s answer, or its error under a forced "triton")."""
     backend(name)
     q, k, v = _jagged()
-    expected = select_impl(q, k, v, None, "varlen backward") if expected is None else expected
-    assert select_varlen_backward_impl(q, k, v, None, causal, (-1, -1), "silu") == expected
+    rows = _self_rows() if rows == "self" else (_self_rows()[0], _self_rows()[0].clone(), None, None)
+    if expected is None:
+        try:
+            expected = select_impl(q, k, v, None, "varlen backward")
+        except ValueError as e:
+            with pytest.raises(ValueError, match=str(e)[:40]):
+                select_varlen_backward_impl(q, k, v, None, causal, (-1, -1), "silu", rows)
+            return
+    assert select_varlen_backward_impl(q, k, v, None, causal, (-1, -1), "silu", rows) == expected

@@ -61,14 +61,14 @@ def compile_bwd(
     not, causal or not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values.
     Compiled against fake tensors (``kernel_args``); called with the seven tensors in the kernel's mode order, the
     three scalars and, varlen, the (5, B) rows tensor and the longest sample's key tiles. ``head_dim_v``: V's and
-    dO's head dim (None: ``head_dim``). ``causal``: the bottom-right aligned mask (``causal_support``'s cases),
-    dense batches, dQ not summed by pairs."""
+    dO's head dim (None: ``head_dim``). ``causal``: the bottom-right aligned mask (``causal_support``'s cases, or
+    varlen ``varlen_causal_support``'s), dQ not summed by pairs."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
         raise ValueError("dq_sums='pairs' is not available for varlen batches")
-    if causal and (varlen or dq_sums == "pairs"):
-        raise ValueError("the causal CuTe backward takes dense batches, dq_sums 'in_place' or 'fp32'")
+    if causal and dq_sums == "pairs":
+        raise ValueError("the causal CuTe backward takes dq_sums 'in_place' or 'fp32'")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, keep_ptx, varlen)

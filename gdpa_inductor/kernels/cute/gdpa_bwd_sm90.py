@@ -29,8 +29,8 @@ No softmax: no LSE, no rowsum(dO ∘ O) pass. 5 matmuls per tile, nothing N×N l
 scales dK and dV, writes them over the K and V tiles in shared memory and stores them by TMA. Keys and queries
 past the ends read as zeros (TMA fills them) and are masked out of P and dS, so non-finite inputs cannot leak
 through padding; tiles with nothing to mask run a copy of the loop without the mask.
-With ``causal`` (the bottom-right aligned mask, dense batches whose Nk - Nq is a whole number of 128-key tiles) a
-CTA starts at the first query tile that sees one of its keys and masks only the two 64-row tiles across its
+With ``causal`` (the bottom-right aligned mask, Nk - Nq a whole number of 128-key tiles; in a varlen batch in every
+sample) a CTA starts at the first query tile that sees one of its keys and masks only the two 64-row tiles across its
 diagonal, run first through the masked copy of the loop; the tiles before it add nothing to its dK and dV, nor it
 to their dQ.
 With ``varlen`` the CTAs are (key tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
@@ -126,11 +126,11 @@ class GdpaBwdSm90:
         # its sample read and written through TMA descriptors bounded at the sample's end (``ragged_rows``)
         self.varlen = varlen
         assert not (varlen and dq_pairs), "a varlen sample's key tiles need not pair up"
-        # bottom-right aligned causal mask (dense batches, Nk - Nq a whole number of key tiles): a CTA starts at
-        # the first query tile that sees one of its keys, and only the two 64-row tiles across its diagonal are
-        # masked; the pairs would exchange dQ tiles of two CTAs that start at different query tiles
+        # bottom-right aligned causal mask (Nk - Nq a whole number of key tiles; varlen: in every sample): a CTA
+        # starts at the first query tile that sees one of its keys, and only the two 64-row tiles across its
+        # diagonal are masked; the pairs would exchange dQ tiles of two CTAs that start at different query tiles
         self.causal = causal
-        assert not (causal and (varlen or dq_pairs)), "causal: dense batches, dQ not summed by pairs"
+        assert not (causal and dq_pairs), "causal: dQ not summed by pairs"
 
     @cute.jit
     def __call__(

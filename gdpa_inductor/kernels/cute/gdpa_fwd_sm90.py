@@ -23,11 +23,11 @@ once, writes it to shared memory and stores it by TMA, which clips rows past Nq,
 tile computes: each warpgroup its own 64 rows with ``split_store`` (neither waits for the other), else one copy of
 the tile. With ``o_from_registers`` (head dims past 128, where shared memory has no room for an O tile) each
 thread stores its accumulator values straight to global memory, rows past Nq predicated off.
-With ``causal`` (dense batches whose Nk - Nq is a whole number of 128-key tiles, Nk >= Nq) a query tile computes
-only the key tiles up to its diagonal, the diagonal one first: it is the only one whose scores are masked (key
-c of the tile kept for row r iff c <= r; that mask also drops keys past Nk), and the query tiles run last-first, so
-the longest start first; the launcher's grid, coprime with the query tiles per head (``persistent_grid``), hands
-every CTA each query tile position in turn.
+With ``causal`` (Nk - Nq a whole number of 128-key tiles, Nk >= Nq; in a varlen batch in every sample) a query
+tile computes only the key tiles up to its diagonal, the diagonal one first: it is the only one whose scores are
+masked (key c of the tile kept for row r iff c <= r; that mask also drops keys past Nk), and the query tiles run
+last-first, so the longest start first; the launcher's grid, coprime with the query tiles per head
+(``persistent_grid``), hands every CTA each query tile position in turn.
 With ``varlen`` the tiles are (query tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
 (longest first), each side's rows of a sample read through a TMA descriptor bounded at the sample's end
 (``ragged_rows``), so its ragged last tiles read zeros and its O stores are clipped there (or, from the
@@ -105,8 +105,9 @@ class GdpaFwdSm90:
         # query tile computes first (``_key_tile_at``); without it no step pays the select
         self.mask_keys = mask_keys
         # bottom-right aligned causal mask, on the diagonal key tile only: it needs that tile to hold the diagonal
-        # of the whole query tile (key tiles as tall as query tiles, Nk - Nq a multiple of them)
-        assert not (causal and (varlen or tile_n != self.tile_m)), "causal: dense batches, 128-key tiles"
+        # of the whole query tile (key tiles as tall as query tiles, Nk - Nq a multiple of them; varlen: in every
+        # sample)
+        assert not (causal and tile_n != self.tile_m), "causal: 128-key tiles"
         self.causal = causal
         # whether a query tile's first step is masked (and so comes first: ``_key_tile_at``)
         self.masks_first_step = mask_keys or causal
@@ -405,14 +406,21 @@ class GdpaFwdSm90:
         of a tile index: the rows from ``rows`` by the tile's rank (varlen), else every sample's whole tensor."""
         num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
         m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
-        if cutlass.const_expr(self.causal):
-            # the query tiles with the most key tiles first
-            m_blk = num_m - 1 - m_blk
+        m_blk = self._query_tile(m_blk, num_m)
         q0, k0 = 0, 0
         if cutlass.const_expr(self.varlen):
             rank = z
             q0, nq, k0, nk, z = rows[0, rank], rows[1, rank], rows[2, rank], rows[3, rank], rows[4, rank]
         return m_blk, h, hk, z, q0, nq, k0, nk
+
+    @cute.jit
+    def _query_tile(self, position: cutlass.Int32, num_m: cutlass.Int32):
+        """The query tile at ``position`` of a head's ``num_m``: in order, or with ``causal`` last-first (the
+        query tiles with the most key tiles first; in a varlen batch the positions of tiles past a shorter sample's
+        end come first, and are skipped)."""
+        if cutlass.const_expr(self.causal):
+            return num_m - 1 - position
+        return position
 
     @cute.jit
     def _has_rows(self, m_blk: cutlass.Int32, nq: cutlass.Int32, nk: cutlass.Int32):
@@ -442,7 +450,9 @@ class GdpaFwdSm90:
         empty = t < num_tiles
         while empty:
             rank = cutlass.min(t // num_m // num_q_heads, last_rank)
-            empty = (t < num_tiles) & ((t % num_m * self.tile_m >= rows[1, rank]) | (rows[3, rank] == 0))
+            empty = (t < num_tiles) & (
+                (self._query_tile(t % num_m, num_m) * self.tile_m >= rows[1, rank]) | (rows[3, rank] == 0)
+            )
             if empty:
                 t = t + num_ctas
         return t

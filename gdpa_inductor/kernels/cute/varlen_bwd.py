@@ -22,10 +22,10 @@ from .varlen_fwd import cute_varlen_fwd_support
 
 
 def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                            window: tuple[int, int], activation: str) -> tuple[bool, str]:
-    """(ok, reason) for the CuTe varlen backward: the varlen forward's cases at the dense backward's head dims
-    (64 to 128)."""
-    return cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, "the CuTe varlen backward",
+                            window: tuple[int, int], activation: str, rows: tuple) -> tuple[bool, str]:
+    """(ok, reason) for the CuTe varlen backward: the varlen forward's cases (``rows``: the call's cu_seqlens and
+    seqused, for its causal rule) at the dense backward's head dims (64 to 128)."""
+    return cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows, "the CuTe varlen backward",
                                    BWD_HEAD_DIMS)
 
 
@@ -49,9 +49,10 @@ def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, order: torch.Tensor,
-                         activation: str, scale: float, post_scale: float, negative_slope: float):
+                         activation: str, scale: float, post_scale: float, negative_slope: float,
+                         causal: bool = False):
     """(dq, dk, dv) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout (the queries'
-    rows, Dv wide)."""
+    rows, Dv wide). ``causal``: the bottom-right aligned mask in each sample."""
     q, k = qs.tensor, ks.tensor
     h, d = q.shape[-2:]
     hkv, d_v = v.shape[-2:]
@@ -67,7 +68,7 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
     num_n = -(-ks.max_len // KEY_TILE)
     if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
         rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
-        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True)
+        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True, causal=causal)
         fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
            rows, num_n)
     dq = _finish(dq_buf, qs.tensor)

@@ -5,7 +5,8 @@ sample's first row and length on both sides, samples longest first).
 Each side is a jagged ``[total, H, D]`` tensor or a dense ``[B or 1, N, H, D]`` one (padded batches pass their
 valid lengths); the kernel reads each sample's rows through TMA descriptors bounded at the sample's end, so a
 sample never reads or writes another's rows, and its persistent CTAs skip the query tiles past each sample's
-length. One compile per (dtype, head dims, activation), shared with nothing else: the keys are always masked.
+length. One compile per (dtype, head dims, activation, causal or not), shared with nothing else: the keys are
+always masked (under ``causal`` by the diagonal's mask, as in the dense kernel).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..triton.varlen_layout import VarlenSide
-from .gdpa_fwd import compile_fwd, cute_dsl_available, on_sm90, operand_support, persistent_grid
+from .gdpa_fwd import CAUSAL_TILE, compile_fwd, cute_dsl_available, on_sm90, operand_support, persistent_grid
 from .kernel_args import row_modes
 
 # the dense forward's head dims: past 128 its wide-head tiles (64 keys, O stored from the registers, the rows past
@@ -23,18 +24,51 @@ _TILE_M = 128
 
 
 def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                            window: tuple[int, int], activation: str, kernel: str = "the CuTe varlen forward",
+                            window: tuple[int, int], activation: str, rows: tuple,
+                            kernel: str = "the CuTe varlen forward",
                             head_dims: tuple = VARLEN_HEAD_DIMS) -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen forward on the varlen op's operands (``[total, H, D]`` or
-    ``[B, N, H, D]`` each); ``kernel`` names it in the reasons and ``head_dims`` are D's and Dv's (the backward
-    takes the same calls at its own head dims)."""
+    ``[B, N, H, D]`` each) and ``rows``, their (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k); ``kernel``
+    names it in the reasons and ``head_dims`` are D's and Dv's (the backward takes the same calls at its own head
+    dims)."""
     if not cute_dsl_available():
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
-    if bias is not None or causal or tuple(window) != (-1, -1):
-        return False, f"bias, causal masking and windows are not in {kernel} yet"
+    if bias is not None or tuple(window) != (-1, -1):
+        return False, f"bias and windows are not in {kernel} yet"
+    if causal:
+        ok, reason = varlen_causal_support(q, k, v, rows, kernel)
+        if not ok:
+            return ok, reason
     return operand_support(q, k, v, activation, head_dims, kernel)
+
+
+def varlen_causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: tuple,
+                          kernel: str = "the CuTe varlen forward") -> tuple[bool, str]:
+    """(ok, reason) for the causal mask in the CuTe varlen kernels: the dense kernels' rule (``causal_support``)
+    in every sample, Nk - Nq a non-negative multiple of 128. Without reading the offsets on the host (a device
+    sync per call) that is known only where it holds by construction: both sides' rows from one ``cu_seqlens``
+    tensor (self-attention over jagged sequences, HSTU's case) or one ``seqused`` tensor (Nk = Nq per sample), or
+    full dense sides whose lengths differ by such a multiple. Equal offsets in two tensors take Triton's kernel."""
+    cu_q, cu_k, used_q, used_k = rows
+    if max(q.shape[-1], v.shape[-1]) > CAUSAL_TILE:
+        return False, f"causal masking in {kernel} needs D and Dv of at most {CAUSAL_TILE}"
+    if cu_q is not None or cu_k is not None:
+        if cu_q is not cu_k:
+            return False, (f"causal masking in {kernel} needs queries and keys to take their rows from one "
+                           "cu_seqlens tensor (per-sample lengths are not read on the host)")
+        return True, ""
+    if used_q is not None or used_k is not None:
+        if used_q is not used_k:
+            return False, (f"causal masking in {kernel} needs queries and keys to take their valid lengths from "
+                           "one seqused tensor (per-sample lengths are not read on the host)")
+        return True, ""
+    nq, nk = q.shape[1], k.shape[1]
+    if nk < nq or (nk - nq) % CAUSAL_TILE:
+        return False, (f"causal masking in {kernel} needs Nk - Nq to be a non-negative multiple of {CAUSAL_TILE}; "
+                       f"got Nq={nq}, Nk={nk}")
+    return True, ""
 
 
 def cute_varlen_fwd_preferred(q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
@@ -51,9 +85,11 @@ def cute_varlen_fwd_preferred(q: torch.Tensor, v: torch.Tensor) -> tuple[bool, s
 
 
 def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
-                         activation: str, scale: float, post_scale: float, negative_slope: float) -> torch.Tensor:
+                         activation: str, scale: float, post_scale: float, negative_slope: float,
+                         causal: bool = False) -> torch.Tensor:
     """Writes ``out.tensor`` (the queries' layout, Dv wide; rows past each sample's length untouched) from the
-    sides of a ``cute_varlen_fwd_support``-checked call; returns it."""
+    sides of a ``cute_varlen_fwd_support``-checked call; returns it. ``causal``: the bottom-right aligned mask in
+    each sample."""
     q, k, o = qs.tensor, ks.tensor, out.tensor
     num_m = -(-qs.max_len // _TILE_M)
     tiles = num_m * q.shape[-2] * qs.batch
@@ -63,7 +99,7 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
         # no sample has keys (and the descriptors would have no memory to point at)
         return o.zero_()
     rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
-    fn = compile_fwd(q.dtype, q.shape[-1], activation, head_dim_v=v.shape[-1], varlen=True)
+    fn = compile_fwd(q.dtype, q.shape[-1], activation, head_dim_v=v.shape[-1], varlen=True, causal=causal)
     # jagged samples: the later query tile positions exist only in the longer ones (full samples lose one CTA's
     # 0.8%, measured 2%)
     num_ctas = persistent_grid(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count, num_m, True)
