@@ -5,9 +5,9 @@ math in the same dtype (eager), at the same inputs: every layout (jagged self/cr
 samples, whose dQ is summed over per-sample slices, PFFN per-sample dense weights, padded with lengths), every
 activation, bf16 and fp16, GQA, head dims of 64/96/128 equal and not, samples without queries or keys, and batches
 of many samples whose longest has at most eight key tiles (dQ summed in place) or more (dQ summed in fp32). The
-Triton varlen kernels are made to fail, so each case proves the CuTe forward and backward ran. Gradients of samples without
-keys or queries are exactly zero, and non-finite values in one sample leave every other sample's gradients
-unchanged to the bit.
+Triton varlen kernels are made to fail, so each case proves the CuTe forward and backward ran. Gradients of
+samples without keys or queries are exactly zero, and non-finite values in one sample leave every other sample's
+gradients unchanged to the bit.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gdpa_inductor import gdpa_varlen
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS
 
 from .cute_common import NEEDS_CUTE
-from .varlen_common import check
+from .varlen_common import POISON_LENGTHS, check, poison_second_sample
 
 pytestmark = NEEDS_CUTE
 
@@ -90,7 +90,7 @@ def test_samples_without_queries_or_keys(layout, lq, lk, gen, cute_varlen_only):
 def test_non_finite_values_stay_in_their_sample(poison, gen, cute_varlen_only):
     """NaN and Inf in the first rows of sample 1, right behind sample 0's ragged last tile: the gradients of
     samples 0 and 2 (one key tile each, so their dQ sums have one order) are as without them, bit for bit."""
-    case = make_case("self", gen, h=4, hkv=4, d=128, dv=128, lq=[100, 150, 77]).to("cuda")
+    case = make_case("self", gen, h=4, hkv=4, d=128, dv=128, lq=POISON_LENGTHS).to("cuda")
 
     def grads():
         q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in case.inputs(torch.float64))
@@ -99,9 +99,6 @@ def test_non_finite_values_stay_in_their_sample(poison, gen, cute_varlen_only):
         return torch.autograd.grad(out, (q, k, v), dout)
 
     clean = grads()
-    tensor = {"q": case.q, "k": case.k, "v": case.v}[poison]
-    tensor[100:103, 1] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=tensor.dtype,
-                                      device=tensor.device)[:, None]
-    others = torch.cat([torch.arange(0, 100), torch.arange(250, 327)]).cuda()
+    others = poison_second_sample(case, poison)
     for got, want in zip(grads(), clean):
         assert torch.equal(got[others], want[others])

@@ -22,7 +22,7 @@ from gdpa_inductor import gdpa_varlen
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS
 
 from .cute_common import NEEDS_CUTE
-from .varlen_common import check
+from .varlen_common import POISON_LENGTHS, check, poison_second_sample
 
 pytestmark = NEEDS_CUTE
 
@@ -87,7 +87,7 @@ def test_non_finite_values_stay_in_their_sample(poison, gen, cute_varlen_only):
     """NaN and Inf in the first rows of sample 1, right behind sample 0's ragged last tile: the output and the
     gradients of samples 0 and 2 (one key tile each, so their dQ sums have one order) are as without them, bit for
     bit."""
-    case = make_case("self", gen, h=4, hkv=4, d=128, dv=128, lq=[100, 150, 77]).to("cuda")
+    case = make_case("self", gen, h=4, hkv=4, d=128, dv=128, lq=POISON_LENGTHS).to("cuda")
 
     def run():
         q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in case.inputs(torch.float64))
@@ -96,9 +96,6 @@ def test_non_finite_values_stay_in_their_sample(poison, gen, cute_varlen_only):
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
     clean = run()
-    tensor = {"q": case.q, "k": case.k, "v": case.v}[poison]
-    tensor[100:103, 1] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=tensor.dtype,
-                                      device=tensor.device)[:, None]
-    others = torch.cat([torch.arange(0, 100), torch.arange(250, 327)]).cuda()
+    others = poison_second_sample(case, poison)
     for got, want in zip(run(), clean):
         assert torch.equal(got[others], want[others])

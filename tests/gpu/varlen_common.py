@@ -45,3 +45,16 @@ def check(case, dtype, bias=None, **params):
             bad.append(f"{name}: {err:.3g} > 2 x eager {eager_err:.3g}")
     assert not bad, "; ".join(bad)
     return got
+
+
+# three samples, the poisoned rows the first of the second, right behind the first one's ragged last tile
+POISON_LENGTHS = [100, 150, 77]
+
+
+def poison_second_sample(case, which: str) -> torch.Tensor:
+    """NaN, Inf and -Inf into head 1 of the first three rows of sample 1 of ``case`` (lengths ``POISON_LENGTHS``,
+    jagged) in ``which`` of "q", "k" and "v"; returns the row indices of samples 0 and 2."""
+    tensor = {"q": case.q, "k": case.k, "v": case.v}[which]
+    tensor[100:103, 1] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=tensor.dtype,
+                                      device=tensor.device)[:, None]
+    return torch.cat([torch.arange(0, 100), torch.arange(250, 327)]).cuda()

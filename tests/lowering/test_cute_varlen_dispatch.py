@@ -74,6 +74,21 @@ def test_support_reasons(on_hopper, change, reason):
     assert reason in why
 
 
+def _assert_selects(select, what: str, q, k, v, causal: bool, rows: str, expected: str | None):
+    """``select`` (a varlen selector) picks ``expected`` for the call over ``rows`` ("self": one offsets tensor for
+    both sides, "equal_offsets": two equal ones); None: ``select_impl``'s answer, or its error under a forced
+    "triton"."""
+    rows = _self_rows() if rows == "self" else (_self_rows()[0], _self_rows()[0].clone(), None, None)
+    if expected is None:
+        try:
+            expected = select_impl(q, k, v, None, what)
+        except ValueError as e:
+            with pytest.raises(ValueError, match=str(e)[:40]):
+                select(q, k, v, None, causal, (-1, -1), "silu", rows)
+            return
+    assert select(q, k, v, None, causal, (-1, -1), "silu", rows) == expected
+
+
 def _dense(n, b=2, d=128, dtype=torch.bfloat16):
     return torch.randn(b, n, 4, d, dtype=dtype)
 
@@ -135,15 +150,7 @@ def test_selector(on_hopper, backend, name, causal, rows, expected):
     CPU tensors, or its error under a forced "triton")."""
     backend(name)
     q, k, v = _jagged()
-    rows = _self_rows() if rows == "self" else (_self_rows()[0], _self_rows()[0], None, None)
-    if expected is None:
-        try:
-            expected = select_impl(q, k, v, None, "varlen forward")
-        except ValueError as e:
-            with pytest.raises(ValueError, match=str(e)[:40]):
-                select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu", rows)
-            return
-    assert select_varlen_forward_impl(q, k, v, None, causal, (-1, -1), "silu", rows) == expected
+    _assert_selects(select_varlen_forward_impl, "varlen forward", q, k, v, causal, rows, expected)
 
 
 @needs_cute_dsl
@@ -188,12 +195,4 @@ def test_backward_selector(on_hopper, backend, name, causal, rows, expected):
     the usual choice (None: ``select_impl``'s answer, or its error under a forced "triton")."""
     backend(name)
     q, k, v = _jagged()
-    rows = _self_rows() if rows == "self" else (_self_rows()[0], _self_rows()[0].clone(), None, None)
-    if expected is None:
-        try:
-            expected = select_impl(q, k, v, None, "varlen backward")
-        except ValueError as e:
-            with pytest.raises(ValueError, match=str(e)[:40]):
-                select_varlen_backward_impl(q, k, v, None, causal, (-1, -1), "silu", rows)
-            return
-    assert select_varlen_backward_impl(q, k, v, None, causal, (-1, -1), "silu", rows) == expected
+    _assert_selects(select_varlen_backward_impl, "varlen backward", q, k, v, causal, rows, expected)

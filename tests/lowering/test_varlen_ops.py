@@ -104,3 +104,32 @@ def test_gradients_are_contiguous_for_strided_inputs(backend, gen, monkeypatch):
     for g, x in zip(grads, args[:3]):
         assert g.shape == x.shape and g.is_contiguous(), (g.shape, g.stride())
     torch.library.opcheck(BWD, (dout, *args, False))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("layout", ["self", "padded_self"])
+def test_one_rows_tensor_reaches_both_passes_as_one(layout, compiled, gen, monkeypatch):
+    """The CuTe kernels take a causal varlen call only where both sides' rows come from one tensor
+    (``varlen_causal_support``): that tensor reaches the forward's and the backward's kernel choice as one tensor,
+    through the eager fast path and through a torch.compile'd graph (its saved tensors included)."""
+    seen = []
+    for name in ("select_varlen_forward_impl", "select_varlen_backward_impl"):
+        select = getattr(varlen_ops, name)
+
+        def spy(*args, select=select, name=name):
+            rows = args[-1]
+            seen.append((name, rows[0] is rows[1] and rows[2] is rows[3]))
+            return select(*args)
+
+        monkeypatch.setattr(varlen_ops, name, spy)
+    case = make_case(layout, gen, h=2, hkv=2, d=16, dv=16)
+    q, k, v = case.inputs(torch.float32)
+
+    def run(q, k, v):
+        from gdpa_inductor import gdpa_varlen
+
+        return gdpa_varlen(q, k, v, **case.kwargs, causal=True, activation="silu")
+
+    out = (torch.compile(run, backend="inductor", fullgraph=True) if compiled else run)(q, k, v)
+    out.sum().backward()
+    assert seen == [("select_varlen_forward_impl", True), ("select_varlen_backward_impl", True)]
