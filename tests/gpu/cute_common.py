@@ -46,6 +46,16 @@ CASES = [("bf16", act, 2, 4, 4, 300, 300, 128, 128) for act in SUPPORTED_ACTIVAT
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, seed):
+    """Random (q, k, v, dO) on the GPU for a backward case: [Z, H or Hkv, N, D or Dv]."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(z, h, nq, d, device="cuda", dtype=dtype, generator=gen)
+    do = torch.randn(z, h, nq, dv, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(z, hkv, nk, dv, device="cuda", dtype=dtype, generator=gen)
+    return q, k, v, do
+
+
 def eager_gdpa(q, k, v, activation, scale, post_scale):
     """The math as plain torch ops in the inputs' dtype (eager's own error is the bound), GQA by repeat."""
     group = q.shape[-3] // k.shape[-3]

@@ -20,7 +20,16 @@ from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl
 
 from .cute_common import CASES as SHARED_CASES
-from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, assert_grads_within_eager, autograd_grads, eager_gdpa, rel_error
+from .cute_common import (
+    DTYPES,
+    FLOOR,
+    NEEDS_CUTE,
+    assert_grads_within_eager,
+    autograd_grads,
+    bwd_inputs,
+    eager_gdpa,
+    rel_error,
+)
 
 pytestmark = NEEDS_CUTE
 # the forward's cases plus a ragged fp16 D=64 one, Meta's 2048x256, key ranges whose dQ is summed by pairs of key
@@ -32,8 +41,6 @@ CASES = SHARED_CASES + [
 ]
 
 
-
-
 def _eager_grads(q, k, v, do, activation, scale, post_scale):
     return autograd_grads(eager_gdpa, q, k, v, do, activation, scale, post_scale)
 
@@ -42,11 +49,7 @@ def _eager_grads(q, k, v, do, activation, scale, post_scale):
 def test_cute_backward_matches_float64(case, cute_backend):
     dtype_name, act, z, h, hkv, nq, nk, d, dv = case
     dtype = DTYPES[dtype_name]
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    q = torch.randn(z, h, nq, d, device="cuda", dtype=dtype, generator=gen)
-    do = torch.randn(z, h, nq, dv, device="cuda", dtype=dtype, generator=gen)
-    k = torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(z, hkv, nk, dv, device="cuda", dtype=dtype, generator=gen)
+    q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, 2)
     scale, post = d**-0.5, 1.0 / nk
     assert select_backward_impl(q, k, v, None, False, act) == "cute"
     refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[:3]

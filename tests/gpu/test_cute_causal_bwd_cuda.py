@@ -15,7 +15,7 @@ from gdpa_inductor.kernels.cute.gdpa_bwd import dq_sums_for, gdpa_bwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering import dispatch
 
-from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, assert_grads_within_eager, autograd_grads, rel_error
+from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, assert_grads_within_eager, autograd_grads, bwd_inputs, rel_error
 from .test_cute_causal_fwd_cuda import eager_causal
 
 pytestmark = NEEDS_CUTE
@@ -36,15 +36,6 @@ CAUSAL_BWD_CASES = [
 ]
 
 
-def _inputs(z, h, hkv, nq, nk, d, dv, dtype, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(z, h, nq, d, device="cuda", dtype=dtype, generator=gen)
-    do = torch.randn(z, h, nq, dv, device="cuda", dtype=dtype, generator=gen)
-    k = torch.randn(z, hkv, nk, d, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(z, hkv, nk, dv, device="cuda", dtype=dtype, generator=gen)
-    return q, k, v, do
-
-
 def _eager_causal_grads(q, k, v, do, activation, scale, post_scale):
     return autograd_grads(eager_causal, q, k, v, do, activation, scale, post_scale)
 
@@ -53,7 +44,7 @@ def _eager_causal_grads(q, k, v, do, activation, scale, post_scale):
 def test_causal_backward_matches_float64(case, cute_backend):
     dtype_name, act, z, h, hkv, nq, nk, d, dv = case
     dtype = DTYPES[dtype_name]
-    q, k, v, do = _inputs(z, h, hkv, nq, nk, d, dv, dtype, 2)
+    q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, 2)
     scale, post = d**-0.5, 1.0 / nk
     assert dispatch.select_backward_impl(q, k, v, None, True, act) == "cute"
     refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post,
@@ -68,7 +59,7 @@ def test_causal_backward_matches_float64(case, cute_backend):
 def test_causal_dq_sums_each_within_eager_error(nq, nk, dtype):
     """dQ summed in place and in the fp32 buffer, forced, each within 2x eager's error; dK and dV the same bits
     either way (the sums touch only dQ); the pairs are refused under the causal mask."""
-    q, k, v, do = _inputs(2, 4, 4, nq, nk, 128, 128, dtype, 5)
+    q, k, v, do = bwd_inputs(2, 4, 4, nq, nk, 128, 128, dtype, 5)
     scale, post = 128**-0.5, 1.0 / nk
     refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, "silu", scale, post,
                                    causal=True)[:3]
@@ -79,7 +70,7 @@ def test_causal_dq_sums_each_within_eager_error(nq, nk, dtype):
     for how, (dq, _, _) in grads.items():
         assert rel_error(dq, refs[0]) <= 2 * base + FLOOR, (how, rel_error(dq, refs[0]), base)
     assert all(torch.equal(a, b) for a, b in zip(grads["in_place"][1:], grads["fp32"][1:]))
-    with pytest.raises(ValueError, match="causal CuTe backward takes dense batches"):
+    with pytest.raises(ValueError, match="causal CuTe backward takes dq_sums 'in_place' or 'fp32'"):
         gdpa_bwd_cute(q, k[:, :, :1280], v[:, :, :1280], do, "silu", scale, post, 0.01, dq_sums="pairs",
                       causal=True)
 
@@ -91,7 +82,7 @@ def test_causal_backward_nonfinite_key_as_reference(act, cute_backend):
     0 times the key is NaN, as in the reference's matmul). The query tiles before the key tile's diagonal skip
     it, as flash attention's do, so their dq stays finite where the reference's dense matmul multiplies their
     masked zeros by the key."""
-    q, k, v, do = _inputs(1, 2, 2, 300, 300, 128, 128, torch.bfloat16, 3)
+    q, k, v, do = bwd_inputs(1, 2, 2, 300, 300, 128, 128, torch.bfloat16, 3)
     k[0, 0, 200, 5] = float("inf")
     qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
     gdpa(qa, ka, va, activation=act, causal=True).backward(do)

@@ -40,6 +40,13 @@ def test_pairs_need_an_even_number_of_key_tiles():
         gdpa_bwd_cute(q, k, k, q, "silu", 1.0, 1.0, 0.01, dq_sums="pairs")
 
 
+def test_causal_refuses_the_pairs():
+    """The causal backward sums dQ in place or in fp32 (its builds are compiled in test_cute_compile_sm90.py,
+    dense and varlen); the pairs are refused by name (their two CTAs would start at different query tiles)."""
+    with pytest.raises(ValueError, match="causal CuTe backward takes dq_sums 'in_place' or 'fp32'"):
+        compile_bwd(torch.bfloat16, 128, "silu", dq_sums="pairs", causal=True)
+
+
 def test_unknown_dq_sums_named():
     with pytest.raises(ValueError, match="dq_sums must be one of"):
         compile_bwd(torch.bfloat16, 128, "silu", dq_sums="bf16")
