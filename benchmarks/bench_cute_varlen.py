@@ -1,23 +1,28 @@
-"""The varlen forward (or, with ``--backward``, forward+backward; with ``--causal``, under the causal mask) on
+"""The varlen forward (or, with ``--backward``, forward+backward; with ``--causal``, under the causal mask; with
+``--window W`` too, under HSTU's ``max_attn_len`` = W, ``window=(W, 0)``) on
 the CuTe-DSL Hopper kernels vs the Triton varlen kernels vs the dense CuTe kernels on the padded batch vs
 flash-attn-4's varlen kernels (softmax, where it imports), one process, Meta's jagged shapes (GPU only;
 cutlass-dsl and flash-attn-4 staged with ../shared/device/stage-cute-dsl.sh).
 
 B = 1152 samples, H = 4, D = Dv = 128 (``--head-dims``), bf16, self attention, gelu_tanh, lengths up to N in
 {256, 512, 1024, 2048} at "sparsity" 1.0 (every sample full) and 0.5 (lengths uniform in [1, N]). Rates are TF/s
-of the real tokens' work (2 · H · (D + Dv) · Σ n², causal Σ n(n + 1)/2, the same for every provider, the padded
-one included), each
+of the real tokens' work (2 · H · (D + Dv) · Σ n², causal Σ n(n + 1)/2, a window the kept pairs, the same for every
+provider, the padded one included), each
 provider's do_bench median over three rounds of rotated order after an untimed settle (``median_over_rounds``);
 forward+backward counts 3.5x the forward's work and takes the gradients by ``torch.autograd.grad`` of one fixed
 output gradient, the backward under the provider's backend as its forward (the kernels are chosen when each pass
 runs). The CuTe varlen op is checked against the float64 reference on 8 samples first (the forward,
 and with ``--backward`` dq, dk, dv), and each row records which kernels the "CuTe varlen" provider really ran
-(``cute_varlen_runs``: a forced "cute" runs an uncovered varlen pass on Triton).
+(``cute_varlen_runs``: a forced "cute" runs an uncovered varlen pass on Triton). ``--cu-k-copy`` gives the keys a
+copy of the queries' cu_seqlens: equal offsets the kernels cannot know to be equal, so the CuTe kernels take the
+causal mask as a band (``varlen_band``) instead of their aligned causal builds. The dense padded provider has no
+window and is left out under one.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --out results/cute_varlen   # .json and .png
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --backward --out results/cute_varlen_bwd
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --head-dims 256,256 --out results/cute_varlen_d256
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --backward --out results/cute_varlen_causal
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --window 256 --out results/cute_varlen_w256
 """
 
 from __future__ import annotations
@@ -59,9 +64,10 @@ def _qkv(t_or_bn, d, dv, **kw):
     return tuple(torch.randn(*t_or_bn, H, width, **kw) for width in (d, d, dv))
 
 
-def cute_runs(q, k, v, cu, backward: bool, causal: bool) -> str:
-    """Which kernels the varlen op runs under a forced "cute" for these operands (self attention over ``cu``)."""
-    call = (q, k, v, None, causal, (-1, -1), ACT, (cu, cu, None, None))
+def cute_runs(q, k, v, cu, cu_k, backward: bool, causal: bool, window) -> str:
+    """Which kernels the varlen op runs under a forced "cute" for these operands (self attention over ``cu``,
+    the keys' offsets ``cu_k``)."""
+    call = (q, k, v, None, causal, window, ACT, (cu, cu_k, None, None))
 
     def picks():
         fwd = select_varlen_forward_impl(*call)
@@ -70,18 +76,19 @@ def cute_runs(q, k, v, cu, backward: bool, causal: bool) -> str:
     return _on("cute", picks)()
 
 
-def check(lengths, device, backward: bool, d: int, dv: int, causal: bool) -> dict:
+def check(lengths, device, backward: bool, d: int, dv: int, causal: bool, window, cu_k_copy: bool) -> dict:
     """Relative errors of the CuTe varlen op (bf16) vs the float64 reference on the first 8 samples: the output,
     and with ``backward`` each gradient."""
     lens = lengths[:8]
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)]).to(device)
+    cu_k = cu.clone() if cu_k_copy else cu
     t, longest = int(lens.sum()), int(lens.max())
     q, k, v = _qkv((t,), d, dv, device=device, dtype=torch.float64, requires_grad=True)
     low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
-    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu, longest, longest, activation=ACT, scale=d**-0.5,
-                                          causal=causal))()
+    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu_k, longest, longest, activation=ACT, scale=d**-0.5,
+                                          causal=causal, window=window))()
     want = gdpa_varlen_reference(q, k, v, None, cu, cu, None, None, longest, longest, ACT, d**-0.5, 1.0, causal,
-                                 (-1, -1), 0.01)
+                                 window, 0.01)
     pairs = {"rel_err": (got, want)}
     if backward:
         dout = torch.randn_like(want)
@@ -105,35 +112,61 @@ def _with_backward(fn, inputs):
     return run
 
 
-def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: int, causal: bool) -> dict:
+def kept_pairs(lengths: torch.Tensor, causal: bool, window: tuple[int, int]) -> float:
+    """(query, key) pairs the mask keeps over a self-attention batch of ``lengths``: row i of a sample keeps
+    min(i + 1, W + 1) keys under causal with ``window`` (W, 0)."""
+    n = lengths.double()
+    if not causal:
+        return float((n**2).sum())
+    if window[0] < 0:
+        return float((n * (n + 1) / 2).sum())
+    w = window[0] + 1
+    inside = torch.minimum(n, torch.full_like(n, w))
+    return float((inside * (inside + 1) / 2 + (n - inside) * w).sum())
+
+
+def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: int, causal: bool,
+                window=(-1, -1), cu_k_copy: bool = False) -> dict:
     lengths = lengths_for(batch, max_len, sparsity, gen)
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).cuda()
+    cu_k = cu.clone() if cu_k_copy else cu
     total = int(lengths.sum())
     scale = d**-0.5
-    n = lengths.double()
-    pairs = float((n * (n + 1) / 2).sum() if causal else (n**2).sum())
-    flops = 2.0 * H * (d + dv) * pairs * (3.5 if backward else 1.0)
+    flops = 2.0 * H * (d + dv) * kept_pairs(lengths, causal, window) * (3.5 if backward else 1.0)
     row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, head_dims=[d, dv], causal=causal,
-               **check(lengths, "cuda", backward, d, dv, causal))
+               window=list(window), cu_k_copy=cu_k_copy,
+               **check(lengths, "cuda", backward, d, dv, causal, window, cu_k_copy))
     q, k, v = _qkv((total,), d, dv, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
     qp, kp, vp = (torch.randn(batch, H, max_len, width, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
                   for width in (d, d, dv))
-    row["cute_varlen_runs"] = cute_runs(q, k, v, cu, backward, causal)
+    row["cute_varlen_runs"] = cute_runs(q, k, v, cu, cu_k, backward, causal, window)
 
     def varlen():
-        return gdpa_varlen(q, k, v, cu, cu, max_len, max_len, activation=ACT, scale=scale, causal=causal)
+        return gdpa_varlen(q, k, v, cu, cu_k, max_len, max_len, activation=ACT, scale=scale, causal=causal,
+                           window=window)
 
     # name: (the backend the whole call runs under, its backward included: the kernels are chosen when each pass
     # runs; the forward; its differentiable inputs)
     calls = {
         "cute_varlen": ("cute", varlen, (q, k, v)),
         "triton_varlen": ("triton", varlen, (q, k, v)),
-        "cute_padded": ("cute", lambda: gdpa(qp, kp, vp, activation=ACT, scale=scale, causal=causal), (qp, kp, vp)),
     }
+    if tuple(window) == (-1, -1):
+        calls["cute_padded"] = ("cute", lambda: gdpa(qp, kp, vp, activation=ACT, scale=scale, causal=causal),
+                                (qp, kp, vp))
     if fa4 is not None:
-        calls["fa4_varlen"] = ("auto", lambda: fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
-                                                   max_seqlen_k=max_len, softmax_scale=scale, causal=causal),
-                               (q, k, v))
+        fa4_window = tuple(None if w < 0 else w for w in window)
+
+        def fa4_call():
+            return fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
+                       softmax_scale=scale, causal=causal, **({} if fa4_window == (None, None) else
+                                                              dict(window_size=fa4_window)))
+
+        try:
+            _with_backward(fa4_call, (q, k, v))() if backward else fa4_call()
+            calls["fa4_varlen"] = ("auto", fa4_call, (q, k, v))
+        except Exception as e:  # an FA4 build without this mask on sm_90 is left out, with its reason
+            row["fa4_varlen_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     providers = {name: _on(backend, fn) for name, (backend, fn, _) in calls.items()}
     if backward:
         # the forwards alone too, in the same rounds: a backward's time is its f+b's less its forward's
@@ -171,6 +204,10 @@ def plot(rows, meta, path, what: str):
     axes[0].legend(fontsize=8)
     d, dv = meta["head_dims"]
     mask = ", causal" if meta.get("causal") else ""
+    if meta.get("window", [-1])[0] >= 0:
+        mask += f", max_attn_len {meta['window'][0]}"
+    if meta.get("cu_k_copy"):
+        mask += " (band)"
     fig.suptitle(f"varlen {what}{mask}, B=1152, H=4, D={d}, Dv={dv}, bf16, {ACT} — {meta['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -185,10 +222,18 @@ def main():
                         help="max_len:sparsity pairs, comma-separated (default: N in 256..2048 at 1.0 and 0.5)")
     parser.add_argument("--head-dims", default="128,128", help="D,Dv")
     parser.add_argument("--causal", action="store_true", help="the causal mask in every sample")
+    parser.add_argument("--window", type=int, default=None,
+                        help="with --causal: HSTU's max_attn_len, window=(W, 0)")
+    parser.add_argument("--cu-k-copy", action="store_true",
+                        help="the keys' cu_seqlens a copy of the queries' (the CuTe kernels then run a band)")
     args = parser.parse_args()
+    if args.window is not None and not args.causal:
+        parser.error("--window needs --causal (HSTU's max_attn_len)")
+    window = (-1, -1) if args.window is None else (args.window, 0)
     d, dv = (int(x) for x in args.head_dims.split(","))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=datetime.date.today().isoformat(), head_dims=[d, dv], causal=args.causal)
+                date=datetime.date.today().isoformat(), head_dims=[d, dv], causal=args.causal, window=list(window),
+                cu_k_copy=args.cu_k_copy)
     warm_up_gpu(2.0)
     fa4 = fa4_function("flash_attn_varlen_func")
     gen = torch.Generator().manual_seed(0)
@@ -196,7 +241,8 @@ def main():
     shapes = SHAPES if args.shapes is None else [
         (int(n), float(sp)) for n, sp in (pair.split(":") for pair in args.shapes.split(","))]
     for max_len, sparsity in shapes:
-        rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward, d, dv, args.causal))
+        rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward, d, dv, args.causal, window,
+                                args.cu_k_copy))
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     with open(f"{args.out}.json", "w") as f:
         json.dump(dict(meta=meta, backward=args.backward, rows=rows), f, indent=1)

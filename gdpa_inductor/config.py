@@ -7,9 +7,9 @@
 - ``"triton"``: Triton or an error saying why not (on CPU it needs ``TRITON_INTERPRET=1``);
 - ``"reference"``: always the pure-PyTorch path;
 - ``"cute"``: the CuTe-DSL Hopper forward and backward or an error saying why not; the varlen op takes the
-  CuTe varlen kernels where they cover the call, and the varlen calls they do not cover (bias, windows, causal
-  masks whose per-sample offsets are not known to fit) run as under ``"auto"``. Needs nvidia-cutlass-dsl and an
-  sm_90 GPU.
+  CuTe varlen kernels where they cover the call (windows and causal masks included, at D and Dv up to 128), and
+  the varlen calls they do not cover (bias, masks past those head dims) run as under ``"auto"``. Needs
+  nvidia-cutlass-dsl and an sm_90 GPU.
 
 ``GDPA_INDUCTOR_CACHE_DIR`` or ``gdpa_inductor.config.kernel_cache_dir``: where compiled CuTe-DSL kernels are
 kept between processes (default ``~/.cache/gdpa_inductor``; the empty string keeps them in memory only).

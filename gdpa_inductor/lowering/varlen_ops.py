@@ -46,10 +46,10 @@ def forward_impl(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k
     alloc = torch.zeros if seqused_q is not None else torch.empty
     out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
     if impl == "cute":
-        from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute
+        from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute, varlen_band
 
         return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
-                                    negative_slope, causal)
+                                    negative_slope, causal, varlen_band(q, k, v, causal, window, rows))
     from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
 
     gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params)
@@ -69,10 +69,11 @@ def backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, se
                                                            *params, bias_requires_grad)
     elif impl == "cute":
         from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
+        from ..kernels.cute.varlen_fwd import varlen_band
 
         _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
         dq, dk, dv = gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
-                                          causal)
+                                          causal, varlen_band(q, k, v, causal, window, rows))
         dbias = None
     else:
         from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton

@@ -57,6 +57,7 @@ FWD_KINDS = {
     "fwd_varlen": dict(varlen=True),
     "fwd_causal": dict(causal=True),
     "fwd_varlen_causal": dict(varlen=True, causal=True),
+    "fwd_varlen_band": dict(varlen=True, band=True),
 }
 FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpong", 128, 128, "sigmoid"),
                      ("fwd_shared_store", 128, 128, "gelu_tanh"), ("fwd_shared_store", 128, 128, "relu"),
@@ -69,8 +70,13 @@ FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpo
                      ("fwd_causal", 128, 128, "gelu_tanh"), ("fwd_causal", 128, 128, "relu"),
                      ("fwd_causal", 64, 64, "gelu_tanh"), ("fwd_causal", 96, 128, "sigmoid"),
                      ("fwd_varlen_causal", 128, 128, "gelu_tanh"), ("fwd_varlen_causal", 128, 128, "silu"),
-                     ("fwd_varlen_causal", 64, 64, "relu"), ("fwd_varlen_causal", 96, 128, "sigmoid")]
+                     ("fwd_varlen_causal", 64, 64, "relu"), ("fwd_varlen_causal", 96, 128, "sigmoid"),
+                     ("fwd_varlen_band", 128, 128, "gelu_tanh"), ("fwd_varlen_band", 128, 128, "relu"),
+                     ("fwd_varlen_band", 64, 64, "gelu_tanh"), ("fwd_varlen_band", 96, 128, "sigmoid")]
 FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES
+# measured with cutlass-dsl 4.8.1: the band forward of relu spills 28 bytes (its own select per score beside the
+# band's, in every step); gelu_tanh, silu, sigmoid, gelu and hardswish do not
+FWD_SPILLING = {("fwd_varlen_band", 128, 128, "relu")}
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
 # measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (since the
 # dQ warp and the one-tile-late dQ, measured faster than the unspilled kernel before them); gelu_tanh and sigmoid
@@ -85,7 +91,8 @@ TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 BWD_KINDS = ("bwd", "bwd_dq_direct", "bwd_dq_pairs")
 BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pairs", "bwd_varlen": "fp32",
                "bwd_varlen_direct": "in_place", "bwd_causal": "fp32", "bwd_causal_direct": "in_place",
-               "bwd_varlen_causal": "fp32", "bwd_varlen_causal_direct": "in_place"}
+               "bwd_varlen_causal": "fp32", "bwd_varlen_causal_direct": "in_place", "bwd_varlen_band": "fp32",
+               "bwd_varlen_band_direct": "in_place"}
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
@@ -105,8 +112,14 @@ BWD_VARLEN_CAUSAL_CASES = [("bwd_varlen_causal", 128, 128, "gelu_tanh"), ("bwd_v
                            ("bwd_varlen_causal_direct", 128, 128, "gelu_tanh"),
                            ("bwd_varlen_causal_direct", 64, 64, "gelu_tanh"), ("bwd_varlen_causal", 96, 128, "sigmoid")]
 BWD_SPILLING |= {("bwd_varlen_causal", 128, 128, "gelu_tanh"), ("bwd_varlen_causal", 128, 128, "silu")}
+# the band mask in the varlen backward: one copy of the loop, every query tile masked; its fp32-sum gelu_tanh build
+# spills as the unmasked varlen one does (cutlass-dsl 4.8.1: 8 bytes)
+BWD_VARLEN_BAND_CASES = [("bwd_varlen_band", 128, 128, "gelu_tanh"), ("bwd_varlen_band", 128, 128, "relu"),
+                         ("bwd_varlen_band_direct", 128, 128, "gelu_tanh"),
+                         ("bwd_varlen_band_direct", 64, 64, "gelu_tanh"), ("bwd_varlen_band", 96, 128, "sigmoid")]
+BWD_SPILLING |= {("bwd_varlen_band", 128, 128, "gelu_tanh")}
 BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_VARLEN_CASES + BWD_CAUSAL_CASES
-                 + BWD_VARLEN_CAUSAL_CASES)
+                 + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +136,12 @@ def reports(tmp_path_factory):
     return {tuple(r["case"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-@pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}")
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="spills a few words"))
+     if c in FWD_SPILLING else c for c in FWD_CASES],
+    ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}",
+)
 def test_cute_fwd_compiles_for_sm90a(case, reports):
     r = reports[case]
     assert r["target"] == "sm_90a"
@@ -167,8 +185,17 @@ def test_cute_causal_fwd_masks_one_step(case, reports):
     assert causal["wgmma"] == masked["wgmma"]
 
 
-@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] in ("fwd_varlen", "fwd_varlen_causal")],
-                         ids=str)
+@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES if c[0] == "fwd_varlen_band"], ids=str)
+def test_cute_band_fwd_masks_every_step(case, reports):
+    """The band forward masks the key-tile loop's steps too: more selects than the varlen kernel, which masks only
+    its first step, and the same matmuls."""
+    band, varlen = reports[case], reports[("fwd_varlen", *case[1:])]
+    assert band["selp_f32"] > varlen["selp_f32"], (band["selp_f32"], varlen["selp_f32"])
+    assert band["wgmma"] == varlen["wgmma"]
+
+
+@pytest.mark.parametrize("case", [c for c in FWD_VARIANT_CASES
+                                  if c[0] in ("fwd_varlen", "fwd_varlen_causal", "fwd_varlen_band")], ids=str)
 def test_cute_varlen_fwd_reads_samples_through_ragged_descriptors(case, reports):
     """The varlen forward's loads and stores take the ragged descriptors' extra mode (5-D where the dense
     kernel's are 4-D), and it reads the per-sample rows from global memory."""
@@ -193,7 +220,7 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     # tile's dQ after the loops
     per_tile = d // 16 + dv // 16 + 2 * (64 // 16) + 128 // 16
     late = dq_late_for(BWD_DQ_SUMS[case[0]], d, dv)
-    loops = 3 if "causal" in case[0] else 2
+    loops = 3 if "causal" in case[0] else 1 if "band" in case[0] else 2
     assert r["wgmma"] == loops * per_tile + (128 // 16 if late else 0), r
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/dO/K/V loads and the dK/dV stores go through TMA"
     assert r["tma_reduce"] > 0, "dQ tiles are added by TMA reduce-add"
@@ -209,7 +236,7 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 
 
-@pytest.mark.parametrize("case", BWD_VARLEN_CASES + BWD_VARLEN_CAUSAL_CASES, ids=str)
+@pytest.mark.parametrize("case", BWD_VARLEN_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES, ids=str)
 def test_cute_varlen_bwd_reads_samples_through_ragged_descriptors(case, reports):
     """The varlen backward's loads, stores and dQ reduce-adds all take the ragged descriptors' extra mode (5-D
     where the dense kernel's are 4-D), and it reads the per-sample rows from global memory."""
@@ -230,6 +257,14 @@ def test_cute_causal_bwd_masks_two_loop_copies(case, reports):
     assert reports[case]["selp_f32"] == 2 * dense["selp_f32"] > 0, (reports[case]["selp_f32"], dense["selp_f32"])
 
 
+@pytest.mark.parametrize("case", BWD_VARLEN_BAND_CASES, ids=str)
+def test_cute_band_bwd_masks_one_loop(case, reports):
+    """The band backward runs one copy of the loop, masked: as many selects as the unmasked kernel's masked loop,
+    and the matmuls of one loop (``test_cute_bwd_compiles_for_sm90a``)."""
+    dense = reports[("bwd" if BWD_DQ_SUMS[case[0]] == "fp32" else "bwd_dq_direct", *case[1:])]
+    assert reports[case]["selp_f32"] == dense["selp_f32"] > 0, (reports[case]["selp_f32"], dense["selp_f32"])
+
+
 def _compile_all(cases) -> list[dict]:
     import torch
     from triton.backends.nvidia.compiler import get_ptxas
@@ -246,7 +281,7 @@ def _compile_all(cases) -> list[dict]:
         else:
             ptx = compile_bwd(
                 torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind], head_dim_v=dv,
-                varlen=kind.startswith("bwd_varlen"), causal="causal" in kind,
+                varlen=kind.startswith("bwd_varlen"), causal="causal" in kind, band="band" in kind,
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)

@@ -1,7 +1,8 @@
 """Which path the varlen forward and backward take: the CuTe-DSL varlen kernels where they cover the call (under
-"auto" and "cute"; the causal mask where every sample's Nk - Nq is known to fit it), else the usual choice, with
-the reason in the support check. CPU tensors stand in for an sm_90 GPU's;
-the op itself then runs as before (the reference here), whatever the selector says for the GPU."""
+"auto" and "cute"; the aligned causal builds where every sample's Nk - Nq is known to fit them, a band mask for
+other causal calls and for windows), else the usual choice, with the reason in the support check. CPU tensors
+stand in for an sm_90 GPU's; the op itself then runs as before (the reference here), whatever the selector says for
+the GPU."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from gdpa_inductor.kernels.cute import varlen_bwd as cute_varlen_bwd
 from gdpa_inductor.kernels.cute import varlen_fwd as cute_varlen
 from gdpa_inductor.kernels.cute.gdpa_fwd import cute_dsl_available
+from gdpa_inductor.kernels.triton.varlen_bounds import UNBOUNDED
 from gdpa_inductor.lowering.dispatch import select_impl, select_varlen_backward_impl, select_varlen_forward_impl
 
 needs_cute_dsl = pytest.mark.skipif(not cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
@@ -39,10 +41,12 @@ def _self_rows(total=300):
     "change, reason",
     [
         (dict(), ""),
-        (dict(bias=True), "bias and windows"),
+        (dict(bias=True), "a bias is not"),
         (dict(causal=True), ""),
-        (dict(window=(16, 0)), "bias and windows"),
-        (dict(causal=True, window=(16, 0)), "bias and windows"),
+        (dict(window=(16, 0)), ""),
+        (dict(causal=True, window=(16, 0)), ""),
+        (dict(window=(3, 5), d=256), "D and Dv of at most 128"),
+        (dict(causal=True, d=128, dv=256), "D and Dv of at most 128"),
         (dict(activation="softplus"), "no CuTe form"),
         (dict(dtype=torch.float32), "fp16/bf16"),
         (dict(d=64), ""),
@@ -74,7 +78,7 @@ def test_support_reasons(on_hopper, change, reason):
     assert reason in why
 
 
-def _assert_selects(select, what: str, q, k, v, causal: bool, rows: str, expected: str | None):
+def _assert_selects(select, what: str, q, k, v, causal: bool, rows: str, expected: str | None, window=(-1, -1)):
     """``select`` (a varlen selector) picks ``expected`` for the call over ``rows`` ("self": one offsets tensor for
     both sides, "equal_offsets": two equal ones); None: ``select_impl``'s answer, or its error under a forced
     "triton"."""
@@ -84,9 +88,9 @@ def _assert_selects(select, what: str, q, k, v, causal: bool, rows: str, expecte
             expected = select_impl(q, k, v, None, what)
         except ValueError as e:
             with pytest.raises(ValueError, match=str(e)[:40]):
-                select(q, k, v, None, causal, (-1, -1), "silu", rows)
+                select(q, k, v, None, causal, window, "silu", rows)
             return
-    assert select(q, k, v, None, causal, (-1, -1), "silu", rows) == expected
+    assert select(q, k, v, None, causal, window, "silu", rows) == expected
 
 
 def _dense(n, b=2, d=128, dtype=torch.bfloat16):
@@ -107,10 +111,11 @@ def _dense(n, b=2, d=128, dtype=torch.bfloat16):
     ("dense_fewer_keys", "non-negative multiple of 128"),
     ("self_d256", "D and Dv of at most 128"),
 ])
-def test_causal_support_reasons(on_hopper, layout, reason):
-    """The causal mask is taken where every sample's Nk - Nq is known, without reading the offsets, to be a
-    non-negative multiple of 128: one cu_seqlens or one seqused tensor for both sides, or full dense sides whose
-    lengths differ by such a multiple."""
+def test_causal_mask_kinds(on_hopper, layout, reason):
+    """The aligned causal builds are taken where every sample's Nk - Nq is known, without reading the offsets, to
+    be a non-negative multiple of 128: one cu_seqlens or one seqused tensor for both sides, or full dense sides whose
+    lengths differ by such a multiple (``reason``: why not, else ""); every other causal call runs as the band
+    (unbounded left, 0 right), but past head dims of 128."""
     q, k, v = _jagged(d=256 if layout == "self_d256" else 128)
     rows = _self_rows()
     lengths = torch.tensor([5, 9], dtype=torch.int32)
@@ -125,11 +130,35 @@ def test_causal_support_reasons(on_hopper, layout, reason):
         rows = {"padded_self": (None, None, lengths, lengths),
                 "padded_two_lengths": (None, None, lengths, lengths.clone()),
                 "padded_q_only": (None, None, lengths, None)}.get(layout, (None, None, None, None))
-    ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, None, True, (-1, -1), "silu", rows)
-    assert ok == (reason == "")
+    aligned, why = cute_varlen.varlen_causal_support(q, k, v, rows)
+    assert aligned == (reason == "")
     assert reason in why
-    # the same call without the mask is taken
+    band = cute_varlen.varlen_band(q, k, v, True, (-1, -1), rows)
+    assert band == (None if aligned else (UNBOUNDED, 0))
+    wide = layout == "self_d256"
+    assert cute_varlen.cute_varlen_fwd_support(q, k, v, None, True, (-1, -1), "silu", rows)[0] == (not wide)
+    # the same call without the mask is taken, and runs no band
     assert cute_varlen.cute_varlen_fwd_support(q, k, v, None, False, (-1, -1), "silu", rows) == (True, "")
+    assert cute_varlen.varlen_band(q, k, v, False, (-1, -1), rows) is None
+
+
+@pytest.mark.parametrize("causal, window, rows, band", [
+    (False, (-1, -1), "self", None),
+    (True, (-1, -1), "self", None),
+    (True, (-1, -1), "equal_offsets", (UNBOUNDED, 0)),
+    (True, (16, 0), "self", (16, 0)),
+    (True, (16, 7), "self", (16, 0)),
+    (True, (-1, 7), "self", (UNBOUNDED, 0)),
+    (False, (3, 2), "self", (3, 2)),
+    (False, (-1, 5), "equal_offsets", (UNBOUNDED, 5)),
+    (False, (0, -1), "self", (0, UNBOUNDED)),
+])
+def test_band_bounds(causal, window, rows, band):
+    """The band's (left, right) bounds for a call: the window's sides (-1: unbounded), the right one at most 0
+    under causal; None where the plain or the aligned causal builds run."""
+    q, k, v = _jagged()
+    rows = _self_rows() if rows == "self" else (_self_rows()[0], _self_rows()[0].clone(), None, None)
+    assert cute_varlen.varlen_band(q, k, v, causal, window, rows) == band
 
 
 def test_off_hopper_is_not_cute():
@@ -141,16 +170,29 @@ def test_off_hopper_is_not_cute():
 @needs_cute_dsl
 @pytest.mark.parametrize("name, causal, rows, expected", [
     ("auto", False, "self", "cute"), ("cute", False, "self", "cute"), ("auto", True, "self", "cute"),
-    ("cute", True, "self", "cute"), ("auto", True, "equal_offsets", None), ("cute", True, "equal_offsets", None),
-    ("triton", False, "self", None), ("reference", False, "self", "reference"),
+    ("cute", True, "self", "cute"), ("auto", True, "equal_offsets", "cute"), ("cute", True, "equal_offsets", "cute"),
+    ("triton", False, "self", None), ("reference", False, "self", "reference"), ("triton", True, "equal_offsets", None),
 ])
 def test_selector(on_hopper, backend, name, causal, rows, expected):
-    """"auto" and "cute" take the CuTe varlen forward where it covers the call; what it does not cover (causal over
-    two offsets tensors here) takes the usual choice under both (None: ``select_impl``'s answer, the reference on
-    CPU tensors, or its error under a forced "triton")."""
+    """"auto" and "cute" take the CuTe varlen forward where it covers the call, causal over two offsets tensors too
+    (as a band); the other backends take the usual choice (None: ``select_impl``'s answer, the reference on CPU
+    tensors, or its error under a forced "triton")."""
     backend(name)
     q, k, v = _jagged()
     _assert_selects(select_varlen_forward_impl, "varlen forward", q, k, v, causal, rows, expected)
+
+
+@needs_cute_dsl
+@pytest.mark.parametrize("name, expected", [("auto", "cute"), ("cute", "cute"), ("triton", None)])
+@pytest.mark.parametrize("window", [(16, 0), (3, 2)])
+def test_selectors_take_windows(on_hopper, backend, name, expected, window):
+    """Windows (HSTU's max_attn_len, two-sided) run on the CuTe varlen kernels under "auto" and "cute", forward and
+    backward."""
+    backend(name)
+    q, k, v = _jagged()
+    for select, what in ((select_varlen_forward_impl, "varlen forward"),
+                         (select_varlen_backward_impl, "varlen backward")):
+        _assert_selects(select, what, q, k, v, window[1] == 0, "self", expected, window)
 
 
 @needs_cute_dsl
@@ -167,17 +209,19 @@ def test_selector_wide_heads(on_hopper, backend, name, d, dv, auto_takes_cute):
 
 @needs_cute_dsl
 @pytest.mark.parametrize("change, reason", [(dict(), ""), (dict(causal=True), ""),
-                                            (dict(causal=True, equal_offsets=True), "in the CuTe varlen backward"),
-                                            (dict(window=(3, 0)), "not in the CuTe varlen backward"),
+                                            (dict(causal=True, equal_offsets=True), ""),
+                                            (dict(window=(3, 0)), ""),
+                                            (dict(bias=True), "not in the CuTe varlen backward"),
                                             (dict(d=256), "for the CuTe varlen backward"),
                                             (dict(activation="softplus"), "no CuTe form")])
 def test_backward_support_reasons(on_hopper, change, reason):
-    """The backward takes the forward's calls, causal ones included; its reasons name it."""
+    """The backward takes the forward's calls, causal ones and windows included; its reasons name it."""
     q, k, v = _jagged(d=change.get("d", 128))
     rows = _self_rows()
     if change.get("equal_offsets"):
         rows = (rows[0], rows[0].clone(), None, None)
-    ok, why = cute_varlen_bwd.cute_varlen_bwd_support(q, k, v, None, change.get("causal", False),
+    bias = torch.randn(4, 300, 300, dtype=q.dtype) if change.get("bias") else None
+    ok, why = cute_varlen_bwd.cute_varlen_bwd_support(q, k, v, bias, change.get("causal", False),
                                                       change.get("window", (-1, -1)),
                                                       change.get("activation", "silu"), rows)
     assert ok == (reason == "")
@@ -187,7 +231,7 @@ def test_backward_support_reasons(on_hopper, change, reason):
 @needs_cute_dsl
 @pytest.mark.parametrize("name, causal, rows, expected", [
     ("cute", False, "self", "cute"), ("auto", False, "self", "cute"), ("cute", True, "self", "cute"),
-    ("auto", True, "self", "cute"), ("auto", True, "equal_offsets", None), ("triton", False, "self", None),
+    ("auto", True, "self", "cute"), ("auto", True, "equal_offsets", "cute"), ("triton", False, "self", None),
     ("reference", False, "self", "reference"),
 ])
 def test_backward_selector(on_hopper, backend, name, causal, rows, expected):

@@ -56,24 +56,30 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
 def compile_bwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False, causal: bool = False,
+    band: bool = False,
 ):
     """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``, varlen or
     not, causal or not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values.
     Compiled against fake tensors (``kernel_args``); called with the seven tensors in the kernel's mode order, the
     three scalars and, varlen, the (5, B) rows tensor and the longest sample's key tiles. ``head_dim_v``: V's and
     dO's head dim (None: ``head_dim``). ``causal``: the bottom-right aligned mask (``causal_support``'s cases, or
-    varlen ``varlen_causal_support``'s), dQ not summed by pairs."""
+    varlen ``varlen_causal_support``'s), dQ not summed by pairs. ``band`` (varlen): the mask of a band around each
+    sample's diagonal, its bounds the call's last two arguments (``GdpaBwdSm90``)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
         raise ValueError("dq_sums='pairs' is not available for varlen batches")
     if causal and dq_sums == "pairs":
         raise ValueError("the causal CuTe backward takes dq_sums 'in_place' or 'fp32'")
+    if band and not varlen:
+        raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, keep_ptx, varlen)
     if causal:
         key = (*key, "causal")
+    if band:
+        key = (*key, "band")
 
     def build():
         import cutlass
@@ -87,11 +93,12 @@ def compile_bwd(
         args = fake_operands(element, 4) + fake_operands(dq_element, 1) + fake_operands(element, 2)
         # varlen: the rows tensor and the longest sample's key tiles follow the stream
         extra = [fake_rows(), cutlass.Int32(1)] if varlen else []
+        extra += [cutlass.Int32(1), cutlass.Int32(1)] if band else []
         one = cutlass.Float32(1.0)
         form = activation_math.backward_form(activation)
         kernel = GdpaBwdSm90(
             element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
-            dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen, causal=causal,
+            dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen, causal=causal, band=band,
         )
         return cute.compile(kernel, *args, one, one, one, fake_stream(), *extra, options=compile_options(keep_ptx))
 
@@ -142,9 +149,10 @@ def gdpa_bwd_cute(
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     if dq_acc.numel() and dk.numel():
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, causal=causal)
-        # no rows, no key-tile count: a dense batch (a function loaded from the disk cache fills in no defaults)
+        # no rows, no key-tile count, no band: a dense batch (a function loaded from the disk cache fills in no
+        # defaults)
         fn(*(dense_modes(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)), scale, post_scale, negative_slope, None,
-           None)
+           None, None, None)
     else:
         dk.zero_()
         dv.zero_()

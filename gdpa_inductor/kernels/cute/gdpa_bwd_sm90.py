@@ -33,6 +33,9 @@ With ``causal`` (the bottom-right aligned mask, Nk - Nq a whole number of 128-ke
 sample) a CTA starts at the first query tile that sees one of its keys and masks only the two 64-row tiles across its
 diagonal, run first through the masked copy of the loop; the tiles before it add nothing to its dK and dV, nor it
 to their dQ.
+With ``band`` (varlen; the causal mask at any Nk - Nq, sliding windows) key j is kept for query i of a sample iff
+``-left <= j - i - (Nk - Nq) <= right``, the bounds runtime values: a CTA runs the query tiles its keys' band reaches,
+every one masked, and a CTA whose keys no query sees exits at once (dK and dV stay zero).
 With ``varlen`` the CTAs are (key tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
 (longest first), each side's rows of a sample read, stored and reduce-added through TMA descriptors bounded at the
 sample's end (``ragged_rows``); a CTA past its sample's keys, or of a sample without queries, exits at once.
@@ -83,6 +86,7 @@ class GdpaBwdSm90:
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
         q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False, causal: bool = False,
+        band: bool = False,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -131,6 +135,10 @@ class GdpaBwdSm90:
         # diagonal are masked; the pairs would exchange dQ tiles of two CTAs that start at different query tiles
         self.causal = causal
         assert not (causal and dq_pairs), "causal: dQ not summed by pairs"
+        # a band around each varlen sample's diagonal, bounds given at run time: every query tile masked, so it
+        # needs no alignment of the diagonal with the tiles
+        assert not band or (varlen and not causal), "a band: varlen batches, in place of the aligned causal mask"
+        self.band = band
 
     @cute.jit
     def __call__(
@@ -148,6 +156,8 @@ class GdpaBwdSm90:
         stream: cuda.CUstream,
         rows: cute.Tensor | None = None,
         num_n: cutlass.Int32 | None = None,
+        band_left: cutlass.Int32 | None = None,
+        band_right: cutlass.Int32 | None = None,
     ):
         """mQ: (Nq, D, H, Z); mdO: (Nq, Dv, H, Z); mK, mdK: (Nk, D, H, Z); mV, mdV: (Nk, Dv, H, Z); D and Dv
         contiguous, K/V already expanded to the query heads; mdQ: (Nq, D, H, Z) in ``dq_dtype``,
@@ -155,7 +165,8 @@ class GdpaBwdSm90:
         Varlen: ``rows`` (5, B) int32 as ``GdpaFwdSm90.__call__`` takes it (per sample, in the order the CTAs
         visit them: first query row, query count, first key row, key count, the sample's index z); each tensor's
         Z is 1 (jagged rows, or one block every sample reads) or B; ``num_n``: key tiles of the longest sample.
-        dK and dV of rows no CTA writes (past a sample's keys, samples without queries) keep what they held."""
+        dK and dV of rows no CTA writes (past a sample's keys, samples without queries, keys no query's band sees)
+        keep what they held. ``band_left``, ``band_right``: the band's bounds (``band``)."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv = self.head_dim, self.head_dim_v
@@ -216,7 +227,7 @@ class GdpaBwdSm90:
         self.kernel(
             tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv, tma_dk, tdk, tma_dv, tdv, tma_dq, tdq,
             scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, num_n,
-            mQ.shape[2], rows,
+            mQ.shape[2], rows, band_left, band_right,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
@@ -256,6 +267,8 @@ class GdpaBwdSm90:
         num_n: cutlass.Int32,
         num_heads: cutlass.Int32,
         rows: cute.Tensor | None,
+        band_left: cutlass.Int32 | None,
+        band_right: cutlass.Int32 | None,
     ):
         bidx, _, _ = cute.arch.block_idx()
         # key tiles fastest: the CTAs of one head run together and share its Q and dO in L2
@@ -270,10 +283,25 @@ class GdpaBwdSm90:
             # z is the sample's rank in ``rows``; CTAs past its keys, or of a sample without queries, have nothing
             rank = z
             q0, nq, k0, nk, z = rows[0, rank], rows[1, rank], rows[2, rank], rows[3, rank], rows[4, rank]
-            if (n_blk * self.tile_n < nk) & (nq > 0):
-                self._cta(cta, n_blk, h, z, q0, nq, k0, nk)
+            band = (band_left, band_right)
+            if cutlass.const_expr(self.band):
+                first_row, last_row = self._band_rows(n_blk, nq, nk, band)
+                if (n_blk * self.tile_n < nk) & (nq > 0) & (first_row <= last_row):
+                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band)
+            else:
+                if (n_blk * self.tile_n < nk) & (nq > 0):
+                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band)
         else:
-            self._cta(cta, n_blk, h, z, 0, nq, 0, nk)
+            self._cta(cta, n_blk, h, z, 0, nq, 0, nk, (band_left, band_right))
+
+    def _band_rows(self, n_blk, nq, nk, band: tuple):
+        """(first, last) query row that the band (``band``: its left and right bounds) lets see a key of key tile
+        ``n_blk`` of a sample of ``nq`` queries and ``nk`` keys (query i sees key j iff j - (nk - nq) - right <= i
+        <= j - (nk - nq) + left); first > last where none does."""
+        left, right = band
+        n0 = n_blk * self.tile_n
+        last_key = cutlass.min(n0 + self.tile_n, nk) - 1
+        return cutlass.max(n0 - (nk - nq) - right, 0), cutlass.min(last_key - (nk - nq) + left, nq - 1)
 
     @cute.jit
     def _cta(
@@ -286,10 +314,12 @@ class GdpaBwdSm90:
         nq: cutlass.Int32,
         k0: cutlass.Int32,
         nk: cutlass.Int32,
+        band: tuple,
     ):
         """The CTA of key tile ``n_blk``, head ``h``, sample ``z`` (its queries from row ``q0``, ``nq`` of them;
         its keys from ``k0``, ``nk``; rows 0 and the tensors' own lengths in a dense batch). ``cta``: the kernel's
-        TMA atoms with their tensors, scalars and shared-memory layouts, in its argument order."""
+        TMA atoms with their tensors, scalars and shared-memory layouts, in its argument order; ``band``: the
+        band's bounds (``band``; else Nones)."""
         (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale, slope,
          q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem) = cta
         tidx, _, _ = cute.arch.thread_idx()
@@ -302,6 +332,13 @@ class GdpaBwdSm90:
         if cutlass.const_expr(self.causal):
             diag_row = n_blk * self.tile_n - (nk - nq)
             m_first = cutlass.max(diag_row, 0) // self.tile_m
+        # band: the query tiles from the first to the last row that sees one of this CTA's keys (one at least:
+        # the kernel runs no CTA without)
+        m_end = num_m
+        if cutlass.const_expr(self.band):
+            first_row, last_row = self._band_rows(n_blk, nq, nk, band)
+            m_first = first_row // self.tile_m
+            m_end = last_row // self.tile_m + 1
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -374,13 +411,13 @@ class GdpaBwdSm90:
                 handle = kv_producer.acquire_and_advance()
                 cute.copy(tma_k, tKgK[(None, n_blk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
                 cute.copy(tma_v, tVgV[(None, n_blk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
-                for m in cutlass.range(m_first, num_m, unroll=1):
+                for m in cutlass.range(m_first, m_end, unroll=1):
                     handle = q_producer.acquire_and_advance()
                     cute.copy(tma_q, tQgQ[(None, m)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
                     handle = do_producer.acquire_and_advance()
                     cute.copy(tma_do, tdOgdO[(None, m)], tdOsdO[(None, handle.index)], tma_bar_ptr=handle.barrier)
             if warp_idx == self.dq_warp:
-                self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, num_m, own_half)
+                self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, m_end, own_half)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             ctid = tidx - _WG_THREADS
@@ -451,6 +488,9 @@ class GdpaBwdSm90:
                     diag_end = cutlass.min(self.tile_n // self.tile_m, num_rel)
                 m_unmasked = cutlass.max(m_unmasked, diag_end)
                 passes = [(True, 0, diag_end), (False, diag_end, m_unmasked), (True, m_unmasked, num_rel)]
+            if cutlass.const_expr(self.band):
+                num_rel = m_end - m_first
+                passes = [(True, 0, num_rel)]
             for pass_idx in cutlass.range_constexpr(len(passes)):
                 masked, m_lo, m_hi = passes[pass_idx]
                 for m in cutlass.range(m_lo, m_hi, unroll=1):
@@ -472,16 +512,28 @@ class GdpaBwdSm90:
                         # keys past Nk (last key tile) and queries past Nq (last query tile) read as zeros:
                         # masked so a non-finite input cannot reach the sums through them, by a select per score
                         # (a branch per score made ptxas keep its predicate in a register and test it per score)
-                        valid_rows = self.tile_m
-                        if m == num_rel - 1:
-                            valid_rows = valid_rows_last
+                        if cutlass.const_expr(self.band):
+                            # key c of this CTA is kept for query row r of this tile iff least <= c - r <= greatest
+                            # (and both are within the sample)
+                            row0 = (m + m_first) * self.tile_m
+                            valid_rows = nq - row0
+                            shift = n_blk * self.tile_n - row0 - (nk - nq)
+                            least, greatest = 0 - band[0] - shift, band[1] - shift
+                        else:
+                            valid_rows = self.tile_m
+                            if m == num_rel - 1:
+                                valid_rows = valid_rows_last
                         if cutlass.const_expr(self.causal):
                             # key c of this CTA is kept for query row r of this tile iff c <= r + diag; for rows
                             # before Nq that also keeps c before Nk (the last key tile is always a diagonal one)
                             diag = m * self.tile_m + diag0
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
                             y, g = self.act_form.fn(acc_s[i], scale, slope)
-                            if cutlass.const_expr(self.causal):
+                            if cutlass.const_expr(self.band):
+                                diff = tScS[i][0] - tScS[i][1]
+                                keep = (tScS[i][0] < valid_keys and tScS[i][1] < valid_rows and diff >= least
+                                        and diff <= greatest)
+                            elif cutlass.const_expr(self.causal):
                                 keep = tScS[i][1] < valid_rows and tScS[i][0] <= tScS[i][1] + diag
                             else:
                                 keep = tScS[i][0] < valid_keys and tScS[i][1] < valid_rows

@@ -154,7 +154,7 @@ def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activatio
 def compile_fwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     pingpong: bool | None = None, split_store: bool | None = None, mask_keys: bool = True,
-    head_dim_v: int | None = None, varlen: bool = False, causal: bool = False,
+    head_dim_v: int | None = None, varlen: bool = False, causal: bool = False, band: bool = False,
 ):
     """The compiled forward for (dtype, head dims, activation, schedule, masking), compiled once and cached in
     memory and on disk (``compile_cache``): its sizes and strides are runtime values, so every shape reuses it.
@@ -165,7 +165,10 @@ def compile_fwd(
     ``head_dim_v``: V's and O's head dim (None: ``head_dim``). ``varlen``: per-sample rows (the call then ends
     with the (5, B) rows tensor and the longest sample's query tiles, see ``GdpaFwdSm90.__call__``; its keys
     always masked). ``causal``: the bottom-right aligned causal mask (``causal_support``'s cases; it also masks
-    the keys past Nk, so ``mask_keys`` is dropped)."""
+    the keys past Nk, so ``mask_keys`` is dropped). ``band`` (varlen): the mask of a band around each sample's
+    diagonal, its bounds the call's last two arguments (``GdpaFwdSm90``)."""
+    if band and not varlen:
+        raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     schedule = fwd_schedule(head_dim, head_dim_v)
@@ -175,6 +178,8 @@ def compile_fwd(
     key = ("fwd", str(dtype), head_dim, head_dim_v, activation, keep_ptx, pingpong, split_store, mask_keys, varlen)
     if causal:
         key = (*key, "causal")
+    if band:
+        key = (*key, "band")
 
     def build():
         import cutlass
@@ -184,13 +189,14 @@ def compile_fwd(
         from .gdpa_fwd_sm90 import GdpaFwdSm90
 
         element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
-        # varlen: the rows tensor and the longest sample's query tiles follow the stream
+        # varlen: the rows tensor and the longest sample's query tiles follow the stream; a band, its bounds
         extra = [fake_rows(), cutlass.Int32(1)] if varlen else []
+        extra += [cutlass.Int32(1), cutlass.Int32(1)] if band else []
         one = cutlass.Float32(1.0)
         form = activation_math.forward_form(activation, element is cutlass.BFloat16)
         kernel = GdpaFwdSm90(
             element, head_dim, head_dim_v, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys,
-            varlen=varlen, causal=causal, **wide_head_tiles(head_dim, head_dim_v),
+            varlen=varlen, causal=causal, band=band, **wide_head_tiles(head_dim, head_dim_v),
         )
         return cute.compile(
             kernel, *fake_operands(element, 4), one, one, one, cutlass.Int32(1), fake_stream(), *extra,
@@ -238,8 +244,10 @@ def gdpa_fwd_cute(
     num_m = -(-q.shape[2] // 128)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     num_ctas = persistent_grid(num_m * q.shape[1] * q.shape[0], sms, num_m, causal)
-    # no rows, no query-tile count: a dense batch (a function loaded from the disk cache fills in no defaults)
-    fn(*(dense_modes(t) for t in (q, k, v, out)), scale, post_scale, negative_slope, num_ctas, None, None)
+    # no rows, no query-tile count, no band: a dense batch (a function loaded from the disk cache fills in no
+    # defaults)
+    fn(*(dense_modes(t) for t in (q, k, v, out)), scale, post_scale, negative_slope, num_ctas, None, None, None,
+       None)
     return out
 
 

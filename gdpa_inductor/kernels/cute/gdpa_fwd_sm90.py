@@ -28,6 +28,10 @@ tile computes only the key tiles up to its diagonal, the diagonal one first: it 
 masked (key c of the tile kept for row r iff c <= r; that mask also drops keys past Nk), and the query tiles run
 last-first, so the longest start first; the launcher's grid, coprime with the query tiles per head
 (``persistent_grid``), hands every CTA each query tile position in turn.
+With ``band`` (varlen; the causal mask at any Nk - Nq, sliding windows) key j is kept for query i of a sample iff
+``-left <= j - i - (Nk - Nq) <= right``, the bounds runtime values: a query tile computes only the key tiles its
+band reaches, in order, every step masked (the band's edges may cross any of them; a tile the band misses runs one
+masked step, O = 0), and the query tiles run last-first as under ``causal``.
 With ``varlen`` the tiles are (query tile, head, sample) of a varlen batch, samples in the order ``rows`` gives
 (longest first), each side's rows of a sample read through a TMA descriptor bounded at the sample's end
 (``ragged_rows``), so its ragged last tiles read zeros and its O stores are clipped there (or, from the
@@ -76,6 +80,7 @@ class GdpaFwdSm90:
         self, dtype, head_dim: int, head_dim_v: int, activation: Callable | PackedForm, tile_n: int = 128,
         kv_stages: int = 2, pingpong: bool = True, split_store: bool = False, mask_keys: bool = True,
         q_stages: int = 2, o_from_registers: bool = False, varlen: bool = False, causal: bool = False,
+        band: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -109,8 +114,12 @@ class GdpaFwdSm90:
         # sample)
         assert not (causal and tile_n != self.tile_m), "causal: 128-key tiles"
         self.causal = causal
+        # a band around each varlen sample's diagonal, bounds given at run time: every step masked, so it needs no
+        # alignment of the diagonal with the tiles
+        assert not band or (varlen and not causal), "a band: varlen batches, in place of the aligned causal mask"
+        self.band = band
         # whether a query tile's first step is masked (and so comes first: ``_key_tile_at``)
-        self.masks_first_step = mask_keys or causal
+        self.masks_first_step = mask_keys or causal or band
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
         # the producer keeps 24 registers so the consumers can take 240 (24·128 + 240·256 <= 64K)
         self.regs_producer = 24
@@ -134,13 +143,15 @@ class GdpaFwdSm90:
         stream: cuda.CUstream,
         rows: cute.Tensor | None = None,
         num_m: cutlass.Int32 | None = None,
+        band_left: cutlass.Int32 | None = None,
+        band_right: cutlass.Int32 | None = None,
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, Hkv, Z); mV: (Nk, Dv, Hkv, Z); mO: (Nq, Dv, H, Z); D, Dv contiguous.
         ``num_ctas``: the persistent grid (at most the number of tiles; one CTA per SM fits).
         Varlen: ``rows`` (5, B) int32, per sample in the order the tiles visit them: first query row, query
         count, first key row, key count, and the sample's index z; each side's Z is 1 (jagged rows) or B (a
         dense side: rows counted within sample z's own block; 1 for a block all samples share). ``num_m``:
-        query tiles of the longest sample."""
+        query tiles of the longest sample. ``band_left``, ``band_right``: the band's bounds (``band``)."""
         # V as (Dv, N, Hkv, Z): the B operand of P·V, contiguous along its N mode (Dv)
         v = cute.make_tensor(
             mV.iterator,
@@ -196,7 +207,7 @@ class GdpaFwdSm90:
         self.kernel(
             tma_q, tq, tma_k, tk, tma_v, tv, tma_o, o if self.o_from_registers else to,
             scale, post_scale, slope, q_smem, k_smem, v_smem, o_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],
-            rows,
+            rows, band_left, band_right,
         ).launch(
             grid=[num_ctas, 1, 1],
             block=[self.threads, 1, 1],
@@ -227,6 +238,8 @@ class GdpaFwdSm90:
         num_q_heads: cutlass.Int32,
         group: cutlass.Int32,
         rows: cute.Tensor | None,
+        band_left: cutlass.Int32 | None,
+        band_right: cutlass.Int32 | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -237,7 +250,7 @@ class GdpaFwdSm90:
         if cutlass.const_expr(self.varlen):
             num_tiles = num_m * num_q_heads * rows.shape[1]
         n_tiles = cute.ceil_div(nk, self.tile_n)
-        work = (num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk)
+        work = (num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk, (band_left, band_right))
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         sO = None
@@ -287,9 +300,9 @@ class GdpaFwdSm90:
                         tVsV, tVgV = _tma_part(tma_v, sV, cute.local_tile(gV, (dv, self.tile_n), (0, None)))
                         handle = q_producer.acquire_and_advance()
                         cute.copy(tma_q, tQgQ[(None, m_blk)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                        n_tiles_z = self._key_tiles(n_tiles, nk_z, m_blk, nq_z)
+                        first_kt, n_tiles_z = self._key_tiles(n_tiles, nk_z, m_blk, nq_z, work)
                         for j in cutlass.range(n_tiles_z, unroll=1):
-                            jk = self._key_tile_at(j, n_tiles_z)
+                            jk = self._key_tile_at(j, n_tiles_z, first_kt)
                             handle = k_producer.acquire_and_advance()
                             cute.copy(tma_k, tKgK[(None, jk)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
                             handle = v_producer.acquire_and_advance()
@@ -350,11 +363,12 @@ class GdpaFwdSm90:
                 for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
                     m_blk, h, _, z, q0, nq_z, _, nk_z = self._work(tile, work)
                     if self._has_rows(m_blk, nq_z, nk_z):
-                        n_tiles_z = self._key_tiles(n_tiles, nk_z, m_blk, nq_z)
+                        first_kt, n_tiles_z = self._key_tiles(n_tiles, nk_z, m_blk, nq_z, work)
                         acc_o.fill(0.0)
                         rQ = tSrQ[None, None, None, q_handle.index]
                         # step j: S_{j+1} = Q K_{j+1}ᵀ and O += P_j V_j issued back to back, act(S_{j+1}) under
-                        # P_j V_j; only the first key tile (the ragged one) is masked, so these steps are not
+                        # P_j V_j; only the first key tile (the ragged one) is masked, so these steps are not (but
+                        # in a band)
                         for j in cutlass.range(n_tiles_z - 1, unroll=1):
                             k_handle = k_consumer.wait_and_advance()
                             v_consumer, v_handle = self._issue_pair(
@@ -363,7 +377,8 @@ class GdpaFwdSm90:
                             )
                             warpgroup.wait_group(1)
                             k_handle.release()
-                            self._activate(acc_s, pairs, tScS, None, scale, slope, consts)
+                            limit = self._step_limit(m_blk, first_kt + j + 1, nq_z, nk_z, work)
+                            self._activate(acc_s, pairs, tScS, limit, scale, slope, consts)
                             warpgroup.wait_group(0)
                             v_handle.release()
                             self._write_p(acc_s, pairs, r_p)
@@ -404,7 +419,7 @@ class GdpaFwdSm90:
     def _work(self, tile: cutlass.Int32, work: tuple):
         """(query tile, query head, kv head, sample, first query row, query count, first key row, key count)
         of a tile index: the rows from ``rows`` by the tile's rank (varlen), else every sample's whole tensor."""
-        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
+        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk, _ = work
         m_blk, h, hk, z = _tile_coords(tile, num_m, num_q_heads, group)
         m_blk = self._query_tile(m_blk, num_m)
         q0, k0 = 0, 0
@@ -418,7 +433,7 @@ class GdpaFwdSm90:
         """The query tile at ``position`` of a head's ``num_m``: in order, or with ``causal`` last-first (the
         query tiles with the most key tiles first; in a varlen batch the positions of tiles past a shorter sample's
         end come first, and are skipped)."""
-        if cutlass.const_expr(self.causal):
+        if cutlass.const_expr(self.causal or self.band):
             return num_m - 1 - position
         return position
 
@@ -444,7 +459,7 @@ class GdpaFwdSm90:
         tile count."""
         if cutlass.const_expr(not self.varlen):
             return tile
-        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
+        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk, _ = work
         last_rank = rows.shape[1] - 1
         t = tile
         empty = t < num_tiles
@@ -458,20 +473,54 @@ class GdpaFwdSm90:
         return t
 
     @cute.jit
-    def _key_tiles(self, n_tiles: cutlass.Int32, nk: cutlass.Int32, m_blk: cutlass.Int32, nq: cutlass.Int32):
-        """Key tiles query tile ``m_blk`` of a sample of ``nq`` queries and ``nk`` keys computes: ``n_tiles`` in a
-        dense batch, up to its diagonal one with ``causal``; at least one in a varlen batch, so a sample without
-        keys still runs one (fully masked: O = 0)."""
+    def _key_tiles(self, n_tiles: cutlass.Int32, nk: cutlass.Int32, m_blk: cutlass.Int32, nq: cutlass.Int32,
+                   work: tuple):
+        """(first, count) of the key tiles query tile ``m_blk`` of a sample of ``nq`` queries and ``nk`` keys
+        computes: all ``n_tiles`` in a dense batch, up to its diagonal one with ``causal``; at least one in a varlen
+        batch, so a sample without keys still runs one (fully masked: O = 0); with ``band`` those its band reaches
+        (``_band_tiles``)."""
+        if cutlass.const_expr(self.band):
+            return self._band_tiles(m_blk, nq, nk, work[8])
         if cutlass.const_expr(self.causal):
-            return m_blk + (nk - nq) // self.tile_n + 1
+            return 0, m_blk + (nk - nq) // self.tile_n + 1
         if cutlass.const_expr(not self.varlen):
-            return n_tiles
-        return cutlass.max(cute.ceil_div(nk, self.tile_n), 1)
+            return 0, n_tiles
+        return 0, cutlass.max(cute.ceil_div(nk, self.tile_n), 1)
+
+    def _band_tiles(self, m_blk, nq, nk, band: tuple):
+        """(first, count) of the key tiles that the band (``band``: its left and right bounds) of query tile
+        ``m_blk`` reaches in a sample of ``nq`` queries and ``nk`` > 0 keys: from the tile of the first row's first
+        kept key to that of the last row's last, at least one (a band that misses every key runs one masked step
+        on a tile of the sample)."""
+        left, right = band
+        row0 = m_blk * self.tile_m
+        lo = cutlass.max(row0 + (nk - nq) - left, 0)
+        hi = cutlass.min(row0 + self.tile_m - 1 + (nk - nq) + right, nk - 1)
+        first = cutlass.min(lo // self.tile_n, cute.ceil_div(nk, self.tile_n) - 1)
+        return first, cutlass.max(cutlass.max(hi, 0) // self.tile_n - first + 1, 1)
+
+    def _band_limit(self, m_blk, n_blk, nq, nk, band: tuple):
+        """What ``_kept`` tests on key tile ``n_blk`` of query tile ``m_blk`` in a band: (keys of the tile within
+        the sample, then the least and the greatest column - row a kept score has), as key j = n0 + c is kept for
+        query i = m0 + r iff -left <= j - i - (nk - nq) <= right."""
+        left, right = band
+        shift = n_blk * self.tile_n - m_blk * self.tile_m - (nk - nq)
+        return nk - n_blk * self.tile_n, 0 - left - shift, right - shift
+
+    def _step_limit(self, m_blk, n_blk, nq, nk, work: tuple):
+        """The mask of a step after a query tile's first: none (those steps are whole key tiles), or in a band its
+        tile's (``_band_limit``)."""
+        if self.band:
+            return self._band_limit(m_blk, n_blk, nq, nk, work[8])
+        return None
 
     @cute.jit
-    def _key_tile_at(self, j: cutlass.Int32, n_tiles: cutlass.Int32):
+    def _key_tile_at(self, j: cutlass.Int32, n_tiles: cutlass.Int32, first: cutlass.Int32):
         """The key tile of step ``j`` of ``n_tiles``: with ``mask_keys`` the ragged last tile first (``causal``: the
-        diagonal one), then the others in order, so that only the first step's scores are masked; else in order."""
+        diagonal one), then the others in order, so that only the first step's scores are masked; with ``band`` in
+        order from ``first``; else in order."""
+        if cutlass.const_expr(self.band):
+            return first + j
         if cutlass.const_expr(not self.masks_first_step):
             return j
         return (j + n_tiles - 1) % n_tiles
@@ -479,8 +528,13 @@ class GdpaFwdSm90:
     @cute.jit
     def _first_limit(self, tile: cutlass.Int32, work: tuple):
         """Keys in range in the first key tile ``tile`` computes, the ragged last one (``_key_tile_at``; a tile
-        index past the last reads the last sample; unused by the causal mask)."""
-        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
+        index past the last reads the last sample; unused by the causal mask); with ``band`` that tile's
+        ``_band_limit``."""
+        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk, band = work
+        if cutlass.const_expr(self.band):
+            m_blk, _, _, _, _, nq_z, _, nk_z = self._work(cutlass.min(tile, num_tiles - 1), work)
+            first, _ = self._band_tiles(m_blk, nq_z, nk_z, band)
+            return self._band_limit(m_blk, first, nq_z, nk_z, band)
         n_tiles = cute.ceil_div(nk, self.tile_n)
         if cutlass.const_expr(self.varlen):
             nk = rows[3, cutlass.min(tile // num_m // num_q_heads, rows.shape[1] - 1)]
@@ -500,7 +554,7 @@ class GdpaFwdSm90:
     @cute.jit
     def _store_keyless_tiles(self, acc_o, tOsO_mma, tma_o, sO, mO, work: tuple, warp_idx, wg_idx):
         """Varlen: O = 0 into this CTA's query tiles of samples without keys (the main loop skips them)."""
-        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk = work
+        num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk, _ = work
         bidx, _, _ = cute.arch.block_idx()
         r_o = cute.make_fragment_like(acc_o, self.dtype)
         r_o.fill(0.0)
@@ -611,7 +665,12 @@ class GdpaFwdSm90:
     def _kept(self, coord, limit):
         """Whether the first step keeps the score at tile coordinate (row, column): the columns below ``limit``
         (keys within Nk), or with ``causal`` those on or left of the diagonal (the diagonal key tile sits at the
-        query tile's own rows shifted by Nk - Nq, a whole number of tiles; it also drops keys past Nk)."""
+        query tile's own rows shifted by Nk - Nq, a whole number of tiles; it also drops keys past Nk); with
+        ``band``, on every step, the keys within Nk whose column - row is within the band (``_band_limit``)."""
+        if cutlass.const_expr(self.band):
+            valid, least, greatest = limit
+            diff = coord[1] - coord[0]
+            return (coord[1] < valid) & (diff >= least) & (diff <= greatest)
         if cutlass.const_expr(self.causal):
             return coord[1] <= coord[0]
         return coord[1] < limit

@@ -50,9 +50,10 @@ def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, order: torch.Tensor,
                          activation: str, scale: float, post_scale: float, negative_slope: float,
-                         causal: bool = False):
+                         causal: bool = False, band: tuple[int, int] | None = None):
     """(dq, dk, dv) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout (the queries'
-    rows, Dv wide). ``causal``: the bottom-right aligned mask in each sample."""
+    rows, Dv wide). ``causal``: the bottom-right aligned mask in each sample (``varlen_causal_support``'s cases);
+    ``band``: (left, right), the band mask in its place (``varlen_band``)."""
     q, k = qs.tensor, ks.tensor
     h, d = q.shape[-2:]
     hkv, d_v = v.shape[-2:]
@@ -68,9 +69,10 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
     num_n = -(-ks.max_len // KEY_TILE)
     if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
         rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
-        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True, causal=causal)
+        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True,
+                         causal=causal and band is None, band=band is not None)
         fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
-           rows, num_n)
+           rows, num_n, *(band or (None, None)))
     dq = _finish(dq_buf, qs.tensor)
     dk, dv = _finish(dk_buf, k), _finish(dv_buf, v)
     if group > 1:

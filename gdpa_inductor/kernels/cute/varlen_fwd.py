@@ -5,14 +5,18 @@ sample's first row and length on both sides, samples longest first).
 Each side is a jagged ``[total, H, D]`` tensor or a dense ``[B or 1, N, H, D]`` one (padded batches pass their
 valid lengths); the kernel reads each sample's rows through TMA descriptors bounded at the sample's end, so a
 sample never reads or writes another's rows, and its persistent CTAs skip the query tiles past each sample's
-length. One compile per (dtype, head dims, activation, causal or not), shared with nothing else: the keys are
-always masked (under ``causal`` by the diagonal's mask, as in the dense kernel).
+length. One compile per (dtype, head dims, activation, mask), shared with nothing else: the keys are always
+masked (under ``causal`` by the diagonal's mask, as in the dense kernel). The mask is none, the causal mask where
+every sample's diagonal is known to align with the tiles (``varlen_causal_support``), or else a band around each
+sample's diagonal (``varlen_band``: the causal mask at any Nk - Nq, sliding windows, HSTU's ``max_attn_len``) whose
+bounds the kernels take at run time.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..triton.varlen_bounds import band_limits
 from ..triton.varlen_layout import VarlenSide
 from .gdpa_fwd import CAUSAL_TILE, compile_fwd, cute_dsl_available, on_sm90, operand_support, persistent_grid
 from .kernel_args import row_modes
@@ -35,13 +39,21 @@ def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
-    if bias is not None or tuple(window) != (-1, -1):
-        return False, f"bias and windows are not in {kernel} yet"
-    if causal:
-        ok, reason = varlen_causal_support(q, k, v, rows, kernel)
-        if not ok:
-            return ok, reason
+    if bias is not None:
+        return False, f"a bias is not in {kernel} yet"
+    if (causal or tuple(window) != (-1, -1)) and max(q.shape[-1], v.shape[-1]) > CAUSAL_TILE:
+        return False, f"causal masking and windows in {kernel} need D and Dv of at most {CAUSAL_TILE}"
     return operand_support(q, k, v, activation, head_dims, kernel)
+
+
+def varlen_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: tuple[int, int],
+                rows: tuple) -> tuple[int, int] | None:
+    """The (left, right) bounds of the band mask the CuTe varlen kernels run for a supported call (key j kept for
+    query i of a sample iff ``-left <= j - i - (nk - nq) <= right``, ``band_limits``' values), or None where they
+    run the plain kernels or the aligned causal ones (``varlen_causal_support``), which mask fewer tiles."""
+    if tuple(window) == (-1, -1) and (not causal or varlen_causal_support(q, k, v, rows)[0]):
+        return None
+    return band_limits(causal, window)
 
 
 def varlen_causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: tuple,
@@ -86,10 +98,11 @@ def cute_varlen_fwd_preferred(q: torch.Tensor, v: torch.Tensor) -> tuple[bool, s
 
 def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
                          activation: str, scale: float, post_scale: float, negative_slope: float,
-                         causal: bool = False) -> torch.Tensor:
+                         causal: bool = False, band: tuple[int, int] | None = None) -> torch.Tensor:
     """Writes ``out.tensor`` (the queries' layout, Dv wide; rows past each sample's length untouched) from the
     sides of a ``cute_varlen_fwd_support``-checked call; returns it. ``causal``: the bottom-right aligned mask in
-    each sample."""
+    each sample (``varlen_causal_support``'s cases); ``band``: (left, right), the band mask in its place
+    (``varlen_band``)."""
     q, k, o = qs.tensor, ks.tensor, out.tensor
     num_m = -(-qs.max_len // _TILE_M)
     tiles = num_m * q.shape[-2] * qs.batch
@@ -99,9 +112,11 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
         # no sample has keys (and the descriptors would have no memory to point at)
         return o.zero_()
     rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
-    fn = compile_fwd(q.dtype, q.shape[-1], activation, head_dim_v=v.shape[-1], varlen=True, causal=causal)
+    fn = compile_fwd(q.dtype, q.shape[-1], activation, head_dim_v=v.shape[-1], varlen=True,
+                     causal=causal and band is None, band=band is not None)
     # jagged samples: the later query tile positions exist only in the longer ones (full samples lose one CTA's
     # 0.8%, measured 2%)
     num_ctas = persistent_grid(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count, num_m, True)
-    fn(*(row_modes(t) for t in (q, k, v, o)), scale, post_scale, negative_slope, num_ctas, rows, num_m)
+    fn(*(row_modes(t) for t in (q, k, v, o)), scale, post_scale, negative_slope, num_ctas, rows, num_m,
+       *(band or (None, None)))
     return o
