@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gdpa_testing import randn
-from varlen_testing import VarlenCase, make_case
+from varlen_testing import make_case
 
 from gdpa_inductor import gdpa_varlen
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS
 
 from .cute_common import NEEDS_CUTE
-from .varlen_common import POISON_LENGTHS, check, poison_second_sample
+from .varlen_common import POISON_LENGTHS, check, dense_case, poison_second_sample
 
 pytestmark = NEEDS_CUTE
 
@@ -34,16 +33,6 @@ KEY_LENGTHS = [200, 5, 0, 300, 17, 1, 130, 128]
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(37)
-
-
-def dense_case(gen, nq: int, nk: int, b=3, h=4, hkv=2, d=128, dv=128) -> VarlenCase:
-    """Full dense sides [B, N, H, D], no lengths: every sample has Nq queries and Nk keys."""
-    q = randn(gen, b, nq, h, d, dtype=torch.float64)
-    k = randn(gen, b, nk, hkv, d, dtype=torch.float64)
-    v = randn(gen, b, nk, hkv, dv, dtype=torch.float64)
-    kw = dict(cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None, max_seqlen_q=nq,
-              max_seqlen_k=nk)
-    return VarlenCase(q, k, v, kw, [nq] * b, [nk] * b)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -4,7 +4,8 @@ tests/varlen_testing.py, each within 2x of the oracle's own math in the same dty
 from __future__ import annotations
 
 import torch
-from varlen_testing import oracle
+from gdpa_testing import randn
+from varlen_testing import VarlenCase, oracle
 
 from gdpa_inductor import gdpa_varlen
 
@@ -58,3 +59,13 @@ def poison_second_sample(case, which: str) -> torch.Tensor:
     tensor[100:103, 1] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=tensor.dtype,
                                       device=tensor.device)[:, None]
     return torch.cat([torch.arange(0, 100), torch.arange(250, 327)]).cuda()
+
+
+def dense_case(gen, nq: int, nk: int, b=3, h=4, hkv=2, d=128, dv=128) -> VarlenCase:
+    """Full dense sides [B, N, H, D], no lengths: every sample has Nq queries and Nk keys."""
+    q = randn(gen, b, nq, h, d, dtype=torch.float64)
+    k = randn(gen, b, nk, hkv, d, dtype=torch.float64)
+    v = randn(gen, b, nk, hkv, dv, dtype=torch.float64)
+    kw = dict(cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None, max_seqlen_q=nq,
+              max_seqlen_k=nk)
+    return VarlenCase(q, k, v, kw, [nq] * b, [nk] * b)

@@ -6,7 +6,8 @@ fp16, whose activation forms differ, the causal forward, and the varlen forward 
 stores go through 5-D ragged descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
 the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
 arrives at its mbarrier are checked too, the varlen backward in the first two, through 5-D ragged descriptors, and
-the causal backward in the first two, whose diagonal takes a third, masked copy of the loop, dense and varlen),
+the causal backward in the first two, whose diagonal takes a third, masked copy of the loop, dense and varlen,
+and the varlen kernels' band mask: every forward step masked, the backward in one masked copy of its loop),
 each checked for wgmma (every matmul), TMA loads and stores (and the
 backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split),
 tanh.approx for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
