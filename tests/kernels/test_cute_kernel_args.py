@@ -114,7 +114,7 @@ def test_dense_forward_call(launch):
     out = gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.125, 1.0, 0.01)
     tensors = stand_in.call_args[:4]
     assert [t.data_ptr() for t in tensors] == [x.data_ptr() for x in (q, k, v, out)]
-    assert stand_in.call_args[4:] == (0.125, 1.0, 0.01, 2 * 4 * 2, None, None)
+    assert stand_in.call_args[4:] == (0.125, 1.0, 0.01, 2 * 4 * 2, None, None, None, None)
     stand_in.check_on_compiled_kernel()
 
 
@@ -125,7 +125,7 @@ def test_dense_backward_call(launch, num_keys, dq_dtype):
     gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01)
     tensors, scalars = stand_in.call_args[:7], stand_in.call_args[7:]
     assert [t.data_ptr() for t in tensors[:4]] == [x.data_ptr() for x in (q, k, v, do)]
-    assert tensors[4].dtype == dq_dtype and scalars == (0.125, 1.0, 0.01, None, None)
+    assert tensors[4].dtype == dq_dtype and scalars == (0.125, 1.0, 0.01, None, None, None, None)
     stand_in.check_on_compiled_kernel()
 
 
@@ -158,4 +158,21 @@ def test_varlen_backward_call(launch):
     args = stand_in.call_args
     assert args[0].data_ptr() == qs.tensor.data_ptr() and args[3].data_ptr() == dout.data_ptr()
     assert args[7:10] == (0.125, 1.0, 0.01) and args[11] == 3
+    stand_in.check_on_compiled_kernel()
+
+
+def test_varlen_band_calls(launch):
+    """A band's bounds follow the rows and the tile count, in the forward's and the backward's call, and the band
+    builds take them."""
+    qs, ks, v, order = _jagged_sides([5, 300, 129])
+    stand_in = launch(varlen_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    out = torch.empty(qs.tensor.shape[0], 4, D, dtype=DTYPE)
+    varlen_fwd.gdpa_varlen_fwd_cute(qs, ks, v, SimpleNamespace(tensor=out), order, ACT, 0.125, 1.0, 0.01,
+                                    causal=True, band=(300, 0))
+    assert stand_in.call_args[10:] == (300, 0)
+    stand_in.check_on_compiled_kernel()
+    stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    dout = _randn(qs.tensor.shape[0], 4, D)
+    varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01, causal=True, band=(7, 0))
+    assert stand_in.call_args[12:] == (7, 0)
     stand_in.check_on_compiled_kernel()
