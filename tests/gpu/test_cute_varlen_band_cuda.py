@@ -17,11 +17,10 @@ import pytest
 import torch
 from varlen_testing import make_case
 
-from gdpa_inductor import gdpa_varlen
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS
 
 from .cute_common import NEEDS_CUTE
-from .varlen_common import POISON_LENGTHS, check, dense_case, poison_second_sample
+from .varlen_common import assert_poison_stays_in_its_sample, check, dense_case
 
 pytestmark = NEEDS_CUTE
 
@@ -105,18 +104,4 @@ def test_many_samples(layout, window, max_len, gen, cute_varlen_only):
 
 @pytest.mark.parametrize("poison", ["k", "v", "q"])
 def test_non_finite_values_stay_in_their_sample(poison, gen, cute_varlen_only):
-    """NaN and Inf in the first rows of sample 1, right behind sample 0's ragged last tile: the output and the
-    gradients of samples 0 and 2 (one key tile each, so their dQ sums have one order) are as without them, bit for
-    bit."""
-    case = make_case("self", gen, h=4, hkv=4, d=128, dv=128, lq=POISON_LENGTHS).to("cuda")
-
-    def run():
-        q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in case.inputs(torch.float64))
-        out = gdpa_varlen(q, k, v, **case.kwargs, activation="silu", causal=True, window=(60, 0))
-        dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(3), device="cuda").to(out.dtype)
-        return (out, *torch.autograd.grad(out, (q, k, v), dout))
-
-    clean = run()
-    others = poison_second_sample(case, poison)
-    for got, want in zip(run(), clean):
-        assert torch.equal(got[others], want[others])
+    assert_poison_stays_in_its_sample(gen, poison, causal=True, window=(60, 0))

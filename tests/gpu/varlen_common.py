@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from gdpa_testing import randn
-from varlen_testing import VarlenCase, oracle
+from varlen_testing import VarlenCase, make_case, oracle
 
 from gdpa_inductor import gdpa_varlen
 
@@ -59,6 +59,24 @@ def poison_second_sample(case, which: str) -> torch.Tensor:
     tensor[100:103, 1] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=tensor.dtype,
                                       device=tensor.device)[:, None]
     return torch.cat([torch.arange(0, 100), torch.arange(250, 327)]).cuda()
+
+
+def assert_poison_stays_in_its_sample(gen, which: str, **mask):
+    """NaN and Inf in the first rows of sample 1 (``poison_second_sample``), right behind sample 0's ragged last
+    tile: the output and the gradients of samples 0 and 2 (one key tile each, so their dQ sums have one order)
+    are as without them, bit for bit, under ``mask`` (the op's causal and window arguments)."""
+    case = make_case("self", gen, h=4, hkv=4, d=128, dv=128, lq=POISON_LENGTHS).to("cuda")
+
+    def run():
+        q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in case.inputs(torch.float64))
+        out = gdpa_varlen(q, k, v, **case.kwargs, activation="silu", **mask)
+        dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(3), device="cuda").to(out.dtype)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    clean = run()
+    others = poison_second_sample(case, which)
+    for got, want in zip(run(), clean):
+        assert torch.equal(got[others], want[others])
 
 
 def dense_case(gen, nq: int, nk: int, b=3, h=4, hkv=2, d=128, dv=128) -> VarlenCase:
