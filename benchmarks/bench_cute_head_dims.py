@@ -104,15 +104,19 @@ COLORS = {"CuTe": "C0", "Triton": "C1", "SDPA (softmax)": "C2", "FA4 (softmax)":
 
 
 def plot(rows, path):
-    """One panel per pass, grouped bars per (D, Dv, shape); a provider that did not run has no bar."""
+    """One panel per pass that was timed, grouped bars per (D, Dv, shape); a provider that did not run has no
+    bar."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 1, figsize=(15, 11))
+    panels = [(ylabel, providers) for ylabel, providers in PANELS
+              if any(key in r for r in rows for key, _ in providers)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(15, 11 * len(panels) / 3), squeeze=False)
+    axes = axes[:, 0]
     labels = [f"{r['d']}/{r['dv']}\n{r['nq']}x{r['nk']}" for r in rows]
-    for ax, (ylabel, providers) in zip(axes, PANELS):
+    for ax, (ylabel, providers) in zip(axes, panels):
         bar_groups(ax, rows, providers, labels, COLORS, fontsize=7)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8, ncol=len(providers))

@@ -11,7 +11,14 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 import torch  # noqa: E402
 
-from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd, dq_late_for, dq_sums_for, gdpa_bwd_cute  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
+    WIDE_KEY_TILE,
+    bwd_key_tile,
+    compile_bwd,
+    dq_late_for,
+    dq_sums_for,
+    gdpa_bwd_cute,
+)
 
 
 @pytest.mark.parametrize(
@@ -31,6 +38,20 @@ def test_dq_sums_never_past_eight_roundings_in_place(num_keys):
     sums = dq_sums_for(num_keys)
     assert sums in ("in_place", "fp32")
     assert sums == "fp32" or tiles <= 8
+
+
+@pytest.mark.parametrize("num_keys, sums", [(1, "in_place"), (512, "in_place"), (513, "fp32"), (1024, "fp32")])
+def test_wide_head_dq_sums_count_64_key_tiles(num_keys, sums):
+    """Past head dims of 128 the CTAs hold 64 keys, so in place stops at 512 keys (eight roundings)."""
+    assert bwd_key_tile(256, 128) == bwd_key_tile(64, 256) == WIDE_KEY_TILE == 64
+    assert bwd_key_tile(128, 128) == bwd_key_tile(96, 64) == 128
+    assert dq_sums_for(num_keys, WIDE_KEY_TILE) == sums
+
+
+@pytest.mark.parametrize("change", [dict(causal=True), dict(dq_sums="pairs"), dict(varlen=True, band=True)])
+def test_wide_head_backward_refuses_masks_and_pairs(change):
+    with pytest.raises(ValueError, match=r"wide-head backward \(D=256, Dv=128\) takes no mask and no dQ pairs"):
+        compile_bwd(torch.bfloat16, 256, "silu", head_dim_v=128, **(dict(dq_sums="fp32") | change))
 
 
 def test_pairs_need_an_even_number_of_key_tiles():

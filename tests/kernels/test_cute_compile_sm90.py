@@ -1,6 +1,7 @@
 """The CuTe-DSL Hopper forward and backward compile for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake
-tensors): every activation at D=128, a subset at D=64, D=96 and Dv != D, and the forward alone at head dims of
-256 (its wide-head tiles, O stored from the registers) (the forward in the schedule each
+tensors): every activation at D=128, a subset at D=64, D=96 and Dv != D, and at head dims of 256 the forward's
+wide-head tiles (O stored from the registers) and the wide-head backward (both warpgroups on one 64-key tile, dense
+and varlen) (the forward in the schedule each
 pair of head dims takes, in the two others, for key counts that are a multiple of the key tile (no mask) and in
 fp16, whose activation forms differ, the causal forward, and the varlen forward (causal too), whose loads and
 stores go through 5-D ragged descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
@@ -41,6 +42,7 @@ from gdpa_inductor.kernels.cute.gdpa_fwd import (  # noqa: E402
     key_tile,
     wide_head_tiles,
 )
+from gdpa_inductor.kernels.cute.wide_bwd_plan import WideBwdPlan  # noqa: E402
 
 # (D, Dv, activation)
 CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh"), (64, 64, "relu")]
@@ -97,7 +99,7 @@ BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pair
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
-                    ("bwd_varlen", 96, 128, "sigmoid")]
+                    ("bwd_varlen", 96, 128, "sigmoid"), ("bwd_varlen", 256, 256, "gelu_tanh")]
 # measured with cutlass-dsl 4.8.1: 8 bytes of spills, as the dense kernel's forms above
 BWD_SPILLING |= {("bwd_varlen", 128, 128, "gelu_tanh")}
 # the causal backward in its two dQ sums: a third copy of the loop, masked, for the diagonal's query tiles
@@ -119,8 +121,12 @@ BWD_VARLEN_BAND_CASES = [("bwd_varlen_band", 128, 128, "gelu_tanh"), ("bwd_varle
                          ("bwd_varlen_band_direct", 128, 128, "gelu_tanh"),
                          ("bwd_varlen_band_direct", 64, 64, "gelu_tanh"), ("bwd_varlen_band", 96, 128, "sigmoid")]
 BWD_SPILLING |= {("bwd_varlen_band", 128, 128, "gelu_tanh")}
-BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_VARLEN_CASES + BWD_CAUSAL_CASES
-                 + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES)
+# the wide-head backward (GdpaBwdWideSm90, D or Dv of 256): dQ in two chunks a warpgroup at D = 256, one below
+BWD_WIDE_CASES = [("bwd", 256, 256, "gelu_tanh"), ("bwd", 256, 256, "relu"), ("bwd_dq_direct", 256, 256, "silu"),
+                  ("bwd", 256, 128, "gelu"), ("bwd", 128, 256, "sigmoid"), ("bwd", 256, 96, "relu_square"),
+                  ("bwd", 64, 256, "hardswish")]
+BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES + BWD_VARLEN_CASES
+                 + BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -216,11 +222,15 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     r = reports[case]
     d, dv = case[1], case[2]
     assert r["target"] == "sm_90a"
-    # S (k = D) and dP (k = Dv), dV and dK (k = 64 queries), dQ (k = 128 keys), one wgmma per 16-wide k-block, in
-    # the loop with and the loop without the mask (causal: and the diagonal's masked loop); one tile late, the last
-    # tile's dQ after the loops
-    per_tile = d // 16 + dv // 16 + 2 * (64 // 16) + 128 // 16
-    late = dq_late_for(BWD_DQ_SUMS[case[0]], d, dv)
+    # S (k = D) and dP (k = Dv), dV and dK (k = 64 queries), dQ (k = 128 keys; wide heads: 64 keys per chunk), one
+    # wgmma per 16-wide k-block, in the loop with and the loop without the mask (causal: and the diagonal's masked
+    # loop); one tile late, the last tile's dQ after the loops
+    if max(d, dv) > 128:
+        per_tile = d // 16 + dv // 16 + 2 * (64 // 16) + WideBwdPlan.for_head_dims(d, dv, 4).dq_chunks * 64 // 16
+        late = False
+    else:
+        per_tile = d // 16 + dv // 16 + 2 * (64 // 16) + 128 // 16
+        late = dq_late_for(BWD_DQ_SUMS[case[0]], d, dv)
     loops = 3 if "causal" in case[0] else 1 if "band" in case[0] else 2
     assert r["wgmma"] == loops * per_tile + (128 // 16 if late else 0), r
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/dO/K/V loads and the dK/dV stores go through TMA"

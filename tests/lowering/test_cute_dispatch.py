@@ -114,22 +114,20 @@ def test_support_reasons(monkeypatch, change, reason):
 
 
 @pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
-@pytest.mark.parametrize("d, dv", [(256, 256), (128, 256), (256, 64), (128, 128), (96, 64)])
-def test_backward_stops_at_head_dim_128(monkeypatch, backend, d, dv):
-    """Past D or Dv = 128 the forward runs the CuTe kernel and the backward the usual choice, with the reason
-    in the support check."""
+@pytest.mark.parametrize("d, dv, covered", [(256, 256, True), (128, 256, True), (256, 64, True), (128, 128, True),
+                                             (96, 64, True), (256, 192, False), (32, 256, False)])
+def test_backward_takes_head_dims_up_to_256(monkeypatch, backend, d, dv, covered):
+    """Head dims of 64, 96, 128 and 256 in any pair take the CuTe backward under "auto" (past 128 the wide-head
+    kernel, faster than Triton's at every measured shape); others keep the usual choice, with the reason in the
+    support check."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend("auto")
     q, k, v = _qkv(d=d, dv=dv)
-    # enough keys that "auto" takes the wide-head forward
-    k, v = (t.repeat_interleave(-(-cute_fwd.WIDE_HEAD_MIN_KEYS // t.shape[-2]), dim=-2) for t in (k, v))
-    wide = max(d, dv) > 128
     ok, why = cute_bwd.cute_bwd_support(q, k, v, None, False, "silu")
-    assert ok == (not wide)
-    assert ("for the CuTe backward" in why) == wide
-    assert select_forward_impl(q, k, v, None, False, "silu") == "cute"
-    expected = select_impl(q, k, v, None, "backward") if wide else "cute"
+    assert ok == covered
+    assert ("must each be one of (64, 96, 128, 256)" in why) == (not covered)
+    expected = "cute" if covered else select_impl(q, k, v, None, "backward")
     assert select_backward_impl(q, k, v, None, False, "silu") == expected
 
 

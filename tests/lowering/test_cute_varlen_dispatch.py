@@ -212,7 +212,9 @@ def test_selector_wide_heads(on_hopper, backend, name, d, dv, auto_takes_cute):
                                             (dict(causal=True, equal_offsets=True), ""),
                                             (dict(window=(3, 0)), ""),
                                             (dict(bias=True), "not in the CuTe varlen backward"),
-                                            (dict(d=256), "for the CuTe varlen backward"),
+                                            (dict(d=256), ""),
+                                            (dict(d=256, causal=True), "D and Dv of at most 128"),
+                                            (dict(d=192), "for the CuTe varlen backward"),
                                             (dict(activation="softplus"), "no CuTe form")])
 def test_backward_support_reasons(on_hopper, change, reason):
     """The backward takes the forward's calls, causal ones and windows included; its reasons name it."""

@@ -14,11 +14,11 @@ from .compile_cache import cached_compile
 from .gdpa_fwd import _as_4d, cute_fwd_support, fwd_supported
 from .kernel_args import compile_options, dense_modes, fake_operands, fake_rows, fake_stream
 
-# Up to this many 128-key tiles, dQ tiles are added straight into dQ in the operands' dtype: the fp32
-# buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at 256-1024 keys. Each dQ
-# value then takes one rounding per key tile plus one per sum: on H200 its error measured 0.8-1.24x eager
-# PyTorch's own at 512 keys and 0.98-1.52x at 1024 (fp32 sums: 0.5-0.8x), growing as sqrt(tiles), so longer
-# ranges keep fp32 (the bound is 2x eager's).
+# Up to this many key tiles (128 keys; 64 in the wide-head kernel), dQ tiles are added straight into dQ in the
+# operands' dtype: the fp32 buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at
+# 256-1024 keys. Each dQ value then takes one rounding per key tile plus one per sum: on H200 its error measured
+# 0.8-1.24x eager PyTorch's own at 512 keys and 0.98-1.52x at 1024 (fp32 sums: 0.5-0.8x), growing as
+# sqrt(tiles), so longer ranges keep fp32 (the bound is 2x eager's).
 DQ_DIRECT_MAX_KEY_TILES = 8
 KEY_TILE = 128
 
@@ -29,9 +29,17 @@ KEY_TILE = 128
 DQ_SUMS = ("in_place", "pairs", "fp32")
 
 
-# Each consumer warpgroup keeps dK and dV of its 64 keys in registers, (D + Dv) / 2 fp32 values a thread (128 at
-# D = Dv = 128): larger head dims leave no room for the scores
-BWD_HEAD_DIMS = (64, 96, 128)
+# Each consumer warpgroup of GdpaBwdSm90 keeps dK and dV of its 64 keys in registers, (D + Dv) / 2 fp32 values a
+# thread (128 at D = Dv = 128): larger head dims leave no room for the scores, so past NARROW_MAX_HEAD_DIM the
+# wide-head kernel (GdpaBwdWideSm90: 64-key CTAs, every matmul split between the warpgroups) runs instead
+BWD_HEAD_DIMS = (64, 96, 128, 256)
+NARROW_MAX_HEAD_DIM = 128
+WIDE_KEY_TILE = 64
+
+
+def bwd_key_tile(head_dim: int, head_dim_v: int) -> int:
+    """Keys per CTA of the backward for these head dims."""
+    return WIDE_KEY_TILE if max(head_dim, head_dim_v) > NARROW_MAX_HEAD_DIM else KEY_TILE
 
 
 def _within_bwd_head_dims(check: tuple[bool, str], q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
@@ -75,6 +83,9 @@ def compile_bwd(
         raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    wide = max(head_dim, head_dim_v) > NARROW_MAX_HEAD_DIM
+    if wide and (causal or band or dq_sums == "pairs"):
+        raise ValueError(f"the wide-head backward (D={head_dim}, Dv={head_dim_v}) takes no mask and no dQ pairs")
     key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, keep_ptx, varlen)
     if causal:
         key = (*key, "causal")
@@ -87,6 +98,7 @@ def compile_bwd(
 
         from . import activation_math
         from .gdpa_bwd_sm90 import GdpaBwdSm90
+        from .gdpa_bwd_wide_sm90 import GdpaBwdWideSm90
 
         element = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
         dq_element = cutlass.Float32 if dq_sums == "fp32" else element
@@ -96,10 +108,13 @@ def compile_bwd(
         extra += [cutlass.Int32(1), cutlass.Int32(1)] if band else []
         one = cutlass.Float32(1.0)
         form = activation_math.backward_form(activation)
-        kernel = GdpaBwdSm90(
-            element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
-            dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen, causal=causal, band=band,
-        )
+        if wide:
+            kernel = GdpaBwdWideSm90(element, head_dim, head_dim_v, form, dq_element, varlen=varlen)
+        else:
+            kernel = GdpaBwdSm90(
+                element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
+                dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen, causal=causal, band=band,
+            )
         return cute.compile(kernel, *args, one, one, one, fake_stream(), *extra, options=compile_options(keep_ptx))
 
     return cached_compile(key, build, persist=not keep_ptx)
@@ -118,10 +133,10 @@ def dq_late_for(dq_sums: str, head_dim: int, head_dim_v: int) -> bool:
 # longer win past the noise (H200, gelu_tanh, bwd TF/s, fp32 -> pairs, benchmarks/bench_dq_sums.py
 # --only-head-dims): at D = Dv = 128 470 -> 475 (1280 keys), 476 -> 485 (1536), 499 -> 495 (2048; a same-process
 # A/B at 2048: 509-518 -> 493-497); at every other head dim they lose 4-13%.
-def dq_sums_for(num_keys: int) -> str:
-    """How dQ is summed over ``num_keys`` keys by default (one of ``DQ_SUMS``): in place in the operands' dtype
-    up to ``DQ_DIRECT_MAX_KEY_TILES`` roundings, else in fp32."""
-    return "in_place" if -(-num_keys // KEY_TILE) <= DQ_DIRECT_MAX_KEY_TILES else "fp32"
+def dq_sums_for(num_keys: int, key_tile: int = KEY_TILE) -> str:
+    """How dQ is summed over ``num_keys`` keys in CTAs of ``key_tile`` keys by default (one of ``DQ_SUMS``): in
+    place in the operands' dtype up to ``DQ_DIRECT_MAX_KEY_TILES`` roundings, else in fp32."""
+    return "in_place" if -(-num_keys // key_tile) <= DQ_DIRECT_MAX_KEY_TILES else "fp32"
 
 
 def gdpa_bwd_cute(
@@ -140,7 +155,7 @@ def gdpa_bwd_cute(
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     grad_out = grad_out if tma_layout(grad_out) else grad_out.contiguous()
-    dq_sums = dq_sums_for(nk) if dq_sums is None else dq_sums
+    dq_sums = dq_sums_for(nk, bwd_key_tile(d, d_v)) if dq_sums is None else dq_sums
     if dq_sums == "pairs" and -(-nk // KEY_TILE) % 2:
         raise ValueError(f"dq_sums='pairs' needs an even number of {KEY_TILE}-key tiles, got {nk} keys")
     direct = dq_sums != "fp32"

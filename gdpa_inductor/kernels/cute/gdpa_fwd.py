@@ -24,7 +24,7 @@ from .kernel_args import compile_options, dense_modes, fake_operands, fake_rows,
 # Head dims of Q/K (D) and of V/O (Dv), in any combination: with 128x128 tiles the forward's two Q stages,
 # four K/V stages and O tile take 1024·D + 768·Dv bytes of shared memory (224 KiB at D = Dv = 128), and the
 # consumers' O accumulator Dv/2 registers a thread; wgmma's k-blocks need multiples of 16. Past 128 the forward
-# takes other tiles (``wide_head_tiles``); the backward stops at 128 (``BWD_HEAD_DIMS``).
+# takes other tiles (``wide_head_tiles``), and so does the backward (``GdpaBwdWideSm90``).
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 256)
 # every activation of the table has a CuTe form (activation_math.py, same names)
 SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES

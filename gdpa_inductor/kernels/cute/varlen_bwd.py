@@ -1,13 +1,14 @@
-"""Launcher of the CuTe-DSL Hopper backward over varlen batches (``GdpaBwdSm90`` with ``varlen``): which calls it
-takes, and the call on the rows the varlen schedule gives (``kernels/triton/varlen_schedule.py``).
+"""Launcher of the CuTe-DSL Hopper backward over varlen batches (``GdpaBwdSm90`` with ``varlen``, or
+``GdpaBwdWideSm90`` past head dims of 128): which calls it takes, and the call on the rows the varlen schedule gives
+(``kernels/triton/varlen_schedule.py``).
 
-One CTA per (128-key tile, head, sample), samples longest first; a CTA past its sample's keys, or of a sample
-without queries, exits at once. Each side's rows of a sample are read through TMA descriptors bounded at the
-sample's end, so dK and dV stores and the dQ reduce-adds are clipped there. dQ is summed in place in the
-operands' dtype when the longest sample has at most ``DQ_DIRECT_MAX_KEY_TILES`` key tiles (the dense backward's
-rule), else in fp32. A dense side all samples share (PMA's seed queries, a shared key block) gets one gradient
-slice per sample, summed here in fp32; GQA's key/value heads are expanded to the query heads and their gradients
-summed over each group, as in the dense launcher.
+One CTA per (128-key tile, head, sample; 64 keys past head dims of 128), samples longest first; a CTA past its
+sample's keys, or of a sample without queries, exits at once. Each side's rows of a sample are read through TMA
+descriptors bounded at the sample's end, so dK and dV stores and the dQ reduce-adds are clipped there. dQ is summed
+in place in the operands' dtype when the longest sample has at most ``DQ_DIRECT_MAX_KEY_TILES`` key tiles (the
+dense backward's rule), else in fp32. A dense side all samples share (PMA's seed queries, a shared key block) gets
+one gradient slice per sample, summed here in fp32; GQA's key/value heads are expanded to the query heads and their
+gradients summed over each group, as in the dense launcher.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from ..triton.gdpa_fwd_tma import tma_layout
 from ..triton.varlen_layout import VarlenSide
-from .gdpa_bwd import BWD_HEAD_DIMS, KEY_TILE, compile_bwd, dq_sums_for
+from .gdpa_bwd import BWD_HEAD_DIMS, bwd_key_tile, compile_bwd, dq_sums_for
 from .kernel_args import row_modes
 from .varlen_fwd import cute_varlen_fwd_support
 
@@ -24,7 +25,8 @@ from .varlen_fwd import cute_varlen_fwd_support
 def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
                             window: tuple[int, int], activation: str, rows: tuple) -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen backward: the varlen forward's cases (``rows``: the call's cu_seqlens and
-    seqused, for its causal rule) at the dense backward's head dims (64 to 128)."""
+    seqused, for its causal rule) at the dense backward's head dims (``BWD_HEAD_DIMS``; masks
+    only up to 128)."""
     return cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows, "the CuTe varlen backward",
                                    BWD_HEAD_DIMS)
 
@@ -62,11 +64,12 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
         # per query head, summed over each kv head's group below
         k, v = k.repeat_interleave(group, dim=-2), v.repeat_interleave(group, dim=-2)
     dout = dout if tma_layout(dout) else dout.contiguous()
-    dq_sums = dq_sums_for(ks.max_len)
+    key_tile = bwd_key_tile(d, d_v)
+    dq_sums = dq_sums_for(ks.max_len, key_tile)
     # a shared block's per-sample slices are summed afterwards: each slice keeps fp32 only if dQ does
     dq_buf = _grad_buffer(qs, q, q.dtype if dq_sums == "in_place" else torch.float32)
     dk_buf, dv_buf = _grad_buffer(ks, k, k.dtype), _grad_buffer(ks, v, v.dtype)
-    num_n = -(-ks.max_len // KEY_TILE)
+    num_n = -(-ks.max_len // key_tile)
     if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
         rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True,
