@@ -9,8 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.activations import get_activation
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, cute_dsl_available, on_sm90
+from gdpa_inductor.kernels.reference import gdpa_reference_backward
+from gdpa_inductor.lowering.dispatch import select_backward_impl
 
 NEEDS_CUTE = [
     pytest.mark.gpu,
@@ -80,3 +83,34 @@ def assert_grads_within_eager(grads, refs, eager, dtype):
 
 def rel_error(x, ref):
     return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def eager_grads(q, k, v, do, activation, scale, post_scale):
+    """(dq, dk, dv) of the math as plain torch ops in the inputs' dtype."""
+    return autograd_grads(eager_gdpa, q, k, v, do, activation, scale, post_scale)
+
+
+def assert_backward_case_within_eager(case):
+    """A backward case (dtype, activation, Z, H, Hkv, Nq, Nk, D, Dv) through the op's autograd on the CuTe
+    kernels (the caller forces them): dq, dk and dv within 2x eager's error against float64."""
+    dtype_name, act, z, h, hkv, nq, nk, d, dv = case
+    dtype = DTYPES[dtype_name]
+    q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, 2)
+    scale, post = d**-0.5, 1.0 / nk
+    assert select_backward_impl(q, k, v, None, False, act) == "cute"
+    refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[:3]
+    grads = autograd_grads(lambda *qkv: gdpa(*qkv, activation=act, scale=scale, post_scale=post), q, k, v, do)
+    assert_grads_within_eager(grads, refs, eager_grads(q, k, v, do, act, scale, post), dtype)
+
+
+def assert_nonfinite_like_eager(d):
+    """A non-finite key at head dim ``d`` reaches the op's gradients as in eager (the caller forces the CuTe
+    kernels): padded queries and keys past the ends add nothing, not NaN."""
+    q, do = (torch.randn(1, 2, 130, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, 2, 200, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k[0, 1, 7, 3] = float("inf")
+    qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
+    gdpa(qa, ka, va, activation="sigmoid").backward(do)
+    eager = eager_grads(q, k, v, do, "sigmoid", 1.0, 1.0)
+    for got, expected in zip((qa.grad, ka.grad, va.grad), eager):
+        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf())

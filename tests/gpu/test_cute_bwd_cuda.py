@@ -14,20 +14,17 @@ import pytest
 import torch
 
 import gdpa_inductor
-from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_DIRECT_MAX_KEY_TILES, dq_sums_for, gdpa_bwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl
 
 from .cute_common import CASES as SHARED_CASES
 from .cute_common import (
-    DTYPES,
     FLOOR,
     NEEDS_CUTE,
-    assert_grads_within_eager,
-    autograd_grads,
-    bwd_inputs,
-    eager_gdpa,
+    assert_backward_case_within_eager,
+    assert_nonfinite_like_eager,
+    eager_grads,
     rel_error,
 )
 
@@ -41,20 +38,9 @@ CASES = SHARED_CASES + [
 ]
 
 
-def _eager_grads(q, k, v, do, activation, scale, post_scale):
-    return autograd_grads(eager_gdpa, q, k, v, do, activation, scale, post_scale)
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_cute_backward_matches_float64(case, cute_backend):
-    dtype_name, act, z, h, hkv, nq, nk, d, dv = case
-    dtype = DTYPES[dtype_name]
-    q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, 2)
-    scale, post = d**-0.5, 1.0 / nk
-    assert select_backward_impl(q, k, v, None, False, act) == "cute"
-    refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[:3]
-    grads = autograd_grads(lambda *qkv: gdpa(*qkv, activation=act, scale=scale, post_scale=post), q, k, v, do)
-    assert_grads_within_eager(grads, refs, _eager_grads(q, k, v, do, act, scale, post), dtype)
+    assert_backward_case_within_eager(case)
 
 
 def test_auto_takes_the_cute_kernels():
@@ -70,14 +56,7 @@ def test_auto_takes_the_cute_kernels():
 def test_cute_backward_nonfinite_like_eager_pattern(cute_backend):
     """A non-finite key reaches the gradients as in eager: padded queries and keys past the ends add
     nothing, not NaN."""
-    q, do = (torch.randn(1, 2, 130, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(1, 2, 200, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k[0, 1, 7, 3] = float("inf")
-    qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
-    gdpa(qa, ka, va, activation="sigmoid").backward(do)
-    eager = _eager_grads(q, k, v, do, "sigmoid", 1.0, 1.0)
-    for got, expected in zip((qa.grad, ka.grad, va.grad), eager):
-        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf())
+    assert_nonfinite_like_eager(128)
 
 
 @pytest.mark.parametrize("act", ["relu", "silu"])
@@ -93,7 +72,7 @@ def test_dq_sums_each_within_eager_error(act, nk, dtype):
     k, v = (torch.randn(2, 4, nk, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     scale, post = 128**-0.5, 1.0 / nk
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[0]
-    base = rel_error(_eager_grads(q, k, v, do, act, scale, post)[0], ref)
+    base = rel_error(eager_grads(q, k, v, do, act, scale, post)[0], ref)
     tiles = -(-nk // 128)
     sums = ["fp32"] + ["in_place"] * (tiles <= DQ_DIRECT_MAX_KEY_TILES + 1) + ["pairs"] * (tiles % 2 == 0)
     assert dq_sums_for(nk) in sums

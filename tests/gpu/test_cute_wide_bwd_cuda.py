@@ -15,20 +15,16 @@ import pytest
 import torch
 from varlen_testing import make_case
 
-from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_DIRECT_MAX_KEY_TILES, WIDE_KEY_TILE, dq_sums_for, gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
-from gdpa_inductor.lowering.dispatch import select_backward_impl
 
 from .cute_common import (
-    DTYPES,
     FLOOR,
     NEEDS_CUTE,
-    assert_grads_within_eager,
-    autograd_grads,
-    bwd_inputs,
-    eager_gdpa,
+    assert_backward_case_within_eager,
+    assert_nonfinite_like_eager,
+    eager_grads,
     rel_error,
 )
 from .varlen_common import check
@@ -52,20 +48,9 @@ CASES = [("bf16", act, 2, 4, 4, 300, 300, 256, 256) for act in SUPPORTED_ACTIVAT
 ]
 
 
-def _eager_grads(q, k, v, do, activation, scale, post_scale):
-    return autograd_grads(eager_gdpa, q, k, v, do, activation, scale, post_scale)
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_wide_backward_matches_float64(case, cute_backend):
-    dtype_name, act, z, h, hkv, nq, nk, d, dv = case
-    dtype = DTYPES[dtype_name]
-    q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, 2)
-    scale, post = d**-0.5, 1.0 / nk
-    assert select_backward_impl(q, k, v, None, False, act) == "cute"
-    refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[:3]
-    grads = autograd_grads(lambda *qkv: gdpa(*qkv, activation=act, scale=scale, post_scale=post), q, k, v, do)
-    assert_grads_within_eager(grads, refs, _eager_grads(q, k, v, do, act, scale, post), dtype)
+    assert_backward_case_within_eager(case)
 
 
 @pytest.mark.parametrize("nk", [512, 576, 1024])
@@ -80,7 +65,7 @@ def test_dq_sums_each_within_eager_error(nk, d, dv):
     v = torch.randn(2, 4, nk, dv, device="cuda", dtype=torch.bfloat16, generator=gen)
     scale, post = d**-0.5, 1.0 / nk
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, "silu", scale, post)[0]
-    base = rel_error(_eager_grads(q, k, v, do, "silu", scale, post)[0], ref)
+    base = rel_error(eager_grads(q, k, v, do, "silu", scale, post)[0], ref)
     tiles = -(-nk // WIDE_KEY_TILE)
     sums = ["fp32"] + ["in_place"] * (tiles <= DQ_DIRECT_MAX_KEY_TILES + 1)
     assert dq_sums_for(nk, WIDE_KEY_TILE) in sums
@@ -93,14 +78,7 @@ def test_dq_sums_each_within_eager_error(nk, d, dv):
 
 def test_nonfinite_like_eager_pattern(cute_backend):
     """A non-finite key reaches the gradients as in eager; padded queries and keys past the ends add nothing."""
-    q, do = (torch.randn(1, 2, 130, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(1, 2, 200, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k[0, 1, 7, 3] = float("inf")
-    qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
-    gdpa(qa, ka, va, activation="sigmoid").backward(do)
-    eager = _eager_grads(q, k, v, do, "sigmoid", 1.0, 1.0)
-    for got, expected in zip((qa.grad, ka.grad, va.grad), eager):
-        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf())
+    assert_nonfinite_like_eager(256)
 
 
 LENGTHS = [300, 0, 1, 129, 17, 64, 700, 128]

@@ -181,24 +181,8 @@ class GdpaBwdSm90:
         dq_smem = _smem_layout(self.dq_dtype, (self.tile_m, d // self.num_mma_wg), self.num_mma_wg)
         dq_tile_smem = _smem_layout(self.dq_dtype, (self.tile_m, d), 1, d // self.num_mma_wg)
 
-        load = cpasync.CopyBulkTensorTileG2SOp()
-        store = cpasync.CopyBulkTensorTileS2GOp()
-        one = (None, None, 0)
-        tma_q, tq = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(q_smem, one), (self.tile_m, d))
-        tma_do, tdo = cpasync.make_tiled_tma_atom(load, mdO, cute.slice_(do_smem, one), (self.tile_m, dv))
-        tma_k, tk = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(k_smem, one), (self.tile_n, d))
-        tma_v, tv = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(v_smem, one), (self.tile_n, dv))
-        tma_dk, tdk = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(k_smem, one), (self.tile_n, d))
-        tma_dv, tdv = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(v_smem, one), (self.tile_n, dv))
-        tma_dq, tdq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(cpasync.ReductionOp.ADD), mdQ, cute.slice_(dq_smem, one),
-            (self.tile_m, d // self.num_mma_wg),
-        )
-        self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(q_smem, one))
-        self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(do_smem, one))
-        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, one)) + cute.size_in_bytes(
-            self.dtype, cute.slice_(v_smem, one)
-        )
+        atoms = self._tma_atoms((mQ, mK, mV, mdO, mdQ, mdK, mdV), (q_smem, do_smem, k_smem, v_smem, dq_smem),
+                                d // self.num_mma_wg)
 
         # with dq_pairs: the received fp32 half-tiles, by thread: each of the owner's threads reads what the
         # sender's thread of the same index wrote (the same places of the tile), four values at a time
@@ -225,8 +209,7 @@ class GdpaBwdSm90:
         else:
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
-            tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv, tma_dk, tdk, tma_dv, tdv, tma_dq, tdq,
-            scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, num_n,
+            *atoms, scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, num_n,
             mQ.shape[2], rows, band_left, band_right,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
@@ -341,48 +324,12 @@ class GdpaBwdSm90:
             m_end = last_row // self.tile_m + 1
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
-        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
-        kv_producer, kv_consumer = self._cta_local(pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=self.kv_bytes, defer_sync=True,
-        ), tidx).make_participants()
-        q_producer, q_consumer = self._cta_local(pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=self.q_bytes, defer_sync=True,
-        ), tidx).make_participants()
-        do_producer, do_consumer = self._cta_local(pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.do_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=self.do_bytes, defer_sync=True,
-        ), tidx).make_participants()
-
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
-        sdO = storage.sdO.get_tensor(do_smem.outer, swizzle=do_smem.inner)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
-        sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
-        sdS = storage.sdS.get_tensor(ds_smem.outer, swizzle=ds_smem.inner)
-        sdQ = storage.sdQ.get_tensor(dq_smem.outer, swizzle=dq_smem.inner)
-        sdQ_tile = storage.sdQ.get_tensor(dq_tile_smem.outer, swizzle=dq_tile_smem.inner)
-
-        gQ = cute.local_tile(self._rows_of(mQ, h, z, q0, nq), (self.tile_m, d), (None, 0))
-        gdO = cute.local_tile(self._rows_of(mdO, h, z, q0, nq), (self.tile_m, dv), (None, 0))
-        gK = cute.local_tile(self._rows_of(mK, h, z, k0, nk), (self.tile_n, d), (None, 0))
-        gV = cute.local_tile(self._rows_of(mV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
-        gdK = cute.local_tile(self._rows_of(mdK, h, z, k0, nk), (self.tile_n, d), (None, 0))
-        gdV = cute.local_tile(self._rows_of(mdV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
-        gdQ = cute.local_tile(self._rows_of(mdQ, h, z, q0, nq), (self.tile_m, d // self.num_mma_wg), (None, None))
-        no_cluster = cute.make_layout(1)
-
-        def part(atom, s, g):
-            return cpasync.tma_partition(atom, 0, no_cluster, cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
-
-        tQsQ, tQgQ = part(tma_q, sQ, gQ)
-        tdOsdO, tdOgdO = part(tma_do, sdO, gdO)
-        tKsK, tKgK = part(tma_k, sK, gK)
-        tVsV, tVgV = part(tma_v, sV, gV)
-        tdKsdK, tdKgdK = part(tma_dk, sK, gdK)
-        tdVsdV, tdVgdV = part(tma_dv, sV, gdV)
-        tdQsdQ, tdQgdQ = part(tma_dq, sdQ, gdQ)
+        kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer = self._pipelines(
+            storage, tidx, self.q_stages)
+        sQ, sdO, sK, sV, sdS, sdQ, sdQ_tile = self._smem_tensors(
+            storage, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem))
+        (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, tdKsdK, tdKgdK, tdVsdV, tdVgdV, tdQsdQ,
+         tdQgdQ) = self._tma_partitions(cta[:14], (sQ, sdO, sK, sV, sdQ), h, z, q0, nq, k0, nk, d // self.num_mma_wg)
 
         # with dq_pairs: this CTA's rank in its pair, the half of D it owns ((1 + rank) % 2), per receive
         # stage the mbarrier counting the peer's partial in, and the one the peer's owning warps arrive at once
@@ -406,16 +353,8 @@ class GdpaBwdSm90:
         if wg_idx == 0:
             cute.arch.warpgroup_reg_dealloc(self.regs_producer)
             if warp_idx == 0:
-                for atom in (tma_q, tma_do, tma_k, tma_v):
-                    cpasync.prefetch_descriptor(atom)
-                handle = kv_producer.acquire_and_advance()
-                cute.copy(tma_k, tKgK[(None, n_blk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
-                cute.copy(tma_v, tVgV[(None, n_blk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
-                for m in cutlass.range(m_first, m_end, unroll=1):
-                    handle = q_producer.acquire_and_advance()
-                    cute.copy(tma_q, tQgQ[(None, m)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                    handle = do_producer.acquire_and_advance()
-                    cute.copy(tma_do, tdOgdO[(None, m)], tdOsdO[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                self._load_tiles((tma_q, tma_do, tma_k, tma_v), (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV),
+                                 (kv_producer, q_producer, do_producer), n_blk, m_first, m_end)
             if warp_idx == self.dq_warp:
                 self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, m_end, own_half)
         else:
@@ -609,21 +548,8 @@ class GdpaBwdSm90:
                 warpgroup.wait_group(0)
                 self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, num_rel - 1, recv_slot, recv_full, peer_free)
 
-            # epilogue: dV and dK over the V and K tiles, then one TMA store each
-            r_dv = cute.make_fragment_like(acc_dv, self.dtype)
-            r_dv.store((acc_dv.load() * post_scale).to(self.dtype))
-            r_dk = cute.make_fragment_like(acc_dk, self.dtype)
-            r_dk.store((acc_dk.load() * ds_scale).to(self.dtype))
-            cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=self.num_mma_wg * _WG_THREADS)
-            cute.autovec_copy(r_dv, dv_thr.partition_C(sV0))
-            cute.autovec_copy(r_dk, dk_thr.partition_C(sK0))
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=self.num_mma_wg * _WG_THREADS)
-            if warp_idx == _WG_THREADS // 32:
-                cute.copy(tma_dv, tdVsdV[(None, 0)], tdVgdV[(None, n_blk)])
-                cute.copy(tma_dk, tdKsdK[(None, 0)], tdKgdK[(None, n_blk)])
-                cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            self._store_dk_dv((acc_dk, dk_thr, sK0, tma_dk, tdKsdK, tdKgdK),
+                              (acc_dv, dv_thr, sV0, tma_dv, tdVsdV, tdVgdV), ds_scale, post_scale, n_blk, warp_idx)
             if cutlass.const_expr(self.dq_pairs):
                 # the peer's last arrives on this CTA's shared memory: once it has read the last tiles sent, this
                 # CTA may exit
@@ -634,6 +560,119 @@ class GdpaBwdSm90:
                             cute.arch.mbarrier_wait(
                                 peer_free + tile % self.pair_stages, tile // self.pair_stages % 2
                             )
+
+    def _tma_atoms(self, tensors: tuple, layouts: tuple, dq_cols: int) -> tuple:
+        """The TMA atoms with their tensors, in the kernel's argument order: loads of Q and dO tiles, of K and V
+        tiles, stores of dK and dV over the K and V tiles, the reduce-add of dQ tiles ``dq_cols`` wide. ``tensors``:
+        (Q, K, V, dO, dQ, dK, dV); ``layouts``: the Q, dO, K, V and dQ shared-memory layouts. Sets the loads'
+        transaction bytes."""
+        mQ, mK, mV, mdO, mdQ, mdK, mdV = tensors
+        q_smem, do_smem, k_smem, v_smem, dq_smem = layouts
+        d, dv = self.head_dim, self.head_dim_v
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        store = cpasync.CopyBulkTensorTileS2GOp()
+        one = (None, None, 0)
+        tma_q, tq = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(q_smem, one), (self.tile_m, d))
+        tma_do, tdo = cpasync.make_tiled_tma_atom(load, mdO, cute.slice_(do_smem, one), (self.tile_m, dv))
+        tma_k, tk = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(k_smem, one), (self.tile_n, d))
+        tma_v, tv = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(v_smem, one), (self.tile_n, dv))
+        tma_dk, tdk = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(k_smem, one), (self.tile_n, d))
+        tma_dv, tdv = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(v_smem, one), (self.tile_n, dv))
+        tma_dq, tdq = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(cpasync.ReductionOp.ADD), mdQ, cute.slice_(dq_smem, one),
+            (self.tile_m, dq_cols),
+        )
+        self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(q_smem, one))
+        self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(do_smem, one))
+        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, one)) + cute.size_in_bytes(
+            self.dtype, cute.slice_(v_smem, one)
+        )
+        return tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv, tma_dk, tdk, tma_dv, tdv, tma_dq, tdq
+
+    def _pipelines(self, storage, tidx: cutlass.Int32, do_stages: int) -> tuple:
+        """Producer and consumer of the K/V load (one stage), of the Q ring and of the dO ring (``do_stages``), in
+        that order, flat (the DSL threads a loop's state through names unpacked from a flat tuple)."""
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
+
+        def ring(barriers, stages, tx_count):
+            return self._cta_local(pipeline.PipelineTmaAsync.create(
+                barrier_storage=barriers, num_stages=stages, producer_group=one_thread,
+                consumer_group=consumer_warps, tx_count=tx_count, defer_sync=True,
+            ), tidx).make_participants()
+
+        return (*ring(storage.kv_mbar.data_ptr(), 1, self.kv_bytes),
+                *ring(storage.q_mbar.data_ptr(), self.q_stages, self.q_bytes),
+                *ring(storage.do_mbar.data_ptr(), do_stages, self.do_bytes))
+
+    def _smem_tensors(self, storage, layouts: tuple) -> tuple:
+        """(sQ, sdO, sK, sV, sdS, sdQ, sdQ_tile) over the shared storage, in ``layouts``' order (sdQ_tile: the dQ
+        buffers seen as one tile)."""
+        fields = (storage.sQ, storage.sdO, storage.sK, storage.sV, storage.sdS, storage.sdQ, storage.sdQ)
+        return tuple(f.get_tensor(lay.outer, swizzle=lay.inner) for f, lay in zip(fields, layouts))
+
+    def _tma_partitions(self, atoms: tuple, smem: tuple, h, z, q0, nq, k0, nk, dq_cols: int) -> tuple:
+        """The TMA partitions (shared, global) of Q, dO, K, V, dK, dV and dQ (tiles ``dq_cols`` wide) of head
+        ``h``, sample ``z`` (rows as ``_cta`` takes them); ``atoms``: ``_tma_atoms``' tuple, ``smem``: sQ, sdO, sK,
+        sV and sdQ."""
+        tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ = atoms
+        sQ, sdO, sK, sV, sdQ = smem
+        d, dv = self.head_dim, self.head_dim_v
+        gQ = cute.local_tile(self._rows_of(mQ, h, z, q0, nq), (self.tile_m, d), (None, 0))
+        gdO = cute.local_tile(self._rows_of(mdO, h, z, q0, nq), (self.tile_m, dv), (None, 0))
+        gK = cute.local_tile(self._rows_of(mK, h, z, k0, nk), (self.tile_n, d), (None, 0))
+        gV = cute.local_tile(self._rows_of(mV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
+        gdK = cute.local_tile(self._rows_of(mdK, h, z, k0, nk), (self.tile_n, d), (None, 0))
+        gdV = cute.local_tile(self._rows_of(mdV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
+        gdQ = cute.local_tile(self._rows_of(mdQ, h, z, q0, nq), (self.tile_m, dq_cols), (None, None))
+        no_cluster = cute.make_layout(1)
+
+        def part(atom, s, g):
+            return cpasync.tma_partition(atom, 0, no_cluster, cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
+
+        return (*part(tma_q, sQ, gQ), *part(tma_do, sdO, gdO), *part(tma_k, sK, gK), *part(tma_v, sV, gV),
+                *part(tma_dk, sK, gdK), *part(tma_dv, sV, gdV), *part(tma_dq, sdQ, gdQ))
+
+    @cute.jit
+    def _load_tiles(self, atoms: tuple, parts: tuple, producers: tuple, n_blk: cutlass.Int32, m_first: cutlass.Int32,
+                    m_end: cutlass.Int32):
+        """The producer warp: K and V of key tile ``n_blk`` once, then Q and dO of query tiles ``m_first`` to
+        ``m_end`` into their rings."""
+        tma_q, tma_do, tma_k, tma_v = atoms
+        tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV = parts
+        kv_producer, q_producer, do_producer = producers
+        for atom in (tma_q, tma_do, tma_k, tma_v):
+            cpasync.prefetch_descriptor(atom)
+        handle = kv_producer.acquire_and_advance()
+        cute.copy(tma_k, tKgK[(None, n_blk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
+        cute.copy(tma_v, tVgV[(None, n_blk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
+        for m in cutlass.range(m_first, m_end, unroll=1):
+            handle = q_producer.acquire_and_advance()
+            cute.copy(tma_q, tQgQ[(None, m)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
+            handle = do_producer.acquire_and_advance()
+            cute.copy(tma_do, tdOgdO[(None, m)], tdOsdO[(None, handle.index)], tma_bar_ptr=handle.barrier)
+
+    @cute.jit
+    def _store_dk_dv(self, dk: tuple, dv: tuple, ds_scale: cutlass.Float32, post_scale: cutlass.Float32,
+                     n_blk: cutlass.Int32, warp_idx: cutlass.Int32):
+        """The consumers' epilogue: dV and dK (``dv``, ``dk``: accumulator, its MMA thread slice, the V or K
+        tile, the TMA store with its partitions) scaled over the V and K tiles, then one TMA store each."""
+        acc_dk, dk_thr, sK0, tma_dk, tdKsdK, tdKgdK = dk
+        acc_dv, dv_thr, sV0, tma_dv, tdVsdV, tdVgdV = dv
+        r_dv = cute.make_fragment_like(acc_dv, self.dtype)
+        r_dv.store((acc_dv.load() * post_scale).to(self.dtype))
+        r_dk = cute.make_fragment_like(acc_dk, self.dtype)
+        r_dk.store((acc_dk.load() * ds_scale).to(self.dtype))
+        cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=self.num_mma_wg * _WG_THREADS)
+        cute.autovec_copy(r_dv, dv_thr.partition_C(sV0))
+        cute.autovec_copy(r_dk, dk_thr.partition_C(sK0))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=self.num_mma_wg * _WG_THREADS)
+        if warp_idx == _WG_THREADS // 32:
+            cute.copy(tma_dv, tdVsdV[(None, 0)], tdVgdV[(None, n_blk)])
+            cute.copy(tma_dk, tdKsdK[(None, 0)], tdKgdK[(None, n_blk)])
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _rows_of(self, m: cute.Tensor, h: cutlass.Int32, z: cutlass.Int32, start: cutlass.Int32,

@@ -27,7 +27,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+from cutlass.cute.nvgpu import warp, warpgroup
 
 from .gdpa_bwd_sm90 import _WG_THREADS, GdpaBwdSm90, _smem_layout, _transposed
 from .ragged_rows import ragged
@@ -110,24 +110,8 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         dq_smem = _smem_layout(self.dq_dtype, (self.tile_m, plan.dq_width), self.num_mma_wg)
         dq_tile_smem = _smem_layout(self.dq_dtype, (self.tile_m, half * plan.dq_width), 1, plan.dq_width)
 
-        load = cpasync.CopyBulkTensorTileG2SOp()
-        store = cpasync.CopyBulkTensorTileS2GOp()
-        one = (None, None, 0)
-        tma_q, tq = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(q_smem, one), (self.tile_m, d))
-        tma_do, tdo = cpasync.make_tiled_tma_atom(load, mdO, cute.slice_(do_smem, one), (self.tile_m, dv))
-        tma_k, tk = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(k_smem, one), (self.tile_n, d))
-        tma_v, tv = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(v_smem, one), (self.tile_n, dv))
-        tma_dk, tdk = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(k_smem, one), (self.tile_n, d))
-        tma_dv, tdv = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(v_smem, one), (self.tile_n, dv))
-        tma_dq, tdq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(cpasync.ReductionOp.ADD), mdQ, cute.slice_(dq_smem, one),
-            (self.tile_m, plan.dq_width),
-        )
-        self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(q_smem, one))
-        self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(do_smem, one))
-        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, one)) + cute.size_in_bytes(
-            self.dtype, cute.slice_(v_smem, one)
-        )
+        atoms = self._tma_atoms((mQ, mK, mV, mdO, mdQ, mdK, mdV), (q_smem, do_smem, k_smem, v_smem, dq_smem),
+                                plan.dq_width)
 
         @cute.struct
         class SharedStorage:
@@ -148,8 +132,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         else:
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
-            tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv, tma_dk, tdk, tma_dv, tdv, tma_dq, tdq,
-            scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem, num_n,
+            *atoms, scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem, num_n,
             mQ.shape[2], rows, band_left, band_right,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
@@ -181,48 +164,12 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         num_m = cute.ceil_div(nq, self.tile_m)
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
-        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
-        kv_producer, kv_consumer = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=self.kv_bytes, defer_sync=True,
-        ).make_participants()
-        q_producer, q_consumer = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=self.q_bytes, defer_sync=True,
-        ).make_participants()
-        do_producer, do_consumer = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.do_mbar.data_ptr(), num_stages=plan.do_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=self.do_bytes, defer_sync=True,
-        ).make_participants()
-
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
-        sdO = storage.sdO.get_tensor(do_smem.outer, swizzle=do_smem.inner)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
-        sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
-        sPdS = storage.sdS.get_tensor(pds_smem.outer, swizzle=pds_smem.inner)
-        sdQ = storage.sdQ.get_tensor(dq_smem.outer, swizzle=dq_smem.inner)
-        sdQ_tile = storage.sdQ.get_tensor(dq_tile_smem.outer, swizzle=dq_tile_smem.inner)
-
-        gQ = cute.local_tile(self._rows_of(mQ, h, z, q0, nq), (self.tile_m, d), (None, 0))
-        gdO = cute.local_tile(self._rows_of(mdO, h, z, q0, nq), (self.tile_m, dv), (None, 0))
-        gK = cute.local_tile(self._rows_of(mK, h, z, k0, nk), (self.tile_n, d), (None, 0))
-        gV = cute.local_tile(self._rows_of(mV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
-        gdK = cute.local_tile(self._rows_of(mdK, h, z, k0, nk), (self.tile_n, d), (None, 0))
-        gdV = cute.local_tile(self._rows_of(mdV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
-        gdQ = cute.local_tile(self._rows_of(mdQ, h, z, q0, nq), (self.tile_m, plan.dq_width), (None, None))
-        no_cluster = cute.make_layout(1)
-
-        def part(atom, s, g):
-            return cpasync.tma_partition(atom, 0, no_cluster, cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
-
-        tQsQ, tQgQ = part(tma_q, sQ, gQ)
-        tdOsdO, tdOgdO = part(tma_do, sdO, gdO)
-        tKsK, tKgK = part(tma_k, sK, gK)
-        tVsV, tVgV = part(tma_v, sV, gV)
-        tdKsdK, tdKgdK = part(tma_dk, sK, gdK)
-        tdVsdV, tdVgdV = part(tma_dv, sV, gdV)
-        tdQsdQ, tdQgdQ = part(tma_dq, sdQ, gdQ)
+        kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer = self._pipelines(
+            storage, tidx, plan.do_stages)
+        sQ, sdO, sK, sV, sPdS, sdQ, sdQ_tile = self._smem_tensors(
+            storage, (q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem))
+        (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, tdKsdK, tdKgdK, tdVsdV, tdVgdV, tdQsdQ,
+         tdQgdQ) = self._tma_partitions(cta[:14], (sQ, sdO, sK, sV, sdQ), h, z, q0, nq, k0, nk, plan.dq_width)
 
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1, 1), is_relaxed=True)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
@@ -233,16 +180,8 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         if wg_idx == 0:
             cute.arch.warpgroup_reg_dealloc(self.regs_producer)
             if warp_idx == 0:
-                for atom in (tma_q, tma_do, tma_k, tma_v):
-                    cpasync.prefetch_descriptor(atom)
-                handle = kv_producer.acquire_and_advance()
-                cute.copy(tma_k, tKgK[(None, n_blk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
-                cute.copy(tma_v, tVgV[(None, n_blk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
-                for m in cutlass.range(0, num_m, unroll=1):
-                    handle = q_producer.acquire_and_advance()
-                    cute.copy(tma_q, tQgQ[(None, m)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                    handle = do_producer.acquire_and_advance()
-                    cute.copy(tma_do, tdOgdO[(None, m)], tdOsdO[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                self._load_tiles((tma_q, tma_do, tma_k, tma_v), (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV),
+                                 (kv_producer, q_producer, do_producer), n_blk, 0, num_m)
             if warp_idx == self.dq_warp:
                 self._add_dq_chunks(tma_dq, tdQsdQ, tdQgdQ, num_m)
         else:
@@ -381,21 +320,9 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
             if cutlass.const_expr(self.defer_last_dq):
                 self._hand_dq(deferred, tQsdQ, ds_scale, cwg)
 
-            # epilogue: each warpgroup's halves of dV and dK over the V and K tiles, then one TMA store each
-            r_dv = cute.make_fragment_like(acc_dv, self.dtype)
-            r_dv.store((acc_dv.load() * post_scale).to(self.dtype))
-            r_dk = cute.make_fragment_like(acc_dk, self.dtype)
-            r_dk.store((acc_dk.load() * ds_scale).to(self.dtype))
-            cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=pds_threads)
-            cute.autovec_copy(r_dv, dv_thr.partition_C(sV0))
-            cute.autovec_copy(r_dk, dk_thr.partition_C(sK0))
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=pds_threads)
-            if warp_idx == _WG_THREADS // 32:
-                cute.copy(tma_dv, tdVsdV[(None, 0)], tdVgdV[(None, n_blk)])
-                cute.copy(tma_dk, tdKsdK[(None, 0)], tdKgdK[(None, n_blk)])
-                cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # each warpgroup's halves of dV and dK
+            self._store_dk_dv((acc_dk, dk_thr, sK0, tma_dk, tdKsdK, tdKgdK),
+                              (acc_dv, dv_thr, sV0, tma_dv, tdVsdV, tdVgdV), ds_scale, post_scale, n_blk, warp_idx)
 
     @cute.jit
     def _add_dq_chunks(self, tma_dq: cute.CopyAtom, tdQsdQ: cute.Tensor, tdQgdQ: cute.Tensor, num_m: cutlass.Int32):
