@@ -1,6 +1,6 @@
 """The wide-head backward's shared-memory plan (no GPU, no cutlass-dsl needed): every head-dim pair with 256 that
 the CuTe kernels take fits Hopper's 227 KiB per CTA, in fp32 and in-place dQ sums, with two Q stages always; two
-Pᵀ/dSᵀ stages and two dO stages where they fit, in that order; dQ handed over in 64-column chunks (narrower
+Pᵀ/dSᵀ stages, and two dO stages where they fit; dQ handed over in 64-column chunks (narrower
 halves of D in one chunk)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def test_every_wide_pair_fits(d, dv, dq_bytes):
     assert plan.dq_width * 2 * plan.dq_chunks == d and plan.dq_width <= 64
     # a second dO stage is taken wherever it fits
     if plan.do_stages == 1:
-        wider = WideBwdPlan(2, plan.pds_stages, plan.dq_width, plan.dq_chunks)
+        wider = WideBwdPlan(2, plan.dq_width, plan.dq_chunks)
         assert wider.smem_bytes(d, dv, dq_bytes) > SMEM_BYTES
 
 

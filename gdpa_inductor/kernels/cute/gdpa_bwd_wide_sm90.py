@@ -4,8 +4,8 @@
 256 at D = Dv = 256, no room left for the scores. Here the two consumer warpgroups share one 64-key tile and split
 every matmul between them instead (flash-attn's hdim-256 layout on Hopper):
 - Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: each warpgroup 32 of the 64 queries of a step (wgmma N = 32);
-- Pᵀ = act(scale · Sᵀ) and dSᵀ = dPᵀ ∘ act'(scale · Sᵀ) go to shared memory (stmatrix, two stages where they
-  fit), since the next matmuls need all 64 queries of both;
+- Pᵀ = act(scale · Sᵀ) and dSᵀ = dPᵀ ∘ act'(scale · Sᵀ) go to shared memory (stmatrix, two stages), since
+  the next matmuls need all 64 queries of both;
 - dV += Pᵀ dO and dK += dSᵀ Q: each warpgroup half of Dv and of D (both operands from shared memory), so a
   thread keeps (D + Dv) / 4 accumulator values: 128 at D = Dv = 256;
 - dQ = dS K (dS read transposed from the same bytes): each warpgroup 64-column chunks of its half of D, handed
@@ -54,15 +54,13 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         self.tile_n = self.plan.tile_n
         self.tile_m = self.plan.tile_m
         self.q_stages = self.plan.q_stages
-        # both warpgroups' Pᵀ and dSᵀ of a step stored: the matmuls reading them may start
+        # both warpgroups' Pᵀ and dSᵀ of a step stored: the matmuls reading them may start (with two stages a
+        # warpgroup writes a stage again only after passing the next step's barrier, which the other reaches once
+        # its reads of that stage are done)
         self.barrier_pds = 1
-        # with one Pᵀ/dSᵀ stage: both warpgroups done reading it, so the next step may overwrite it (with two, a
-        # warpgroup writes a stage again only after passing the next step's barrier_pds, which the other reaches
-        # once its reads of that stage are done)
-        self.barrier_pds_free = 2
-        self.barrier_epi = 3
+        self.barrier_epi = 2
         # per consumer warpgroup: its sdQ buffer free (the dQ warp's copy has read it) / full (a dQ chunk stored)
-        self.barrier_dq_empty = 4
+        self.barrier_dq_empty = 3
         self.barrier_dq_full = self.barrier_dq_empty + self.num_mma_wg
         self.dq_warp = 1
         # with two dQ chunks a warpgroup, the second waits for the dQ warp's copy of the first to free the buffer:
@@ -314,8 +312,6 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
                         warpgroup.wait_group(plan.dq_chunks - 1 - c)
                         self._hand_dq(acc_dq[c], tQsdQ, ds_scale, cwg)
                     warpgroup.wait_group(0)
-                    if cutlass.const_expr(plan.pds_stages == 1):
-                        cute.arch.barrier(barrier_id=self.barrier_pds_free, number_of_threads=pds_threads)
 
             if cutlass.const_expr(self.defer_last_dq):
                 self._hand_dq(deferred, tQsdQ, ds_scale, cwg)

@@ -12,24 +12,24 @@ SMEM_BYTES = 227 * 1024 - 1024
 @dataclasses.dataclass(frozen=True)
 class WideBwdPlan:
     """64 keys per CTA and 64 queries per step (``tile_n``, ``tile_m``); Q in ``q_stages``, dO in
-    ``do_stages``, Pᵀ and dSᵀ in ``pds_stages`` stages; dQ handed to the dQ warp in ``dq_chunks`` chunks of
-    ``dq_width`` columns per warpgroup."""
+    ``do_stages``, Pᵀ and dSᵀ in ``pds_stages`` stages (two: a warpgroup writes a stage again only after the
+    next step's barrier, which the other passes once done reading it); dQ handed to the dQ warp in ``dq_chunks``
+    chunks of ``dq_width`` columns per warpgroup."""
 
     do_stages: int
-    pds_stages: int
     dq_width: int
     dq_chunks: int
     tile_n: int = 64
     tile_m: int = 64
     q_stages: int = 2
+    pds_stages: int = 2
 
     @classmethod
     def for_head_dims(cls, head_dim: int, head_dim_v: int, dq_bytes: int, elem_bytes: int = 2) -> WideBwdPlan:
-        """The plan for head dims D and Dv, dQ summed in ``dq_bytes``-byte values: two Pᵀ/dSᵀ stages where they
-        fit (no barrier per step for the stage to be free), then two dO stages."""
+        """The plan for head dims D and Dv, dQ summed in ``dq_bytes``-byte values: two dO stages where they fit."""
         dq_width = min(64, head_dim // 2)
-        for do_stages, pds_stages in ((2, 2), (1, 2), (2, 1), (1, 1)):
-            plan = cls(do_stages, pds_stages, dq_width, head_dim // (2 * dq_width))
+        for do_stages in (2, 1):
+            plan = cls(do_stages, dq_width, head_dim // (2 * dq_width))
             if plan.smem_bytes(head_dim, head_dim_v, dq_bytes, elem_bytes) <= SMEM_BYTES:
                 return plan
         raise ValueError(f"head dims ({head_dim}, {head_dim_v}) do not fit the wide-head backward's shared memory")
