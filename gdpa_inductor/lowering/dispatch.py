@@ -35,12 +35,13 @@ def triton_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     return True, "supported"
 
 
-def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
-    """The dense forward's path: see ``_cute_else_select``."""
+def select_forward_impl(q, k, v, bias, causal: bool, activation: str, scale: float = 1.0) -> str:
+    """The dense forward's path: see ``_cute_else_select``. ``scale``: the call's (the CuTe kernels' bias
+    needs it nonzero)."""
     from ..kernels.cute.gdpa_fwd import cute_fwd_preferred, cute_fwd_support
 
     def support(q, k, v, bias, causal, activation):
-        ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
+        ok, reason = cute_fwd_support(q, k, v, bias, causal, activation, scale)
         if ok and config.backend == "auto":
             ok, reason = cute_fwd_preferred(q, k, v)
         return ok, reason
@@ -48,11 +49,16 @@ def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
     return _cute_else_select(support, q, k, v, bias, causal, activation, "forward")
 
 
-def select_backward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
-    """The dense backward's path: see ``_cute_else_select``."""
+def select_backward_impl(q, k, v, bias, causal: bool, activation: str, scale: float = 1.0,
+                         bias_grad: bool = False) -> str:
+    """The dense backward's path: see ``_cute_else_select``. ``scale`` as for the forward; ``bias_grad``:
+    whether the call wants the bias's gradient (not in the CuTe backward)."""
     from ..kernels.cute.gdpa_bwd import cute_bwd_support
 
-    return _cute_else_select(cute_bwd_support, q, k, v, bias, causal, activation, "backward")
+    def support(q, k, v, bias, causal, activation):
+        return cute_bwd_support(q, k, v, bias, causal, activation, scale, bias_grad)
+
+    return _cute_else_select(support, q, k, v, bias, causal, activation, "backward")
 
 
 def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,

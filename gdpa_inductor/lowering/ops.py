@@ -24,11 +24,11 @@ def _broadcast_batch(q, k, v) -> tuple:
 def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_slope) -> torch.Tensor:
     """The forward on the chosen kernel (what the op runs; the eager fast path calls it directly)."""
     args = (q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
-    impl = select_forward_impl(q, k, v, bias, causal, activation)
+    impl = select_forward_impl(q, k, v, bias, causal, activation, scale)
     if impl == "cute":
         from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_batched
 
-        return gdpa_fwd_cute_batched(q, k, v, activation, scale, post_scale, negative_slope, causal)
+        return gdpa_fwd_cute_batched(q, k, v, activation, scale, post_scale, negative_slope, causal, bias)
     if impl == "triton":
         from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
 
@@ -39,11 +39,12 @@ def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_
 def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad):
     """(dq, dk, dv, dbias or None) on the chosen kernel."""
     args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
-    impl = select_backward_impl(q, k, v, bias, causal, activation)
+    impl = select_backward_impl(q, k, v, bias, causal, activation, scale, bias_requires_grad)
     if impl == "cute":
         from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_batched
 
-        return (*gdpa_bwd_cute_batched(dout, q, k, v, activation, scale, post_scale, negative_slope, causal), None)
+        return (*gdpa_bwd_cute_batched(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias),
+                None)
     if impl == "triton":
         from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
 

@@ -248,12 +248,14 @@ def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype, with_masks: bool = True
         term = b.emit("function", torch.where, (mask, 0.0, big) if keep_form else (mask, big, 0.0))
         term = b.emit("method", "to", (term, dtype))
         total = term if total is None else b.emit("function", operator.add, (total, term))
+    if constant != 0.0 and total is None:
+        # at least fp32, as eager adds a Python number to a bf16 tensor: -log(512) rounded to bf16 would shift
+        # every score by 0.012 (the op's kernels read a bias of any float dtype)
+        device = fxn.example(m.scores).device
+        const_dtype = torch.promote_types(dtype, torch.float32)
+        return b.emit("function", torch.full, ((), constant), {"dtype": const_dtype, "device": device})
     if constant != 0.0:
-        if total is None:
-            device = fxn.example(m.scores).device
-            total = b.emit("function", torch.full, ((), constant), {"dtype": dtype, "device": device})
-        else:
-            total = b.emit("function", operator.add, (total, constant))
+        total = b.emit("function", operator.add, (total, constant))
     if total is not None and fxn.example(total).dtype != dtype:
         total = b.emit("method", "to", (total, dtype))
     return total

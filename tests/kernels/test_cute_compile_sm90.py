@@ -8,7 +8,8 @@ stores go through 5-D ragged descriptors; the backward in its three dQ forms: su
 the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
 arrives at its mbarrier are checked too, the varlen backward in the first two, through 5-D ragged descriptors, and
 the causal backward in the first two, whose diagonal takes a third, masked copy of the loop, dense and varlen,
-and the varlen kernels' band mask: every forward step masked, the backward in one masked copy of its loop),
+and the varlen kernels' band mask: every forward step masked, the backward in one masked copy of its loop, and
+both with a one-element bias added to every score),
 each checked for wgmma (every matmul), TMA loads and stores (and the
 backward's TMA reduce-add of dQ, its stmatrix store of dS), setmaxnreg (the producer/consumer register split),
 tanh.approx for the tanh-based activations (bf16x2 with the P·V operand built by fma.rn.bf16x2 in the bf16 forward of
@@ -61,6 +62,8 @@ FWD_KINDS = {
     "fwd_causal": dict(causal=True),
     "fwd_varlen_causal": dict(varlen=True, causal=True),
     "fwd_varlen_band": dict(varlen=True, band=True),
+    "fwd_offset": dict(score_offset=True),
+    "fwd_causal_offset": dict(causal=True, score_offset=True),
 }
 FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpong", 128, 128, "sigmoid"),
                      ("fwd_shared_store", 128, 128, "gelu_tanh"), ("fwd_shared_store", 128, 128, "relu"),
@@ -76,7 +79,11 @@ FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpo
                      ("fwd_varlen_causal", 64, 64, "relu"), ("fwd_varlen_causal", 96, 128, "sigmoid"),
                      ("fwd_varlen_band", 128, 128, "gelu_tanh"), ("fwd_varlen_band", 128, 128, "relu"),
                      ("fwd_varlen_band", 64, 64, "gelu_tanh"), ("fwd_varlen_band", 96, 128, "sigmoid")]
-FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES
+# a one-element bias added to every score (``score_offset``): packed and fp32 forms, D=64, wide heads, causal
+FWD_OFFSET_CASES = [("fwd_offset", 128, 128, "gelu_tanh"), ("fwd_offset", 128, 128, "sigmoid"),
+                    ("fwd_offset", 64, 64, "relu"), ("fwd_offset", 256, 256, "gelu_tanh"),
+                    ("fwd_causal_offset", 128, 128, "gelu_tanh")]
+FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES + FWD_OFFSET_CASES
 # measured with cutlass-dsl 4.8.1: the band forward of relu spills 28 bytes (its own select per score beside the
 # band's, in every step); gelu_tanh, silu, sigmoid, gelu and hardswish do not
 FWD_SPILLING = {("fwd_varlen_band", 128, 128, "relu")}
@@ -95,7 +102,8 @@ BWD_KINDS = ("bwd", "bwd_dq_direct", "bwd_dq_pairs")
 BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pairs", "bwd_varlen": "fp32",
                "bwd_varlen_direct": "in_place", "bwd_causal": "fp32", "bwd_causal_direct": "in_place",
                "bwd_varlen_causal": "fp32", "bwd_varlen_causal_direct": "in_place", "bwd_varlen_band": "fp32",
-               "bwd_varlen_band_direct": "in_place"}
+               "bwd_varlen_band_direct": "in_place", "bwd_offset": "fp32", "bwd_dq_direct_offset": "in_place",
+               "bwd_causal_offset": "fp32"}
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
@@ -125,8 +133,14 @@ BWD_SPILLING |= {("bwd_varlen_band", 128, 128, "gelu_tanh")}
 BWD_WIDE_CASES = [("bwd", 256, 256, "gelu_tanh"), ("bwd", 256, 256, "relu"), ("bwd_dq_direct", 256, 256, "silu"),
                   ("bwd", 256, 128, "gelu"), ("bwd", 128, 256, "sigmoid"), ("bwd", 256, 96, "relu_square"),
                   ("bwd", 64, 256, "hardswish")]
+# a one-element bias: the fp32 and in-place dQ sums, D=64, the wide-head kernel, causal
+BWD_OFFSET_CASES = [("bwd_offset", 128, 128, "gelu_tanh"), ("bwd_dq_direct_offset", 128, 128, "sigmoid"),
+                    ("bwd_dq_direct_offset", 64, 64, "gelu_tanh"), ("bwd_offset", 256, 256, "gelu_tanh"),
+                    ("bwd_causal_offset", 128, 128, "sigmoid")]
+# measured with cutlass-dsl 4.8.1: 4 bytes stored and loaded, outside the activation
+BWD_SPILLING |= {("bwd_offset", 128, 128, "gelu_tanh")}
 BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES + BWD_VARLEN_CASES
-                 + BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES)
+                 + BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES + BWD_OFFSET_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +175,8 @@ def test_cute_fwd_compiles_for_sm90a(case, reports):
     # ping-pong: each consumer warpgroup waits for its turn and hands it on through named barriers
     pingpong = FWD_KINDS[case[0]].get("pingpong", fwd_schedule(case[1], case[2])[0])
     assert (r["named_barrier_arrives"] > 0) == pingpong, r
-    packed = case[0] != "fwd_fp16" and case[3] in PACKED_BF16_ACTIVATIONS
+    # fp16 and a bias take the fp32 forms
+    packed = case[0] != "fwd_fp16" and not case[0].endswith("_offset") and case[3] in PACKED_BF16_ACTIVATIONS
     assert (r["tanh_approx_bf16x2"] > 0) == packed and (r["fma_bf16x2"] > 0) == packed, r
     assert (r["tanh_approx"] > 0) == (case[3] in TANH_BASED and not packed), r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
@@ -277,6 +292,25 @@ def test_cute_band_bwd_masks_one_loop(case, reports):
     assert reports[case]["selp_f32"] == dense["selp_f32"] > 0, (reports[case]["selp_f32"], dense["selp_f32"])
 
 
+@pytest.mark.parametrize("case", [c for c in FWD_OFFSET_CASES + BWD_OFFSET_CASES
+                                  if c[0].startswith("bwd") or c[3] not in PACKED_BF16_ACTIVATIONS], ids=str)
+def test_cute_score_offset_adds_once_per_score(case, reports):
+    """A one-element bias costs each score one FP32 add at every place its activation is inlined (the forward's
+    three: a CTA's first step, the key-tile loop, the step that crosses to the next query tile; each copy of the
+    backward's loop) and the kernel one 32-bit load of the bias; the matmuls are the same as without it. (The bf16
+    forward of gelu_tanh and silu takes the fp32 forms with a bias, the plain build the packed ones: not compared.)"""
+    kind, d, dv, _ = case
+    r, plain = reports[case], reports[(kind.removesuffix("_offset"), *case[1:])]
+    if kind.startswith("fwd"):
+        places, scores = 3, 128 * key_tile(d, dv) // 256
+    else:
+        places = 3 if "causal" in kind else 2
+        scores = (64 if max(d, dv) > 128 else 128) * 64 // 256
+    assert r["add_f32"] - plain["add_f32"] == places * scores, (r["add_f32"], plain["add_f32"])
+    assert r["ld_global_32"] == plain["ld_global_32"] + 1
+    assert r["wgmma"] == plain["wgmma"]
+
+
 def _compile_all(cases) -> list[dict]:
     import torch
     from triton.backends.nvidia.compiler import get_ptxas
@@ -292,8 +326,9 @@ def _compile_all(cases) -> list[dict]:
             ptx = compile_fwd(dtype, d, act, keep_ptx=True, head_dim_v=dv, **FWD_KINDS[kind]).artifacts.PTX
         else:
             ptx = compile_bwd(
-                torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind], head_dim_v=dv,
-                varlen=kind.startswith("bwd_varlen"), causal="causal" in kind, band="band" in kind,
+                torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind],
+                head_dim_v=dv, varlen=kind.startswith("bwd_varlen"), causal="causal" in kind, band="band" in kind,
+                score_offset=kind.endswith("_offset"),
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
@@ -316,6 +351,8 @@ def _compile_all(cases) -> list[dict]:
             tanh_approx_bf16x2=ptx.count("tanh.approx.bf16x2"),
             fma_bf16x2=ptx.count("fma.rn.bf16x2"),
             selp_f32=ptx.count("selp.f32"),
+            add_f32=len(re.findall(r"\badd\.(?:rn\.)?(?:ftz\.)?f32", ptx)),
+            ld_global_32=len(re.findall(r"\bld\.global\.\S*[bf]32", ptx)),
             spill_stores=sum(int(s) for s, _ in spills),
             spill_loads=sum(int(x) for _, x in spills),
             wgmma_serialized="wgmma.mma_async instructions are serialized" in log,

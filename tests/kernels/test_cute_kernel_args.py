@@ -114,7 +114,7 @@ def test_dense_forward_call(launch):
     out = gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.125, 1.0, 0.01)
     tensors = stand_in.call_args[:4]
     assert [t.data_ptr() for t in tensors] == [x.data_ptr() for x in (q, k, v, out)]
-    assert stand_in.call_args[4:] == (0.125, 1.0, 0.01, 2 * 4 * 2, None, None, None, None)
+    assert stand_in.call_args[4:] == (0.125, 1.0, 0.01, 2 * 4 * 2, None, None, None, None, None)
     stand_in.check_on_compiled_kernel()
 
 
@@ -125,7 +125,25 @@ def test_dense_backward_call(launch, num_keys, dq_dtype):
     gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01)
     tensors, scalars = stand_in.call_args[:7], stand_in.call_args[7:]
     assert [t.data_ptr() for t in tensors[:4]] == [x.data_ptr() for x in (q, k, v, do)]
-    assert tensors[4].dtype == dq_dtype and scalars == (0.125, 1.0, 0.01, None, None, None, None)
+    assert tensors[4].dtype == dq_dtype and scalars == (0.125, 1.0, 0.01, None, None, None, None, None)
+    stand_in.check_on_compiled_kernel()
+
+
+@pytest.mark.parametrize("bias", [torch.tensor(-1.5, dtype=DTYPE), torch.full((1, 1, 1, 1), 0.25)])
+def test_dense_calls_with_a_one_element_bias(launch, bias):
+    """A one-element bias (of any float dtype) ends the forward's and the backward's call as a 1-element fp32
+    tensor, after Nones for the varlen and band arguments, and the builds with a score offset take it."""
+    q, k, v, do = _randn(2, 4, 200, D), _randn(2, 4, 130, D), _randn(2, 4, 130, D), _randn(2, 4, 200, D)
+    stand_in = launch(gdpa_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.125, 1.0, 0.01, bias=bias)
+    assert stand_in.call_args[8:12] == (None, None, None, None)
+    offset = stand_in.call_args[12]
+    assert offset.dtype == torch.float32 and offset.tolist() == [bias.item()]
+    stand_in.check_on_compiled_kernel()
+    stand_in = launch(gdpa_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01, bias=bias)
+    assert stand_in.call_args[10:14] == (None, None, None, None)
+    assert stand_in.call_args[14].tolist() == [bias.item()]
     stand_in.check_on_compiled_kernel()
 
 
@@ -169,10 +187,10 @@ def test_varlen_band_calls(launch):
     out = torch.empty(qs.tensor.shape[0], 4, D, dtype=DTYPE)
     varlen_fwd.gdpa_varlen_fwd_cute(qs, ks, v, SimpleNamespace(tensor=out), order, ACT, 0.125, 1.0, 0.01,
                                     causal=True, band=(300, 0))
-    assert stand_in.call_args[10:] == (300, 0)
+    assert stand_in.call_args[10:] == (300, 0, None)
     stand_in.check_on_compiled_kernel()
     stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
     dout = _randn(qs.tensor.shape[0], 4, D)
     varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01, causal=True, band=(7, 0))
-    assert stand_in.call_args[12:] == (7, 0)
+    assert stand_in.call_args[12:] == (7, 0, None)
     stand_in.check_on_compiled_kernel()

@@ -12,7 +12,7 @@ import torch
 from ..triton.gdpa_fwd_tma import tma_layout
 from .compile_cache import cached_compile
 from .gdpa_fwd import _as_4d, cute_fwd_support, fwd_supported
-from .kernel_args import compile_options, dense_modes, fake_operands, fake_rows, fake_stream
+from .kernel_args import compile_options, dense_modes, fake_offset, fake_operands, fake_rows, fake_stream, offset_args
 
 # Up to this many key tiles (128 keys; 64 in the wide-head kernel), dQ tiles are added straight into dQ in the
 # operands' dtype: the fp32 buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at
@@ -50,21 +50,34 @@ def _within_bwd_head_dims(check: tuple[bool, str], q: torch.Tensor, v: torch.Ten
     return check
 
 
-def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
-    """(ok, reason) for the CuTe backward on [Z, H, N, D] operands: the forward's cases up to D = Dv = 128."""
-    return _within_bwd_head_dims(fwd_supported(q, k, v, bias, causal, activation), q, v)
+def _without_bias_grad(check: tuple[bool, str], bias_grad: bool) -> tuple[bool, str]:
+    """A support check's (ok, reason), narrowed to calls that want no bias gradient."""
+    if check[0] and bias_grad:
+        return False, "the CuTe backward computes no bias gradient"
+    return check
 
 
-def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+                  scale: float = 1.0, bias_grad: bool = False):
+    """(ok, reason) for the CuTe backward on [Z, H, N, D] operands: the forward's cases at the backward's head
+    dims, without a bias gradient (``bias_grad``: whether the call wants one)."""
+    check = _within_bwd_head_dims(fwd_supported(q, k, v, bias, causal, activation, scale), q, v)
+    return _without_bias_grad(check, bias_grad)
+
+
+def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+                     scale: float = 1.0, bias_grad: bool = False):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting): the forward's cases, its
-    causal mask included (``causal_support``), at the backward's head dims."""
-    return _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation), q, v)
+    causal mask and one-element bias included (``causal_support``, ``score_offset_support``), at the backward's
+    head dims, without a bias gradient."""
+    check = _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation, scale), q, v)
+    return _without_bias_grad(check, bias_grad)
 
 
 def compile_bwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False, causal: bool = False,
-    band: bool = False,
+    band: bool = False, score_offset: bool = False,
 ):
     """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``, varlen or
     not, causal or not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values.
@@ -72,7 +85,8 @@ def compile_bwd(
     three scalars and, varlen, the (5, B) rows tensor and the longest sample's key tiles. ``head_dim_v``: V's and
     dO's head dim (None: ``head_dim``). ``causal``: the bottom-right aligned mask (``causal_support``'s cases, or
     varlen ``varlen_causal_support``'s), dQ not summed by pairs. ``band`` (varlen): the mask of a band around each
-    sample's diagonal, its bounds the call's last two arguments (``GdpaBwdSm90``)."""
+    sample's diagonal, its bounds the call's arguments after the rows. ``score_offset``: a one-element bias, the
+    call's last argument (after Nones for the varlen and band arguments it lacks; ``GdpaBwdSm90``)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
@@ -91,6 +105,8 @@ def compile_bwd(
         key = (*key, "causal")
     if band:
         key = (*key, "band")
+    if score_offset:
+        key = (*key, "offset")
 
     def build():
         import cutlass
@@ -106,14 +122,18 @@ def compile_bwd(
         # varlen: the rows tensor and the longest sample's key tiles follow the stream
         extra = [fake_rows(), cutlass.Int32(1)] if varlen else []
         extra += [cutlass.Int32(1), cutlass.Int32(1)] if band else []
+        if score_offset:
+            extra += [None] * (4 - len(extra)) + [fake_offset()]
         one = cutlass.Float32(1.0)
         form = activation_math.backward_form(activation)
         if wide:
-            kernel = GdpaBwdWideSm90(element, head_dim, head_dim_v, form, dq_element, varlen=varlen)
+            kernel = GdpaBwdWideSm90(element, head_dim, head_dim_v, form, dq_element, varlen=varlen,
+                                     score_offset=score_offset)
         else:
             kernel = GdpaBwdSm90(
                 element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
                 dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen, causal=causal, band=band,
+                score_offset=score_offset,
             )
         return cute.compile(kernel, *args, one, one, one, fake_stream(), *extra, options=compile_options(keep_ptx))
 
@@ -141,12 +161,13 @@ def dq_sums_for(num_keys: int, key_tile: int = KEY_TILE) -> str:
 
 def gdpa_bwd_cute(
     q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float,
-    dq_sums: str | None = None, causal: bool = False,
+    dq_sums: str | None = None, causal: bool = False, bias: torch.Tensor | None = None,
 ):
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv], grad_out [Z, H, Nq, Dv] (``bwd_supported``
     checked) -> (dq, dk, dv).
     ``dq_sums``: one of ``DQ_SUMS`` (None: ``dq_sums_for`` decides by the key count; "pairs" needs an even
-    number of key tiles, and no ``causal``). ``causal``: the bottom-right aligned mask."""
+    number of key tiles, and no ``causal``). ``causal``: the bottom-right aligned mask. ``bias``: one element (any
+    float dtype), added to every score (no gradient)."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     group = h // hkv
@@ -163,11 +184,12 @@ def gdpa_bwd_cute(
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     if dq_acc.numel() and dk.numel():
-        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, causal=causal)
+        fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, causal=causal,
+                         score_offset=bias is not None)
         # no rows, no key-tile count, no band: a dense batch (a function loaded from the disk cache fills in no
         # defaults)
         fn(*(dense_modes(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)), scale, post_scale, negative_slope, None,
-           None, None, None)
+           None, None, None, *offset_args(bias))
     else:
         dk.zero_()
         dv.zero_()
@@ -179,10 +201,11 @@ def gdpa_bwd_cute(
 
 
 def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
-                          causal: bool = False):
+                          causal: bool = False, bias: torch.Tensor | None = None):
     """The op's backward on the CuTe kernel: [..., H, N, D] operands of one batch shape (``cute_bwd_support``
     checked: no broadcast dims) -> (dq, dk, dv) in the inputs' shapes."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
     do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])
-    dq, dk, dv = gdpa_bwd_cute(q4, k4, v4, do4, activation, scale, post_scale, negative_slope, causal=causal)
+    dq, dk, dv = gdpa_bwd_cute(q4, k4, v4, do4, activation, scale, post_scale, negative_slope, causal=causal,
+                               bias=bias)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)

@@ -86,7 +86,7 @@ class GdpaBwdSm90:
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
         q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False, causal: bool = False,
-        band: bool = False,
+        band: bool = False, score_offset: bool = False,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -139,6 +139,8 @@ class GdpaBwdSm90:
         # needs no alignment of the diagonal with the tiles
         assert not band or (varlen and not causal), "a band: varlen batches, in place of the aligned causal mask"
         self.band = band
+        # a bias constant over the scores, read by the kernel (``GdpaFwdSm90``'s ``score_offset``)
+        self.score_offset = score_offset
 
     @cute.jit
     def __call__(
@@ -158,6 +160,7 @@ class GdpaBwdSm90:
         num_n: cutlass.Int32 | None = None,
         band_left: cutlass.Int32 | None = None,
         band_right: cutlass.Int32 | None = None,
+        offset: cute.Tensor | None = None,
     ):
         """mQ: (Nq, D, H, Z); mdO: (Nq, Dv, H, Z); mK, mdK: (Nk, D, H, Z); mV, mdV: (Nk, Dv, H, Z); D and Dv
         contiguous, K/V already expanded to the query heads; mdQ: (Nq, D, H, Z) in ``dq_dtype``,
@@ -166,7 +169,8 @@ class GdpaBwdSm90:
         visit them: first query row, query count, first key row, key count, the sample's index z); each tensor's
         Z is 1 (jagged rows, or one block every sample reads) or B; ``num_n``: key tiles of the longest sample.
         dK and dV of rows no CTA writes (past a sample's keys, samples without queries, keys no query's band sees)
-        keep what they held. ``band_left``, ``band_right``: the band's bounds (``band``)."""
+        keep what they held. ``band_left``, ``band_right``: the band's bounds (``band``). ``offset``: the
+        one-element bias (``score_offset``) in fp32."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv = self.head_dim, self.head_dim_v
@@ -210,7 +214,7 @@ class GdpaBwdSm90:
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             *atoms, scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, num_n,
-            mQ.shape[2], rows, band_left, band_right,
+            mQ.shape[2], rows, band_left, band_right, offset,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
@@ -252,6 +256,7 @@ class GdpaBwdSm90:
         rows: cute.Tensor | None,
         band_left: cutlass.Int32 | None,
         band_right: cutlass.Int32 | None,
+        offset: cute.Tensor | None,
     ):
         bidx, _, _ = cute.arch.block_idx()
         # key tiles fastest: the CTAs of one head run together and share its Q and dO in L2
@@ -261,7 +266,7 @@ class GdpaBwdSm90:
         nq = mQ.shape[0]
         nk = mK.shape[0]
         cta = (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale,
-               slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem)
+               slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, offset)
         if cutlass.const_expr(self.varlen):
             # z is the sample's rank in ``rows``; CTAs past its keys, or of a sample without queries, have nothing
             rank = z
@@ -276,6 +281,14 @@ class GdpaBwdSm90:
                     self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band)
         else:
             self._cta(cta, n_blk, h, z, 0, nq, 0, nk, (band_left, band_right))
+
+    @cute.jit
+    def _shifted(self, x: cutlass.Float32, x_offset: cutlass.Float32 | None) -> cutlass.Float32:
+        """A score plus bias / scale where the bias is compiled in (``score_offset``): the forms keep their folded
+        scale, and masked scores are selected after the form, as without it."""
+        if cutlass.const_expr(self.score_offset):
+            x = x + x_offset
+        return x
 
     def _band_rows(self, n_blk, nq, nk, band: tuple):
         """(first, last) query row that the band (``band``: its left and right bounds) lets see a key of key tile
@@ -301,10 +314,10 @@ class GdpaBwdSm90:
     ):
         """The CTA of key tile ``n_blk``, head ``h``, sample ``z`` (its queries from row ``q0``, ``nq`` of them;
         its keys from ``k0``, ``nk``; rows 0 and the tensors' own lengths in a dense batch). ``cta``: the kernel's
-        TMA atoms with their tensors, scalars and shared-memory layouts, in its argument order; ``band``: the
-        band's bounds (``band``; else Nones)."""
+        TMA atoms with their tensors, scalars, shared-memory layouts and bias, in its argument order; ``band``:
+        the band's bounds (``band``; else Nones)."""
         (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale, slope,
-         q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem) = cta
+         q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, offset) = cta
         tidx, _, _ = cute.arch.thread_idx()
         d, dv = self.head_dim, self.head_dim_v
         num_m = cute.ceil_div(nq, self.tile_m)
@@ -399,6 +412,9 @@ class GdpaBwdSm90:
             if cutlass.const_expr(self.act_form.grad_factor != 1.0):
                 ds_scale = ds_scale * self.act_form.grad_factor
             act_grad_offset = self.act_form.grad_offset
+            x_offset = None
+            if cutlass.const_expr(self.score_offset):
+                x_offset = offset[0] / scale
             ds_threads = self.num_mma_wg * _WG_THREADS
 
             kv_consumer.wait_and_advance()
@@ -467,7 +483,7 @@ class GdpaBwdSm90:
                             # before Nq that also keeps c before Nk (the last key tile is always a diagonal one)
                             diag = m * self.tile_m + diag0
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            y, g = self.act_form.fn(acc_s[i], scale, slope)
+                            y, g = self.act_form.fn(self._shifted(acc_s[i], x_offset), scale, slope)
                             if cutlass.const_expr(self.band):
                                 diff = tScS[i][0] - tScS[i][1]
                                 keep = (tScS[i][0] < valid_keys and tScS[i][1] < valid_rows and diff >= least
@@ -480,7 +496,7 @@ class GdpaBwdSm90:
                             acc_s[i] = g if keep else cutlass.Float32(0.0 - act_grad_offset)
                     else:
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            p_acc[i], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope)
+                            p_acc[i], acc_s[i] = self.act_form.fn(self._shifted(acc_s[i], x_offset), scale, slope)
                     store_operand_a(p_acc, r_p)
 
                     warpgroup.wait_group(0)

@@ -37,10 +37,11 @@ from .wide_bwd_plan import WideBwdPlan
 
 class GdpaBwdWideSm90(GdpaBwdSm90):
     """Compile-time parameters: element type, head dims of Q/K and of V/dO (at least one above 128), the
-    activation's backward form (``activation_math.BackwardForm``), dQ's sum dtype, varlen or dense."""
+    activation's backward form (``activation_math.BackwardForm``), dQ's sum dtype, varlen or dense, and a bias
+    constant over the scores (``GdpaBwdSm90``'s ``score_offset``)."""
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
-                 varlen: bool = False, defer_last_dq: bool = True):
+                 varlen: bool = False, defer_last_dq: bool = True, score_offset: bool = False):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
         self.head_dim = head_dim
@@ -70,6 +71,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         self.causal = False
         self.band = False
         self.dq_pairs = False
+        self.score_offset = score_offset
 
     @cute.jit
     def __call__(
@@ -89,9 +91,10 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         num_n: cutlass.Int32 | None = None,
         band_left: cutlass.Int32 | None = None,
         band_right: cutlass.Int32 | None = None,
+        offset: cute.Tensor | None = None,
     ):
         """As ``GdpaBwdSm90.__call__`` (``num_n``: 64-key tiles of the longest sample); ``band_left`` and
-        ``band_right`` are always None here."""
+        ``band_right`` are always None here; ``offset`` as there."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv, plan = self.head_dim, self.head_dim_v, self.plan
@@ -131,7 +134,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             *atoms, scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem, num_n,
-            mQ.shape[2], rows, band_left, band_right,
+            mQ.shape[2], rows, band_left, band_right, offset,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
@@ -156,7 +159,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         """The CTA of key tile ``n_blk``, head ``h``, sample ``z`` (``GdpaBwdSm90._cta``'s arguments; ``cta``'s
         dS layout is the Pᵀ/dSᵀ stages here)."""
         (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale, slope,
-         q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem) = cta
+         q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem, offset) = cta
         tidx, _, _ = cute.arch.thread_idx()
         d, dv, plan = self.head_dim, self.head_dim_v, self.plan
         num_m = cute.ceil_div(nq, self.tile_m)
@@ -229,6 +232,9 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
             if cutlass.const_expr(self.act_form.grad_factor != 1.0):
                 ds_scale = ds_scale * self.act_form.grad_factor
             act_grad_offset = self.act_form.grad_offset
+            x_offset = None
+            if cutlass.const_expr(self.score_offset):
+                x_offset = offset[0] / scale
             pds_threads = self.num_mma_wg * _WG_THREADS
 
             # the last dQ chunk of the previous step, handed over during this one (``defer_last_dq``)
@@ -265,13 +271,13 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
                         if m == num_m - 1:
                             valid_rows = valid_rows_last
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            y, g = self.act_form.fn(acc_s[i], scale, slope)
+                            y, g = self.act_form.fn(self._shifted(acc_s[i], x_offset), scale, slope)
                             keep = tScS[i][0] < valid_keys and tScS[i][1] < valid_rows
                             p_acc[i] = y if keep else cutlass.Float32(0.0)
                             acc_s[i] = g if keep else cutlass.Float32(0.0 - act_grad_offset)
                     else:
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            p_acc[i], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope)
+                            p_acc[i], acc_s[i] = self.act_form.fn(self._shifted(acc_s[i], x_offset), scale, slope)
                     stage = m % plan.pds_stages
                     r_p = cute.make_fragment_like(p_acc, self.dtype)
                     r_p.store(p_acc.load().to(self.dtype))

@@ -19,7 +19,15 @@ from ..activations import ACTIVATION_NAMES
 from ..triton.gdpa_fwd_tma import capability_major, tma_layout
 from ..triton.layout import as_4d
 from .compile_cache import cached_compile
-from .kernel_args import compile_options, dense_modes, fake_operands, fake_rows, fake_stream
+from .kernel_args import (
+    compile_options,
+    dense_modes,
+    fake_offset,
+    fake_operands,
+    fake_rows,
+    fake_stream,
+    offset_args,
+)
 
 # Head dims of Q/K (D) and of V/O (Dv), in any combination: with 128x128 tiles the forward's two Q stages,
 # four K/V stages and O tile take 1024·D + 768·Dv bytes of shared memory (224 KiB at D = Dv = 128), and the
@@ -95,27 +103,44 @@ def _as_4d(q, k, v):
     return tuple(as_4d(t, batch) for t in (q, k, v)), batch
 
 
-def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+                     scale: float = 1.0):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting)."""
     if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
         return False, "operands need [..., H, N, D]"
     (q4, k4, v4), _ = _as_4d(q, k, v)
-    return fwd_supported(q4, k4, v4, bias, causal, activation)
+    return fwd_supported(q4, k4, v4, bias, causal, activation, scale)
 
 
-def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
-    """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses."""
+def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+                  scale: float = 1.0):
+    """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses;
+    ``scale``: the call's, which a bias needs nonzero (``score_offset_support``)."""
     if not cute_dsl_available():
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
-    if bias is not None:
-        return False, "a bias is not in the CuTe forward yet"
+    ok, reason = score_offset_support(bias, scale)
+    if not ok:
+        return ok, reason
     if causal:
         ok, reason = causal_support(q, k, v)
         if not ok:
             return ok, reason
     return operand_support(q, k, v, activation, SUPPORTED_HEAD_DIMS)
+
+
+def score_offset_support(bias: torch.Tensor | None, scale: float, kernel: str = "the CuTe kernels"):
+    """(ok, reason) for a bias in the CuTe kernels: one element (a constant over the scores, such as sigmoid
+    attention's -log n, which the backend's rewrite passes as a 0-d tensor), added to each score as bias / scale
+    before the activation's form, so the scale must not be 0. A bias that varies over the scores is not in them."""
+    if bias is None:
+        return True, ""
+    if bias.numel() != 1:
+        return False, f"{kernel} take a bias of one element only (got shape {tuple(bias.shape)})"
+    if scale == 0.0:
+        return False, f"{kernel} add bias / scale to each score, and the scale is 0"
+    return True, ""
 
 
 def causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
@@ -155,6 +180,7 @@ def compile_fwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     pingpong: bool | None = None, split_store: bool | None = None, mask_keys: bool = True,
     head_dim_v: int | None = None, varlen: bool = False, causal: bool = False, band: bool = False,
+    score_offset: bool = False,
 ):
     """The compiled forward for (dtype, head dims, activation, schedule, masking), compiled once and cached in
     memory and on disk (``compile_cache``): its sizes and strides are runtime values, so every shape reuses it.
@@ -166,7 +192,8 @@ def compile_fwd(
     with the (5, B) rows tensor and the longest sample's query tiles, see ``GdpaFwdSm90.__call__``; its keys
     always masked). ``causal``: the bottom-right aligned causal mask (``causal_support``'s cases; it also masks
     the keys past Nk, so ``mask_keys`` is dropped). ``band`` (varlen): the mask of a band around each sample's
-    diagonal, its bounds the call's last two arguments (``GdpaFwdSm90``)."""
+    diagonal, its bounds the call's arguments after the rows. ``score_offset``: a one-element bias, the call's
+    last argument (after Nones for the varlen and band arguments it lacks; ``GdpaFwdSm90``)."""
     if band and not varlen:
         raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -180,6 +207,8 @@ def compile_fwd(
         key = (*key, "causal")
     if band:
         key = (*key, "band")
+    if score_offset:
+        key = (*key, "offset")
 
     def build():
         import cutlass
@@ -192,11 +221,16 @@ def compile_fwd(
         # varlen: the rows tensor and the longest sample's query tiles follow the stream; a band, its bounds
         extra = [fake_rows(), cutlass.Int32(1)] if varlen else []
         extra += [cutlass.Int32(1), cutlass.Int32(1)] if band else []
+        if score_offset:
+            extra += [None] * (4 - len(extra)) + [fake_offset()]
         one = cutlass.Float32(1.0)
-        form = activation_math.forward_form(activation, element is cutlass.BFloat16)
+        # with a bias, the fp32 forms: the packed ones round x = S + bias / scale to bf16 and compute 1 + tanh(u) in
+        # bf16, which cancels where a negative bias moves the scores (gelu_tanh at bias -1.5: 2.2x eager's error)
+        form = activation_math.forward_form(activation, element is cutlass.BFloat16 and not score_offset)
         kernel = GdpaFwdSm90(
             element, head_dim, head_dim_v, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys,
-            varlen=varlen, causal=causal, band=band, **wide_head_tiles(head_dim, head_dim_v),
+            varlen=varlen, causal=causal, band=band, score_offset=score_offset,
+            **wide_head_tiles(head_dim, head_dim_v),
         )
         return cute.compile(
             kernel, *fake_operands(element, 4), one, one, one, cutlass.Int32(1), fake_stream(), *extra,
@@ -226,12 +260,12 @@ def persistent_grid(tiles: int, sms: int, num_m: int, uneven: bool) -> int:
 def gdpa_fwd_cute(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, scale: float, post_scale: float,
     negative_slope: float, pingpong: bool | None = None, split_store: bool | None = None,
-    out: torch.Tensor | None = None, causal: bool = False,
+    out: torch.Tensor | None = None, causal: bool = False, bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv] (checked by ``fwd_supported``) -> out
     [Z, H, Nq, Dv]. ``pingpong`` and ``split_store`` override ``fwd_schedule`` (benchmarks, tests). ``out``: a
     tensor of that shape and q's dtype to write (TMA's layout rules, as for q), else a new one. ``causal``: the
-    bottom-right aligned causal mask."""
+    bottom-right aligned causal mask. ``bias``: one element (any float dtype), added to every score."""
     if out is None:
         out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
@@ -240,21 +274,22 @@ def gdpa_fwd_cute(
         return out.zero_()
     fn = compile_fwd(q.dtype, q.shape[-1], activation, pingpong=pingpong, split_store=split_store,
                      mask_keys=k.shape[2] % key_tile(q.shape[-1], v.shape[-1]) != 0, head_dim_v=v.shape[-1],
-                     causal=causal)
+                     causal=causal, score_offset=bias is not None)
     num_m = -(-q.shape[2] // 128)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     num_ctas = persistent_grid(num_m * q.shape[1] * q.shape[0], sms, num_m, causal)
     # no rows, no query-tile count, no band: a dense batch (a function loaded from the disk cache fills in no
     # defaults)
     fn(*(dense_modes(t) for t in (q, k, v, out)), scale, post_scale, negative_slope, num_ctas, None, None, None,
-       None)
+       None, *offset_args(bias))
     return out
 
 
+
 def gdpa_fwd_cute_batched(q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
-                          causal: bool = False):
+                          causal: bool = False, bias: torch.Tensor | None = None):
     """The op's forward on the CuTe kernel: [..., H, N, D] operands (``cute_fwd_support`` checked) ->
     [*batch, H, Nq, Dv]."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
-    out = gdpa_fwd_cute(q4, k4, v4, activation, scale, post_scale, negative_slope, causal=causal)
+    out = gdpa_fwd_cute(q4, k4, v4, activation, scale, post_scale, negative_slope, causal=causal, bias=bias)
     return out.view(*batch, *out.shape[1:])

@@ -80,7 +80,7 @@ class GdpaFwdSm90:
         self, dtype, head_dim: int, head_dim_v: int, activation: Callable | PackedForm, tile_n: int = 128,
         kv_stages: int = 2, pingpong: bool = True, split_store: bool = False, mask_keys: bool = True,
         q_stages: int = 2, o_from_registers: bool = False, varlen: bool = False, causal: bool = False,
-        band: bool = False,
+        band: bool = False, score_offset: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -118,6 +118,9 @@ class GdpaFwdSm90:
         # alignment of the diagonal with the tiles
         assert not band or (varlen and not causal), "a band: varlen batches, in place of the aligned causal mask"
         self.band = band
+        # a bias constant over the scores (one element, read by the kernel): act(scale · (S + bias / scale)), one
+        # FP32 add per score, so the forms keep their folded scale (the launcher gives it the fp32 forms)
+        self.score_offset = score_offset
         # whether a query tile's first step is masked (and so comes first: ``_key_tile_at``)
         self.masks_first_step = mask_keys or causal or band
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
@@ -145,13 +148,15 @@ class GdpaFwdSm90:
         num_m: cutlass.Int32 | None = None,
         band_left: cutlass.Int32 | None = None,
         band_right: cutlass.Int32 | None = None,
+        offset: cute.Tensor | None = None,
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, Hkv, Z); mV: (Nk, Dv, Hkv, Z); mO: (Nq, Dv, H, Z); D, Dv contiguous.
         ``num_ctas``: the persistent grid (at most the number of tiles; one CTA per SM fits).
         Varlen: ``rows`` (5, B) int32, per sample in the order the tiles visit them: first query row, query
         count, first key row, key count, and the sample's index z; each side's Z is 1 (jagged rows) or B (a
         dense side: rows counted within sample z's own block; 1 for a block all samples share). ``num_m``:
-        query tiles of the longest sample. ``band_left``, ``band_right``: the band's bounds (``band``)."""
+        query tiles of the longest sample. ``band_left``, ``band_right``: the band's bounds (``band``). ``offset``: the
+        one-element bias (``score_offset``) in fp32."""
         # V as (Dv, N, Hkv, Z): the B operand of P·V, contiguous along its N mode (Dv)
         v = cute.make_tensor(
             mV.iterator,
@@ -207,7 +212,7 @@ class GdpaFwdSm90:
         self.kernel(
             tma_q, tq, tma_k, tk, tma_v, tv, tma_o, o if self.o_from_registers else to,
             scale, post_scale, slope, q_smem, k_smem, v_smem, o_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],
-            rows, band_left, band_right,
+            rows, band_left, band_right, offset,
         ).launch(
             grid=[num_ctas, 1, 1],
             block=[self.threads, 1, 1],
@@ -240,6 +245,7 @@ class GdpaFwdSm90:
         rows: cute.Tensor | None,
         band_left: cutlass.Int32 | None,
         band_right: cutlass.Int32 | None,
+        offset: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -332,6 +338,9 @@ class GdpaFwdSm90:
             if cutlass.const_expr(self.packed):
                 o_scale = post_scale * (0.5 * scale)
                 consts = self.activation.constants(scale)
+            x_offset = None
+            if cutlass.const_expr(self.score_offset):
+                x_offset = offset[0] / scale
             acc_s = qk_thr.make_fragment_C(s_shape)
             r_p = operand_a_like(acc_s, pv_mma, self.dtype)
             # packed forms: x and tanh(u) per pair of scores, held until P_j V_j has read P_j
@@ -358,7 +367,7 @@ class GdpaFwdSm90:
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 k_handle.release()
-                self._activate(acc_s, pairs, tScS, self._first_limit(first, work), scale, slope, consts)
+                self._activate(acc_s, pairs, tScS, self._first_limit(first, work), scale, slope, consts, x_offset)
                 self._write_p(acc_s, pairs, r_p)
                 for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
                     m_blk, h, _, z, q0, nq_z, _, nk_z = self._work(tile, work)
@@ -378,7 +387,7 @@ class GdpaFwdSm90:
                             warpgroup.wait_group(1)
                             k_handle.release()
                             limit = self._step_limit(m_blk, first_kt + j + 1, nq_z, nk_z, work)
-                            self._activate(acc_s, pairs, tScS, limit, scale, slope, consts)
+                            self._activate(acc_s, pairs, tScS, limit, scale, slope, consts, x_offset)
                             warpgroup.wait_group(0)
                             v_handle.release()
                             self._write_p(acc_s, pairs, r_p)
@@ -399,7 +408,8 @@ class GdpaFwdSm90:
                         warpgroup.wait_group(1)
                         if has_next:
                             k_handle.release()
-                        self._activate(acc_s, pairs, tScS, self._first_limit(following, work), scale, slope, consts)
+                        self._activate(acc_s, pairs, tScS, self._first_limit(following, work), scale, slope, consts,
+                                       x_offset)
                         warpgroup.wait_group(0)
                         v_handle.release()
                         self._write_p(acc_s, pairs, r_p)
@@ -638,16 +648,19 @@ class GdpaFwdSm90:
         return v_consumer, v_handle
 
     @cute.jit
-    def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts):
+    def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts, x_offset):
         """P = act(scale · S): in place for an fp32 form; for a packed form, per pair of scores x in bf16x2 and
         tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). With ``mask_keys``, columns at or past ``limit``
         (keys past Nk; None: a full key tile, no select) give P = 0, by a select per score (an ``if`` would
         carry the whole fragment through both branches, and that register pressure makes ptxas serialize every
         wgmma of the kernel); a packed form selects its input, as its act(0) = 0. With ``causal`` the first step's
-        mask is the diagonal tile's instead (``_kept``)."""
+        mask is the diagonal tile's instead (``_kept``). ``x_offset``: bias / scale, added to each score before the
+        form (``score_offset``; masked scores still give P = 0)."""
         if cutlass.const_expr(self.packed):
             for i in cutlass.range_constexpr(cute.size(acc_s) // 2):
                 x0, x1 = acc_s[2 * i], acc_s[2 * i + 1]
+                if cutlass.const_expr(self.score_offset):
+                    x0, x1 = x0 + x_offset, x1 + x_offset
                 if cutlass.const_expr(self.masks_first_step and limit is not None):
                     x0 = x0 if self._kept(tScS[2 * i], limit) else cutlass.Float32(0.0)
                     x1 = x1 if self._kept(tScS[2 * i + 1], limit) else cutlass.Float32(0.0)
@@ -656,7 +669,10 @@ class GdpaFwdSm90:
                 pairs[i, 1] = tanh_bf16x2(self.activation.argument(x, consts))
         else:
             for i in cutlass.range_constexpr(cute.size(acc_s)):
-                p = self.activation(acc_s[i], scale, slope)
+                x = acc_s[i]
+                if cutlass.const_expr(self.score_offset):
+                    x = x + x_offset
+                p = self.activation(x, scale, slope)
                 if cutlass.const_expr(self.masks_first_step and limit is not None):
                     p = p if self._kept(tScS[i], limit) else cutlass.Float32(0.0)
                 acc_s[i] = p

@@ -44,6 +44,14 @@ def fake_rows():
     return make_fake_tensor(cutlass.Int32, (5, cute.sym_int()), stride=(cute.sym_int(64), 1), assumed_align=4)
 
 
+def fake_offset():
+    """A fake one-element fp32 bias of a call with a score offset (``GdpaFwdSm90``'s ``score_offset``)."""
+    import cutlass
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
+
+
 def fake_stream():
     """The stream argument: taken at each call from the current torch stream of the tensors' device."""
     from cutlass.cute.runtime import make_fake_stream
@@ -60,3 +68,10 @@ def row_modes(t: torch.Tensor) -> torch.Tensor:
     """A varlen side's [total, H, D] (one block of rows) or [B, N, H, D] -> (N, D, H, Z) (a view)."""
     t4 = t.unsqueeze(0) if t.dim() == 3 else t
     return t4.detach().permute(1, 3, 2, 0)
+
+
+def offset_args(bias: torch.Tensor | None) -> tuple:
+    """The kernels' trailing bias argument: the one element as a 1-D fp32 tensor (a view where it is fp32, as
+    the backend's rewrite passes a constant: a bf16 -log n would shift every score by up to half its ulp), or
+    None (a function loaded from the disk cache fills in no defaults)."""
+    return (None,) if bias is None else (bias.detach().reshape(1).float(),)

@@ -18,7 +18,7 @@ import torch
 from ..triton.gdpa_fwd_tma import tma_layout
 from ..triton.varlen_layout import VarlenSide
 from .gdpa_bwd import BWD_HEAD_DIMS, bwd_key_tile, compile_bwd, dq_sums_for
-from .kernel_args import row_modes
+from .kernel_args import offset_args, row_modes
 from .varlen_fwd import cute_varlen_fwd_support
 
 
@@ -75,7 +75,7 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True,
                          causal=causal and band is None, band=band is not None)
         fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
-           rows, num_n, *(band or (None, None)))
+           rows, num_n, *(band or (None, None)), *offset_args(None))
     dq = _finish(dq_buf, qs.tensor)
     dk, dv = _finish(dk_buf, k), _finish(dv_buf, v)
     if group > 1:

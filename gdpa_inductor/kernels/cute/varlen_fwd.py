@@ -19,7 +19,7 @@ import torch
 from ..triton.varlen_bounds import band_limits
 from ..triton.varlen_layout import VarlenSide
 from .gdpa_fwd import CAUSAL_TILE, compile_fwd, cute_dsl_available, on_sm90, operand_support, persistent_grid
-from .kernel_args import row_modes
+from .kernel_args import offset_args, row_modes
 
 # the dense forward's head dims: past 128 its wide-head tiles (64 keys, O stored from the registers, the rows past
 # each sample's end predicated off)
@@ -118,5 +118,5 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
     # 0.8%, measured 2%)
     num_ctas = persistent_grid(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count, num_m, True)
     fn(*(row_modes(t) for t in (q, k, v, o)), scale, post_scale, negative_slope, num_ctas, rows, num_m,
-       *(band or (None, None)))
+       *(band or (None, None)), *offset_args(None))
     return o

@@ -1,0 +1,159 @@
+"""Sigmoid attention with its -log n bias (a one-element bias) on the CuTe-DSL Hopper kernels against what ran it
+before (the Triton kernels, which read the bias as a broadcast tensor), the CuTe kernels without the bias (what the
+bias's add per score costs) and softmax attention (SDPA; flash-attn-4 where staged), one process, same shapes, bf16
+(GPU only; cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh).
+
+Per shape: each provider's output checked against float64 at two samples first (relative error, printed), then the
+forward, backward and forward+backward timed: each provider's do_bench median in three rounds of rotated order,
+each provider first running untimed for 300 ms (``median_over_rounds``). The bias is an fp32 0-d tensor, as the
+backend's rewrite passes sigmoid attention's -log n.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bias.py --out results/cute_bias
+    python3 benchmarks/bench_cute_bias.py --plot-from results/cute_bias.json --out results/x   # the plot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+from bench_cute_bwd import fresh_operands  # beside this file
+from bench_cute_head_dims import _fa4
+from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, rel_err, warm_up_gpu
+
+from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
+from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
+from gdpa_inductor.kernels.reference import gdpa_reference
+from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
+from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
+
+SHAPES = [(512, 512), (1024, 1024), (2048, 2048), (2048, 256)]
+
+
+def providers(q, k, v, do, act, scale, post, bias, fa4):
+    """name -> callable; names read "<provider>_<pass>[_variant]"."""
+    qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+
+    # torch.autograd.grad: no .grad accumulation in the softmax providers' timings
+    def sdpa_fb():
+        torch.autograd.grad(F.scaled_dot_product_attention(qt, kt, vt, scale=scale), (qt, kt, vt), do)
+
+    fns = {
+        "cute_fwd": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias),
+        "cute_fwd_nobias": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
+        "triton_fwd": lambda: gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01),
+        "sdpa_fwd": lambda: F.scaled_dot_product_attention(q, k, v, scale=scale),
+        "cute_bwd": lambda: gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, bias=bias),
+        "cute_bwd_nobias": lambda: gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01),
+        "triton_bwd": lambda: gdpa_bwd_triton(do, q, k, v, bias, act, scale, post, False, 0.01, False),
+        "cute_fb": lambda: (gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias),
+                            gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, bias=bias)),
+        "triton_fb": lambda: (gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01),
+                              gdpa_bwd_triton(do, q, k, v, bias, act, scale, post, False, 0.01, False)),
+        "sdpa_fb": sdpa_fb,
+    }
+    if fa4 is not None:
+        qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+        dos = do.transpose(1, 2).contiguous()
+
+        def fa4_fb():
+            o = fa4(qs, ks, vs, softmax_scale=scale)
+            torch.autograd.grad(o[0] if isinstance(o, tuple) else o, (qs, ks, vs), dos)
+
+        fns["fa4_fwd"] = lambda: fa4(qs.detach(), ks.detach(), vs.detach(), softmax_scale=scale)
+        fns["fa4_fb"] = fa4_fb
+    return fns
+
+
+def check(q, k, v, act, scale, post, bias):
+    """Relative errors against float64 of both GDPA forwards and of eager bf16, on two samples."""
+    q, k, v = (t[:2] for t in (q, k, v))
+    ref = gdpa_reference(q.double(), k.double(), v.double(), bias.double(), act, scale, post)
+    eager = torch.sigmoid(q @ k.transpose(-2, -1) * scale + bias) * post @ v if act == "sigmoid" else None
+    errs = dict(cute=rel_err(gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias), ref),
+                triton=rel_err(gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01), ref))
+    if eager is not None:
+        errs["eager"] = rel_err(eager, ref)
+    return errs
+
+
+def timing(rows, batch, heads, d, act, settle_ms):
+    fa4 = _fa4()
+    for nq, nk in SHAPES:
+        q = k = v = do = fns = None
+        z, q, k, v, do = fresh_operands(batch, heads, nq, nk, d, d)
+        scale, post = d**-0.5, 1.0
+        bias = torch.tensor(-math.log(nk), device="cuda")
+        row = dict(kind="time", d=d, z=z, heads=heads, nq=nq, nk=nk, errors=check(q, k, v, act, scale, post, bias))
+        fwd_flops = 4.0 * z * heads * nq * nk * d
+        flops = dict(fwd=fwd_flops, bwd=2.5 * fwd_flops, fb=3.5 * fwd_flops)
+        fns = providers(q, k, v, do, act, scale, post, bias, fa4)
+        for name, ms in median_over_rounds(fns, settle_ms=settle_ms, warmup=25, rep=100).items():
+            if ms is not None:
+                row[name] = flops[name.split("_")[1]] / ms * 1e-9
+        rows.append(row)
+        print({k_: (round(v_, 1) if isinstance(v_, float) else v_) for k_, v_ in row.items()}, flush=True)
+
+
+PANELS = [
+    ("forward TF/s", [("cute_fwd", "CuTe, bias"), ("cute_fwd_nobias", "CuTe, no bias"), ("triton_fwd", "Triton, bias"),
+                      ("sdpa_fwd", "SDPA (softmax)"), ("fa4_fwd", "FA4 (softmax)")]),
+    ("backward TF/s", [("cute_bwd", "CuTe, bias"), ("cute_bwd_nobias", "CuTe, no bias"),
+                       ("triton_bwd", "Triton, bias")]),
+    ("forward+backward TF/s", [("cute_fb", "CuTe, bias"), ("triton_fb", "Triton, bias"), ("sdpa_fb", "SDPA (softmax)"),
+                               ("fa4_fb", "FA4 (softmax)")]),
+]
+COLORS = {"CuTe, bias": "C0", "CuTe, no bias": "C9", "Triton, bias": "C1", "SDPA (softmax)": "C2",
+          "FA4 (softmax)": "C3"}
+
+
+def plot(rows, meta, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(PANELS), 1, figsize=(11, 10))
+    labels = [f"{r['nq']}x{r['nk']}" for r in rows]
+    for ax, (ylabel, provs) in zip(axes, PANELS):
+        bar_groups(ax, rows, provs, labels, COLORS, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8, ncol=len(provs))
+    axes[0].set_title(f"bf16 {meta['activation']}(S·s - log n), H={rows[0]['heads']}, D={rows[0]['d']}, "
+                      f"{meta['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=1152)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--activation", default="sigmoid")
+    ap.add_argument("--settle-ms", type=float, default=SETTLE_MS, help="untimed run of each provider before its timing")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
+    args = ap.parse_args()
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            data = json.load(f)
+        plot(data["rows"], data, (args.out or args.plot_from.removesuffix(".json")) + ".png")
+        return
+    rows = []
+    warm_up_gpu(3.0)
+    timing(rows, args.batch, args.heads, args.head_dim, args.activation, args.settle_ms)
+    if args.out:
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    activation=args.activation)
+        with open(args.out + ".json", "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+        plot(rows, meta, args.out + ".png")
+
+
+if __name__ == "__main__":
+    main()
