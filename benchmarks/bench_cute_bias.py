@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from bench_cute_bwd import fresh_operands  # beside this file
-from bench_cute_head_dims import _fa4
+from bench_cute_head_dims import _fa4, fa4_providers
 from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, rel_err, warm_up_gpu
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
@@ -56,17 +56,7 @@ def providers(q, k, v, do, act, scale, post, bias, fa4):
                               gdpa_bwd_triton(do, q, k, v, bias, act, scale, post, False, 0.01, False)),
         "sdpa_fb": sdpa_fb,
     }
-    if fa4 is not None:
-        qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
-        dos = do.transpose(1, 2).contiguous()
-
-        def fa4_fb():
-            o = fa4(qs, ks, vs, softmax_scale=scale)
-            torch.autograd.grad(o[0] if isinstance(o, tuple) else o, (qs, ks, vs), dos)
-
-        fns["fa4_fwd"] = lambda: fa4(qs.detach(), ks.detach(), vs.detach(), softmax_scale=scale)
-        fns["fa4_fb"] = fa4_fb
-    return fns
+    return fns | fa4_providers(fa4, q, k, v, do, scale)
 
 
 def check(q, k, v, act, scale, post, bias):

@@ -42,6 +42,21 @@ def _fa4():
     return flash_attn_func
 
 
+def fa4_providers(fa4, q, k, v, do, scale) -> dict:
+    """flash-attn-4's forward and forward+backward on [Z, H, N, D] operands (its layout is [Z, N, H, D]; the
+    gradients through torch.autograd.grad), or nothing where it is not staged."""
+    if fa4 is None:
+        return {}
+    qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+    dos = do.transpose(1, 2).contiguous()
+
+    def fa4_fb():
+        o = fa4(qs, ks, vs, softmax_scale=scale)
+        torch.autograd.grad(o[0] if isinstance(o, tuple) else o, (qs, ks, vs), dos)
+
+    return {"fa4_fwd": lambda: fa4(qs.detach(), ks.detach(), vs.detach(), softmax_scale=scale), "fa4_fb": fa4_fb}
+
+
 def timing(rows, batch, heads, act, head_dims, passes, settle_ms):
     fa4 = _fa4()
     for d, dv in head_dims:
@@ -72,16 +87,7 @@ def timing(rows, batch, heads, act, head_dims, passes, settle_ms):
                                     gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01)),
                 "sdpa_fb": sdpa_fb,
             }
-            if fa4 is not None:
-                qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
-                dos = do.transpose(1, 2).contiguous()
-
-                def fa4_fb():
-                    o = fa4(qs, ks, vs, softmax_scale=scale)
-                    torch.autograd.grad(o[0] if isinstance(o, tuple) else o, (qs, ks, vs), dos)
-
-                fns["fa4_fwd"] = lambda: fa4(qs.detach(), ks.detach(), vs.detach(), softmax_scale=scale)
-                fns["fa4_fb"] = fa4_fb
+            fns.update(fa4_providers(fa4, q, k, v, do, scale))
             fns = {name: fn for name, fn in fns.items() if name.split("_")[1] in passes}
             row = dict(kind="time", d=d, dv=dv, z=z, heads=heads, nq=nq, nk=nk, pingpong=pingpong, split_store=split)
             # provider names read "<provider>_<pass>[_variant]"
