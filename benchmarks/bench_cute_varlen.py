@@ -16,13 +16,17 @@ and with ``--backward`` dq, dk, dv), and each row records which kernels the "CuT
 (``cute_varlen_runs``: a forced "cute" runs an uncovered varlen pass on Triton). ``--cu-k-copy`` gives the keys a
 copy of the queries' cu_seqlens: equal offsets the kernels cannot know to be equal, so the CuTe kernels take the
 causal mask as a band (``varlen_band``) instead of their aligned causal builds. The dense padded provider has no
-window and is left out under one.
+window and is left out under one. ``--activation`` picks the activation; ``--log-n-bias`` adds sigmoid attention's
+constant bias -log N (N the longest sample; a bf16 0-d tensor, as the varlen op takes it in q's dtype) to every
+provider's scores but FA4's (softmax, no bias).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --out results/cute_varlen   # .json and .png
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --backward --out results/cute_varlen_bwd
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --head-dims 256,256 --out results/cute_varlen_d256
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --backward --out results/cute_varlen_causal
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --window 256 --out results/cute_varlen_w256
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --activation sigmoid --log-n-bias --backward \
+        --out results/cute_varlen_sigmoid
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 
 import torch
 import triton
@@ -64,10 +69,10 @@ def _qkv(t_or_bn, d, dv, **kw):
     return tuple(torch.randn(*t_or_bn, H, width, **kw) for width in (d, d, dv))
 
 
-def cute_runs(q, k, v, cu, cu_k, backward: bool, causal: bool, window) -> str:
+def cute_runs(q, k, v, cu, cu_k, backward: bool, causal: bool, window, act: str = ACT, bias=None) -> str:
     """Which kernels the varlen op runs under a forced "cute" for these operands (self attention over ``cu``,
     the keys' offsets ``cu_k``)."""
-    call = (q, k, v, None, causal, window, ACT, (cu, cu_k, None, None))
+    call = (q, k, v, bias, causal, window, act, (cu, cu_k, None, None))
 
     def picks():
         fwd = select_varlen_forward_impl(*call)
@@ -76,7 +81,8 @@ def cute_runs(q, k, v, cu, cu_k, backward: bool, causal: bool, window) -> str:
     return _on("cute", picks)()
 
 
-def check(lengths, device, backward: bool, d: int, dv: int, causal: bool, window, cu_k_copy: bool) -> dict:
+def check(lengths, device, backward: bool, d: int, dv: int, causal: bool, window, cu_k_copy: bool, act: str = ACT,
+          bias=None) -> dict:
     """Relative errors of the CuTe varlen op (bf16) vs the float64 reference on the first 8 samples: the output,
     and with ``backward`` each gradient."""
     lens = lengths[:8]
@@ -85,10 +91,10 @@ def check(lengths, device, backward: bool, d: int, dv: int, causal: bool, window
     t, longest = int(lens.sum()), int(lens.max())
     q, k, v = _qkv((t,), d, dv, device=device, dtype=torch.float64, requires_grad=True)
     low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
-    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu_k, longest, longest, activation=ACT, scale=d**-0.5,
-                                          causal=causal, window=window))()
-    want = gdpa_varlen_reference(q, k, v, None, cu, cu, None, None, longest, longest, ACT, d**-0.5, 1.0, causal,
-                                 window, 0.01)
+    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu_k, longest, longest, activation=act, scale=d**-0.5,
+                                          causal=causal, window=window, bias=bias))()
+    want = gdpa_varlen_reference(q, k, v, None if bias is None else bias.double(), cu, cu, None, None, longest,
+                                 longest, act, d**-0.5, 1.0, causal, window, 0.01)
     pairs = {"rel_err": (got, want)}
     if backward:
         dout = torch.randn_like(want)
@@ -126,24 +132,26 @@ def kept_pairs(lengths: torch.Tensor, causal: bool, window: tuple[int, int]) -> 
 
 
 def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: int, causal: bool,
-                window=(-1, -1), cu_k_copy: bool = False) -> dict:
+                window=(-1, -1), cu_k_copy: bool = False, act: str = ACT, log_n_bias: bool = False) -> dict:
     lengths = lengths_for(batch, max_len, sparsity, gen)
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).cuda()
     cu_k = cu.clone() if cu_k_copy else cu
     total = int(lengths.sum())
     scale = d**-0.5
+    # the varlen op takes a bias in q's dtype
+    bias = torch.tensor(-math.log(max_len), device="cuda", dtype=torch.bfloat16) if log_n_bias else None
     flops = 2.0 * H * (d + dv) * kept_pairs(lengths, causal, window) * (3.5 if backward else 1.0)
     row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, head_dims=[d, dv], causal=causal,
-               window=list(window), cu_k_copy=cu_k_copy,
-               **check(lengths, "cuda", backward, d, dv, causal, window, cu_k_copy))
+               window=list(window), cu_k_copy=cu_k_copy, activation=act, log_n_bias=log_n_bias,
+               **check(lengths, "cuda", backward, d, dv, causal, window, cu_k_copy, act, bias))
     q, k, v = _qkv((total,), d, dv, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
     qp, kp, vp = (torch.randn(batch, H, max_len, width, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
                   for width in (d, d, dv))
-    row["cute_varlen_runs"] = cute_runs(q, k, v, cu, cu_k, backward, causal, window)
+    row["cute_varlen_runs"] = cute_runs(q, k, v, cu, cu_k, backward, causal, window, act, bias)
 
     def varlen():
-        return gdpa_varlen(q, k, v, cu, cu_k, max_len, max_len, activation=ACT, scale=scale, causal=causal,
-                           window=window)
+        return gdpa_varlen(q, k, v, cu, cu_k, max_len, max_len, activation=act, scale=scale, causal=causal,
+                           window=window, bias=bias)
 
     # name: (the backend the whole call runs under, its backward included: the kernels are chosen when each pass
     # runs; the forward; its differentiable inputs)
@@ -152,8 +160,8 @@ def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: 
         "triton_varlen": ("triton", varlen, (q, k, v)),
     }
     if tuple(window) == (-1, -1):
-        calls["cute_padded"] = ("cute", lambda: gdpa(qp, kp, vp, activation=ACT, scale=scale, causal=causal),
-                                (qp, kp, vp))
+        calls["cute_padded"] = ("cute", lambda: gdpa(qp, kp, vp, activation=act, scale=scale, causal=causal,
+                                                     bias=bias), (qp, kp, vp))
     if fa4 is not None:
         fa4_window = tuple(None if w < 0 else w for w in window)
 
@@ -208,7 +216,8 @@ def plot(rows, meta, path, what: str):
         mask += f", max_attn_len {meta['window'][0]}"
     if meta.get("cu_k_copy"):
         mask += " (band)"
-    fig.suptitle(f"varlen {what}{mask}, B=1152, H=4, D={d}, Dv={dv}, bf16, {ACT} — {meta['device']}", fontsize=10)
+    act = meta.get("activation", ACT) + (", bias -log N" if meta.get("log_n_bias") else "")
+    fig.suptitle(f"varlen {what}{mask}, B=1152, H=4, D={d}, Dv={dv}, bf16, {act} — {meta['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -226,6 +235,8 @@ def main():
                         help="with --causal: HSTU's max_attn_len, window=(W, 0)")
     parser.add_argument("--cu-k-copy", action="store_true",
                         help="the keys' cu_seqlens a copy of the queries' (the CuTe kernels then run a band)")
+    parser.add_argument("--activation", default=ACT)
+    parser.add_argument("--log-n-bias", action="store_true", help="sigmoid attention's bias -log N on the scores")
     args = parser.parse_args()
     if args.window is not None and not args.causal:
         parser.error("--window needs --causal (HSTU's max_attn_len)")
@@ -233,7 +244,7 @@ def main():
     d, dv = (int(x) for x in args.head_dims.split(","))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.date.today().isoformat(), head_dims=[d, dv], causal=args.causal, window=list(window),
-                cu_k_copy=args.cu_k_copy)
+                cu_k_copy=args.cu_k_copy, activation=args.activation, log_n_bias=args.log_n_bias)
     warm_up_gpu(2.0)
     fa4 = fa4_function("flash_attn_varlen_func")
     gen = torch.Generator().manual_seed(0)
@@ -242,7 +253,7 @@ def main():
         (int(n), float(sp)) for n, sp in (pair.split(":") for pair in args.shapes.split(","))]
     for max_len, sparsity in shapes:
         rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward, d, dv, args.causal, window,
-                                args.cu_k_copy))
+                                args.cu_k_copy, args.activation, args.log_n_bias))
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     with open(f"{args.out}.json", "w") as f:
         json.dump(dict(meta=meta, backward=args.backward, rows=rows), f, indent=1)

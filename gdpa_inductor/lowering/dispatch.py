@@ -35,13 +35,12 @@ def triton_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     return True, "supported"
 
 
-def select_forward_impl(q, k, v, bias, causal: bool, activation: str, scale: float = 1.0) -> str:
-    """The dense forward's path: see ``_cute_else_select``. ``scale``: the call's (the CuTe kernels' bias
-    needs it nonzero)."""
+def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
+    """The dense forward's path: see ``_cute_else_select``."""
     from ..kernels.cute.gdpa_fwd import cute_fwd_preferred, cute_fwd_support
 
     def support(q, k, v, bias, causal, activation):
-        ok, reason = cute_fwd_support(q, k, v, bias, causal, activation, scale)
+        ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
         if ok and config.backend == "auto":
             ok, reason = cute_fwd_preferred(q, k, v)
         return ok, reason
@@ -49,14 +48,13 @@ def select_forward_impl(q, k, v, bias, causal: bool, activation: str, scale: flo
     return _cute_else_select(support, q, k, v, bias, causal, activation, "forward")
 
 
-def select_backward_impl(q, k, v, bias, causal: bool, activation: str, scale: float = 1.0,
-                         bias_grad: bool = False) -> str:
-    """The dense backward's path: see ``_cute_else_select``. ``scale`` as for the forward; ``bias_grad``:
-    whether the call wants the bias's gradient (not in the CuTe backward)."""
+def select_backward_impl(q, k, v, bias, causal: bool, activation: str, bias_grad: bool = False) -> str:
+    """The dense backward's path: see ``_cute_else_select``. ``bias_grad``: whether the call wants the bias's
+    gradient (not in the CuTe backward)."""
     from ..kernels.cute.gdpa_bwd import cute_bwd_support
 
     def support(q, k, v, bias, causal, activation):
-        return cute_bwd_support(q, k, v, bias, causal, activation, scale, bias_grad)
+        return cute_bwd_support(q, k, v, bias, causal, activation, bias_grad)
 
     return _cute_else_select(support, q, k, v, bias, causal, activation, "backward")
 
@@ -78,9 +76,10 @@ def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, i
 
 
 def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
-                                rows: tuple) -> str:
+                                rows: tuple, bias_grad: bool = False) -> str:
     """The varlen backward's path: "cute" where the CuTe varlen backward covers the call (under "auto" and "cute";
-    a case it does not cover runs as under "auto"), otherwise as ``select_impl``. ``rows``: as for the forward.
+    a case it does not cover runs as under "auto"), otherwise as ``select_impl``. ``rows``: as for the forward;
+    ``bias_grad``: whether the call wants the bias's gradient (not in the CuTe backward).
 
     Measured on H200 (``bench_cute_varlen.py --backward``, B=1152, H=4, D=128, bf16 gelu_tanh, lengths up to 256 to
     2048, all full or uniform in [1, N]; twenty-sixth session, docs/benchmarks.md): the backward alone 1.13-1.94x
@@ -88,8 +87,10 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
     backward under "auto", and "auto" had been set to keep Triton's on that measurement.)"""
     from ..kernels.cute.varlen_bwd import cute_varlen_bwd_support
 
-    return _varlen_cute_else_select(cute_varlen_bwd_support, q, k, v, bias, causal, window, activation, rows,
-                                    "varlen backward")
+    def support(q, k, v, bias, causal, window, activation, rows):
+        return cute_varlen_bwd_support(q, k, v, bias, causal, window, activation, rows, bias_grad)
+
+    return _varlen_cute_else_select(support, q, k, v, bias, causal, window, activation, rows, "varlen backward")
 
 
 def _varlen_cute_else_select(cute_support, q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,

@@ -24,7 +24,7 @@ def _broadcast_batch(q, k, v) -> tuple:
 def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_slope) -> torch.Tensor:
     """The forward on the chosen kernel (what the op runs; the eager fast path calls it directly)."""
     args = (q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
-    impl = select_forward_impl(q, k, v, bias, causal, activation, scale)
+    impl = select_forward_impl(q, k, v, bias, causal, activation)
     if impl == "cute":
         from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_batched
 
@@ -39,7 +39,7 @@ def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_
 def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad):
     """(dq, dk, dv, dbias or None) on the chosen kernel."""
     args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
-    impl = select_backward_impl(q, k, v, bias, causal, activation, scale, bias_requires_grad)
+    impl = select_backward_impl(q, k, v, bias, causal, activation, bias_requires_grad)
     if impl == "cute":
         from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_batched
 

@@ -49,7 +49,7 @@ def forward_impl(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k
         from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute, varlen_band
 
         return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
-                                    negative_slope, causal, varlen_band(q, k, v, causal, window, rows))
+                                    negative_slope, causal, varlen_band(q, k, v, causal, window, rows), bias)
     from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
 
     gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params)
@@ -63,7 +63,7 @@ def backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, se
     rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     window = (window_left, window_right)
     params = (activation, scale, post_scale, causal, window, negative_slope)
-    impl = select_varlen_backward_impl(q, k, v, bias, causal, window, activation, rows)
+    impl = select_varlen_backward_impl(q, k, v, bias, causal, window, activation, rows, bias_requires_grad)
     if impl == "reference":
         dq, dk, dv, dbias = gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k,
                                                            *params, bias_requires_grad)
@@ -73,7 +73,7 @@ def backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, se
 
         _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
         dq, dk, dv = gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
-                                          causal, varlen_band(q, k, v, causal, window, rows))
+                                          causal, varlen_band(q, k, v, causal, window, rows), bias)
         dbias = None
     else:
         from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton

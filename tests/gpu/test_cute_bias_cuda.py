@@ -2,7 +2,7 @@
 over the scores; skipped without an sm_90 GPU and nvidia-cutlass-dsl): through the op with the CuTe kernels forced,
 the output and dq, dk, dv against float64, each within 2x eager's own error, over activations (bf16's packed forms
 and the fp32 forms), ragged and exact key counts, D=64, D or Dv of 256 (the wide-head kernels), the causal mask,
-fp16, GQA, positive and negative biases; a bias that wants its gradient takes the CuTe forward and the usual
+fp16, GQA, positive and negative biases, scale 0; a bias that wants its gradient takes the CuTe forward and the usual
 backward under "auto"; non-finite biases give eager's NaN/Inf pattern; the backend's rewrite of sigmoid attention
 with its -log n reaches the CuTe kernels."""
 
@@ -67,8 +67,8 @@ def test_bias_forward_and_backward_match_float64(case, cute_backend):
     q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, 5)
     bias = torch.tensor(value, dtype=dtype, device="cuda")
     scale, post = d**-0.5, 1.0 / nk
-    assert dispatch.select_forward_impl(q, k, v, bias, causal, act, scale) == "cute"
-    assert dispatch.select_backward_impl(q, k, v, bias, causal, act, scale) == "cute"
+    assert dispatch.select_forward_impl(q, k, v, bias, causal, act) == "cute"
+    assert dispatch.select_backward_impl(q, k, v, bias, causal, act) == "cute"
     qd, kd, vd, bd = (t.double() for t in (q, k, v, bias))
     ref = gdpa_reference(qd, kd, vd, bd, act, scale, post, causal)
     out = gdpa(q, k, v, activation=act, scale=scale, post_scale=post, bias=bias, causal=causal)
@@ -95,15 +95,38 @@ def test_bias_shifts_the_scores_not_the_output(cute_backend):
     assert rel_error(out, shifted) < 1e-2
 
 
-def test_bias_gradient_takes_the_usual_backward(backend):
+@pytest.mark.parametrize("act", ["sigmoid", "gelu_tanh", "relu"])
+def test_bias_at_scale_zero(act, cute_backend):
+    """At scale 0 every score is act(bias) (the bias is the first product's addend, not divided by the scale): the
+    output and dv within 2x eager's error against float64, dq and dk exactly zero."""
+    q, k, v, do = bwd_inputs(2, 4, 4, 200, 300, 128, 128, torch.bfloat16, 9)
+    bias = torch.tensor(0.7, dtype=torch.bfloat16, device="cuda")
+    post = 1.0 / 300
+    assert dispatch.select_forward_impl(q, k, v, bias, False, act) == "cute"
+    assert dispatch.select_backward_impl(q, k, v, bias, False, act) == "cute"
+    qd, kd, vd, bd = (t.double() for t in (q, k, v, bias))
+    ref = gdpa_reference(qd, kd, vd, bd, act, 0.0, post)
+    out = gdpa(q, k, v, activation=act, scale=0.0, post_scale=post, bias=bias)
+    eager = eager_biased(q, k, v, act, 0.0, post, bias, False)
+    assert rel_error(out, ref) <= 2 * rel_error(eager, ref) + FLOOR, (rel_error(out, ref), rel_error(eager, ref))
+    dq, dk, dv = autograd_grads(_op(act, 0.0, post, bias, False), q, k, v, do)
+    assert not dq.any() and not dk.any()
+    ref_dv = gdpa_reference_backward(do.double(), qd, kd, vd, bd, act, 0.0, post)[2]
+    eager_dv = autograd_grads(lambda *qkv: eager_biased(*qkv, act, 0.0, post, bias, False), q, k, v, do)[2]
+    assert rel_error(dv, ref_dv) <= 2 * rel_error(eager_dv, ref_dv) + FLOOR
+
+
+@pytest.mark.parametrize("value", [-1.25, -math.log(384)])
+def test_bias_gradient_takes_the_usual_backward(backend, value):
     """Under "auto" a bias that wants its gradient runs the CuTe forward and the backward that computes dbias
-    (Triton's): every gradient, dbias included, within 2x eager's error against float64."""
+    (Triton's): every gradient, dbias included, within 2x eager's error against float64, sigmoid's saturated range
+    (-log n) included."""
     backend("auto")
     q, k, v, do = bwd_inputs(2, 4, 4, 300, 384, 128, 128, torch.bfloat16, 3)
     scale, post = 128**-0.5, 1.0 / 384
-    bias = torch.tensor(-1.25, dtype=torch.bfloat16, device="cuda")
-    assert dispatch.select_forward_impl(q, k, v, bias, False, "sigmoid", scale) == "cute"
-    assert dispatch.select_backward_impl(q, k, v, bias, False, "sigmoid", scale, bias_grad=True) == "triton"
+    bias = torch.tensor(value, dtype=torch.bfloat16, device="cuda")
+    assert dispatch.select_forward_impl(q, k, v, bias, False, "sigmoid") == "cute"
+    assert dispatch.select_backward_impl(q, k, v, bias, False, "sigmoid", bias_grad=True) == "triton"
     leaves = [t.detach().requires_grad_() for t in (q, k, v, bias)]
     gdpa(*leaves[:3], activation="sigmoid", scale=scale, post_scale=post, bias=leaves[3]).backward(do)
     eager_leaves = [t.detach().requires_grad_() for t in (q, k, v, bias)]

@@ -16,28 +16,31 @@ def rel(x, ref):
     return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
-def check(case, dtype, bias=None, **params):
+def check(case, dtype, bias=None, bias_grad=True, **params):
     """Runs the op and the oracle on ``case`` with a fresh output gradient; returns the op's (out, dq, dk, dv,
-    dbias?) after asserting each is within the bound."""
+    dbias where ``bias`` is given and ``bias_grad``) after asserting each is within the bound."""
     params = dict(activation="silu", scale=case.q.shape[-1] ** -0.5, post_scale=0.5) | params
     forward = oracle(case, **params)
     results = {}
 
     def leaves(dt):
-        b = [] if bias is None else [bias.detach().to(dt).requires_grad_()]
+        b = [] if bias is None else [bias.detach().to(dt).requires_grad_(bias_grad)]
         return (*case.inputs(dt), *b)
+
+    def wrt(inputs):
+        return inputs if bias_grad else inputs[:3]
 
     for name, dt in (("ref", torch.float64), ("eager", dtype)):
         inputs = leaves(dt)
         out = forward(*inputs)
         dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(5), device="cuda",
                            dtype=torch.float64).to(dt)
-        results[name] = (out, *torch.autograd.grad(out, inputs, dout))
+        results[name] = (out, *torch.autograd.grad(out, wrt(inputs), dout))
     q, k, v, *b = leaves(dtype)
     out = gdpa_varlen(q, k, v, **case.kwargs, **params, bias=b[0] if b else None)
     dout = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(5), device="cuda",
                        dtype=torch.float64).to(dtype)
-    got = (out, *torch.autograd.grad(out, (q, k, v, *b), dout))
+    got = (out, *torch.autograd.grad(out, wrt((q, k, v, *b)), dout))
     bad = []
     for name, g, e, r in zip(("out", "dq", "dk", "dv", "dbias"), got, results["eager"], results["ref"]):
         assert g.shape == r.shape and g.dtype == dtype, (name, g.shape, r.shape, g.dtype)

@@ -1,7 +1,8 @@
 """The CuTe backward's rewritten activation forms (``activation_math.BACKWARD_TERMS``): the same fma/tanh
 algebra the kernel traces, run here on float64 tensors, against the activation table's torch value and
-derivative at scale · x. The kernel moves grad_factor into dK's and dQ's scale and grad_offset into
-dS = dP (m + offset), so a wrong factor, offset or constant shows here as a wrong value or derivative."""
+derivative at scale · x + bias (a one-element bias folded into the first product). The kernel moves grad_factor
+into dK's and dQ's scale and grad_offset into dS = dP (m + offset), so a wrong factor, offset or constant shows
+here as a wrong value or derivative."""
 
 from __future__ import annotations
 
@@ -18,20 +19,21 @@ def _fma(a, b, c):
     return a * b + c
 
 
-def _value_and_grad(name, x, scale):
+def _value_and_grad(name, x, scale, bias=None):
     form = BACKWARD_TERMS[name]
-    p, m = form.fn(x, scale, _fma, torch.tanh)
+    p, m = form.fn(x, scale, _fma, torch.tanh, bias)
     return p, form.grad_factor * (m + form.grad_offset)
 
 
 @pytest.mark.parametrize("name", sorted(BACKWARD_TERMS))
-@pytest.mark.parametrize("scale", [0.088, 1.0, 2.5])
-def test_backward_terms_give_value_and_derivative(name, scale):
+@pytest.mark.parametrize("scale, bias", [(0.088, None), (1.0, None), (2.5, None), (0.088, -6.2), (1.0, 1.5),
+                                         (0.0, -0.75)])
+def test_backward_terms_give_value_and_derivative(name, scale, bias):
     torch.manual_seed(0)
     x = torch.cat([torch.randn(4096, dtype=torch.float64) * 4, torch.linspace(-40, 40, 801, dtype=torch.float64)])
     act = get_activation(name)
-    p, grad = _value_and_grad(name, x, scale)
-    y = scale * x
+    p, grad = _value_and_grad(name, x, scale, bias)
+    y = scale * x + (bias or 0.0)
     torch.testing.assert_close(p, act.torch_fn(y, 0.01), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad, act.torch_grad(y, 0.01), rtol=1e-12, atol=1e-12)
 

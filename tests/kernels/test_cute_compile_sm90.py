@@ -64,6 +64,8 @@ FWD_KINDS = {
     "fwd_varlen_band": dict(varlen=True, band=True),
     "fwd_offset": dict(score_offset=True),
     "fwd_causal_offset": dict(causal=True, score_offset=True),
+    "fwd_varlen_offset": dict(varlen=True, score_offset=True),
+    "fwd_varlen_band_offset": dict(varlen=True, band=True, score_offset=True),
 }
 FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpong", 128, 128, "sigmoid"),
                      ("fwd_shared_store", 128, 128, "gelu_tanh"), ("fwd_shared_store", 128, 128, "relu"),
@@ -82,7 +84,8 @@ FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpo
 # a one-element bias added to every score (``score_offset``): packed and fp32 forms, D=64, wide heads, causal
 FWD_OFFSET_CASES = [("fwd_offset", 128, 128, "gelu_tanh"), ("fwd_offset", 128, 128, "sigmoid"),
                     ("fwd_offset", 64, 64, "relu"), ("fwd_offset", 256, 256, "gelu_tanh"),
-                    ("fwd_causal_offset", 128, 128, "gelu_tanh")]
+                    ("fwd_causal_offset", 128, 128, "gelu_tanh"), ("fwd_varlen_offset", 96, 128, "sigmoid"),
+                    ("fwd_varlen_band_offset", 128, 128, "gelu_tanh")]
 FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES + FWD_OFFSET_CASES
 # measured with cutlass-dsl 4.8.1: the band forward of relu spills 28 bytes (its own select per score beside the
 # band's, in every step); gelu_tanh, silu, sigmoid, gelu and hardswish do not
@@ -103,7 +106,8 @@ BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pair
                "bwd_varlen_direct": "in_place", "bwd_causal": "fp32", "bwd_causal_direct": "in_place",
                "bwd_varlen_causal": "fp32", "bwd_varlen_causal_direct": "in_place", "bwd_varlen_band": "fp32",
                "bwd_varlen_band_direct": "in_place", "bwd_offset": "fp32", "bwd_dq_direct_offset": "in_place",
-               "bwd_causal_offset": "fp32"}
+               "bwd_causal_offset": "fp32", "bwd_varlen_offset": "fp32",
+               "bwd_varlen_band_direct_offset": "in_place"}
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
@@ -136,7 +140,8 @@ BWD_WIDE_CASES = [("bwd", 256, 256, "gelu_tanh"), ("bwd", 256, 256, "relu"), ("b
 # a one-element bias: the fp32 and in-place dQ sums, D=64, the wide-head kernel, causal
 BWD_OFFSET_CASES = [("bwd_offset", 128, 128, "gelu_tanh"), ("bwd_dq_direct_offset", 128, 128, "sigmoid"),
                     ("bwd_dq_direct_offset", 64, 64, "gelu_tanh"), ("bwd_offset", 256, 256, "gelu_tanh"),
-                    ("bwd_causal_offset", 128, 128, "sigmoid")]
+                    ("bwd_causal_offset", 128, 128, "sigmoid"), ("bwd_varlen_offset", 96, 128, "sigmoid"),
+                    ("bwd_varlen_band_direct_offset", 128, 128, "gelu_tanh")]
 # measured with cutlass-dsl 4.8.1: 4 bytes stored and loaded, outside the activation
 BWD_SPILLING |= {("bwd_offset", 128, 128, "gelu_tanh")}
 BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES + BWD_VARLEN_CASES
@@ -294,20 +299,27 @@ def test_cute_band_bwd_masks_one_loop(case, reports):
 
 @pytest.mark.parametrize("case", [c for c in FWD_OFFSET_CASES + BWD_OFFSET_CASES
                                   if c[0].startswith("bwd") or c[3] not in PACKED_BF16_ACTIVATIONS], ids=str)
-def test_cute_score_offset_adds_once_per_score(case, reports):
-    """A one-element bias costs each score one FP32 add at every place its activation is inlined (the forward's
-    three: a CTA's first step, the key-tile loop, the step that crosses to the next query tile; each copy of the
-    backward's loop) and the kernel one 32-bit load of the bias; the matmuls are the same as without it. (The bf16
-    forward of gelu_tanh and silu takes the fp32 forms with a bias, the plain build the packed ones: not compared.)"""
+def test_cute_score_offset_folds_into_the_first_product(case, reports):
+    """A one-element bias costs no op per score: at every place its activation is inlined (the forward's three: a
+    CTA's first step, the key-tile loop, the step that crosses to the next query tile; each copy of the backward's
+    loop) each score's first product of the form becomes an FMA taking the bias (no FP32 add); the forward loads
+    the bias at each of those places (held in a register across its loop, it made the band forward spill 40
+    bytes), the backward once; the matmuls are the same as without it. (The bf16 forward of gelu_tanh and silu
+    takes the fp32 forms with a bias, the plain build the packed ones: not compared.)"""
     kind, d, dv, _ = case
     r, plain = reports[case], reports[(kind.removesuffix("_offset"), *case[1:])]
     if kind.startswith("fwd"):
         places, scores = 3, 128 * key_tile(d, dv) // 256
     else:
-        places = 3 if "causal" in kind else 2
+        # the band masks every tile: one copy of the loop
+        places = 1 if "band" in kind else 3 if "causal" in kind else 2
         scores = (64 if max(d, dv) > 128 else 128) * 64 // 256
-    assert r["add_f32"] - plain["add_f32"] == places * scores, (r["add_f32"], plain["add_f32"])
-    assert r["ld_global_32"] == plain["ld_global_32"] + 1
+    folded = places * scores
+    assert r["add_f32"] == plain["add_f32"], (r["add_f32"], plain["add_f32"])
+    assert r["fma_f32"] - plain["fma_f32"] == folded, (r["fma_f32"], plain["fma_f32"])
+    # the product factor · bias (sigmoid's bias / 2), common to all scores: at most once per place
+    assert 0 <= r["mul_f32"] - (plain["mul_f32"] - folded) <= places, (r["mul_f32"], plain["mul_f32"])
+    assert r["ld_global_32"] == plain["ld_global_32"] + (places if kind.startswith("fwd") else 1)
     assert r["wgmma"] == plain["wgmma"]
 
 
@@ -352,6 +364,8 @@ def _compile_all(cases) -> list[dict]:
             fma_bf16x2=ptx.count("fma.rn.bf16x2"),
             selp_f32=ptx.count("selp.f32"),
             add_f32=len(re.findall(r"\badd\.(?:rn\.)?(?:ftz\.)?f32", ptx)),
+            mul_f32=len(re.findall(r"\bmul\.(?:rn\.)?(?:ftz\.)?f32", ptx)),
+            fma_f32=len(re.findall(r"\bfma\.rn\.(?:ftz\.)?f32", ptx)),
             ld_global_32=len(re.findall(r"\bld\.global\.\S*[bf]32", ptx)),
             spill_stores=sum(int(s) for s, _ in spills),
             spill_loads=sum(int(x) for _, x in spills),

@@ -179,6 +179,25 @@ def test_varlen_backward_call(launch):
     stand_in.check_on_compiled_kernel()
 
 
+@pytest.mark.parametrize("bias", [torch.tensor(-2.0, dtype=DTYPE), torch.full((1, 1, 1), 0.5)])
+def test_varlen_calls_with_a_one_element_bias(launch, bias):
+    """The varlen forward's and backward's calls end with the one-element bias as a 1-element fp32 tensor, after
+    the band's Nones, and the builds with a score offset take it."""
+    qs, ks, v, order = _jagged_sides([5, 300, 129])
+    stand_in = launch(varlen_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    out = torch.empty(qs.tensor.shape[0], 4, D, dtype=DTYPE)
+    varlen_fwd.gdpa_varlen_fwd_cute(qs, ks, v, SimpleNamespace(tensor=out), order, ACT, 0.125, 1.0, 0.01, bias=bias)
+    assert stand_in.call_args[10:12] == (None, None)
+    offset = stand_in.call_args[12]
+    assert offset.dtype == torch.float32 and offset.tolist() == [bias.item()]
+    stand_in.check_on_compiled_kernel()
+    stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    dout = _randn(qs.tensor.shape[0], 4, D)
+    varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01, bias=bias)
+    assert stand_in.call_args[12:14] == (None, None) and stand_in.call_args[14].tolist() == [bias.item()]
+    stand_in.check_on_compiled_kernel()
+
+
 def test_varlen_band_calls(launch):
     """A band's bounds follow the rows and the tile count, in the forward's and the backward's call, and the band
     builds take them."""

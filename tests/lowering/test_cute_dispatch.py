@@ -84,7 +84,6 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
         (dict(bias=(4, 1, 1)), "a bias of one element only"),
         (dict(bias=()), ""),
         (dict(bias=(1, 1, 1, 1)), ""),
-        (dict(bias=(), scale=0.0), "the scale is 0"),
         (dict(bias=(), causal=True, nq=80, nk=80), ""),
         (dict(causal=True), "Nk - Nq to be a non-negative multiple of 128"),
         (dict(causal=True, nq=80, nk=80), ""),
@@ -113,33 +112,31 @@ def test_support_reasons(monkeypatch, change, reason):
     if change.get("broadcast_q"):
         q = q[:1]
     bias = torch.randn(change["bias"], dtype=q.dtype) if "bias" in change else None
-    ok, why = cute_fwd.cute_fwd_support(q, k, v, bias, change.get("causal", False), change.get("activation", "silu"),
-                                        change.get("scale", 0.125))
+    ok, why = cute_fwd.cute_fwd_support(q, k, v, bias, change.get("causal", False), change.get("activation", "silu"))
     assert ok == (reason == "")
     assert reason in why
 
 
 @pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
-@pytest.mark.parametrize("bias_shape, scale, bias_grad, forward, backward", [
-    ((), 0.125, False, "cute", "cute"),
-    ((1, 1, 1), -2.0, False, "cute", "cute"),
-    ((), 0.125, True, "cute", "reference"),
-    ((), 0.0, False, "reference", "reference"),
-    ((64, 80), 0.125, False, "reference", "reference"),
+@pytest.mark.parametrize("bias_shape, bias_grad, forward, backward", [
+    ((), False, "cute", "cute"),
+    ((1, 1, 1), False, "cute", "cute"),
+    ((), True, "cute", "reference"),
+    ((64, 80), False, "reference", "reference"),
 ])
-def test_one_element_bias_takes_cute_without_its_gradient(monkeypatch, backend, bias_shape, scale, bias_grad,
-                                                          forward, backward):
+def test_one_element_bias_takes_cute_without_its_gradient(monkeypatch, backend, bias_shape, bias_grad, forward,
+                                                          backward):
     """A one-element bias (sigmoid attention's -log n, a 0-d tensor after the backend's rewrite) runs on the CuTe
-    kernels, added to each score as bias / scale: not at scale 0, and the backward not where the bias's gradient
+    kernels, added to each score in the activation's first product; the backward not where the bias's gradient
     is wanted (the CuTe backward computes none); otherwise the usual choice (the reference on CPU tensors)."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend("auto")
     q, k, v = _qkv()
     bias = torch.randn(bias_shape, dtype=q.dtype)
-    assert select_forward_impl(q, k, v, bias, False, "sigmoid", scale) == forward
-    assert select_backward_impl(q, k, v, bias, False, "sigmoid", scale, bias_grad) == backward
-    ok, why = cute_bwd.cute_bwd_support(q, k, v, bias, False, "sigmoid", scale, bias_grad)
+    assert select_forward_impl(q, k, v, bias, False, "sigmoid") == forward
+    assert select_backward_impl(q, k, v, bias, False, "sigmoid", bias_grad) == backward
+    ok, why = cute_bwd.cute_bwd_support(q, k, v, bias, False, "sigmoid", bias_grad)
     assert ok == (backward == "cute")
     if bias_grad and forward == "cute":
         assert why == "the CuTe backward computes no bias gradient"

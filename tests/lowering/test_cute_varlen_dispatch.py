@@ -41,7 +41,9 @@ def _self_rows(total=300):
     "change, reason",
     [
         (dict(), ""),
-        (dict(bias=True), "a bias is not"),
+        (dict(bias=(4, 300, 300)), "take a bias of one element only (got shape (4, 300, 300))"),
+        (dict(bias=()), ""),
+        (dict(bias=(1, 1, 1), causal=True, window=(16, 0)), ""),
         (dict(causal=True), ""),
         (dict(window=(16, 0)), ""),
         (dict(causal=True, window=(16, 0)), ""),
@@ -70,7 +72,7 @@ def test_support_reasons(on_hopper, change, reason):
         k = torch.randn(300, 1, 128, dtype=k.dtype).expand(300, 2, 128)
     if change.get("dense_q"):
         q = torch.randn(1, 7, 4, q.shape[-1], dtype=q.dtype)
-    bias = torch.randn(4, 300, 300, dtype=q.dtype) if change.get("bias") else None
+    bias = torch.randn(change["bias"], dtype=q.dtype) if "bias" in change else None
     ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, bias, change.get("causal", False),
                                                   change.get("window", (-1, -1)), change.get("activation", "silu"),
                                                   _self_rows())
@@ -211,7 +213,9 @@ def test_selector_wide_heads(on_hopper, backend, name, d, dv, auto_takes_cute):
 @pytest.mark.parametrize("change, reason", [(dict(), ""), (dict(causal=True), ""),
                                             (dict(causal=True, equal_offsets=True), ""),
                                             (dict(window=(3, 0)), ""),
-                                            (dict(bias=True), "not in the CuTe varlen backward"),
+                                            (dict(bias=(4, 300, 300)), "the CuTe varlen backward take a bias"),
+                                            (dict(bias=()), ""),
+                                            (dict(bias=(), bias_grad=True), "computes no bias gradient"),
                                             (dict(d=256), ""),
                                             (dict(d=256, causal=True), "D and Dv of at most 128"),
                                             (dict(d=192), "for the CuTe varlen backward"),
@@ -222,10 +226,11 @@ def test_backward_support_reasons(on_hopper, change, reason):
     rows = _self_rows()
     if change.get("equal_offsets"):
         rows = (rows[0], rows[0].clone(), None, None)
-    bias = torch.randn(4, 300, 300, dtype=q.dtype) if change.get("bias") else None
+    bias = torch.randn(change["bias"], dtype=q.dtype) if "bias" in change else None
     ok, why = cute_varlen_bwd.cute_varlen_bwd_support(q, k, v, bias, change.get("causal", False),
                                                       change.get("window", (-1, -1)),
-                                                      change.get("activation", "silu"), rows)
+                                                      change.get("activation", "silu"), rows,
+                                                      change.get("bias_grad", False))
     assert ok == (reason == "")
     assert reason in why
 
@@ -242,3 +247,16 @@ def test_backward_selector(on_hopper, backend, name, causal, rows, expected):
     backend(name)
     q, k, v = _jagged()
     _assert_selects(select_varlen_backward_impl, "varlen backward", q, k, v, causal, rows, expected)
+
+
+@needs_cute_dsl
+def test_one_element_bias_takes_cute_without_its_gradient(on_hopper, backend):
+    """A one-element bias runs on the CuTe varlen kernels under "auto"; a bias that wants its gradient leaves the
+    backward to the usual choice (the CuTe backward computes none)."""
+    backend("auto")
+    q, k, v = _jagged()
+    bias = torch.tensor(-1.0, dtype=q.dtype)
+    args = (q, k, v, bias, True, (-1, -1), "sigmoid", _self_rows())
+    assert select_varlen_forward_impl(*args) == "cute"
+    assert select_varlen_backward_impl(*args) == "cute"
+    assert select_varlen_backward_impl(*args, bias_grad=True) == select_impl(q, k, v, bias, "varlen backward")

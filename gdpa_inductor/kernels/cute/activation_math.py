@@ -31,45 +31,54 @@ def _tanh(x: cutlass.Float32) -> cutlass.Float32:
     return cute.math.tanh(x, approx=True)
 
 
-# Forward forms: act(scale · x), with the scale folded into each form's constants. The forward is bound by
-# its per-score arithmetic, not by the tensor cores, so every FP32 op per score counts: products of the
-# runtime scale with constants are common to every score (computed once), leaving e.g. five FP32 ops and one
-# tanh for gelu_tanh and two plus a tanh for silu.
+# Forward forms: act(scale · x + bias), bias None (no bias) or a one-element bias read by the kernel. The forward
+# is bound by its per-score arithmetic, not by the tensor cores, so every FP32 op per score counts: products of
+# the runtime scale with constants are common to every score (computed once), leaving e.g. five FP32 ops and one
+# tanh for gelu_tanh and two plus a tanh for silu; a bias goes into the form's first product as an FMA
+# (``_scaled``), costing no op per score.
+
+
+def _scaled(x, factor: float, scale, bias, fma=cute.math.fma):
+    """factor · (scale · x + bias): a form's first product, one FMA with a bias and one product without
+    (factor · scale and factor · bias are common to every score); over any number type with its ``fma``."""
+    if factor != 1.0:
+        scale, bias = factor * scale, None if bias is None else factor * bias
+    return x * scale if bias is None else fma(x, scale, bias)
 
 
 @cute.jit
-def identity(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    return x * scale
+def identity(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
+    return _scaled(x, 1.0, scale, bias)
 
 
 @cute.jit
-def relu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    y = x * scale
+def relu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
+    y = _scaled(x, 1.0, scale, bias)
     return cutlass.Float32(0.0) if y < 0.0 else y
 
 
 @cute.jit
-def relu_square(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    y = x * scale
+def relu_square(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
+    y = _scaled(x, 1.0, scale, bias)
     r = cutlass.Float32(0.0) if y < 0.0 else y
     return r * r
 
 
 @cute.jit
-def leaky_relu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    y = x * scale
+def leaky_relu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
+    y = _scaled(x, 1.0, scale, bias)
     return y if y > 0.0 else y * slope
 
 
 @cute.jit
-def gelu_tanh(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    # 0.5 y (1 + tanh(y (c + c k y^2))) at y = scale x: as many FP32 ops as h + h t with h = (scale / 2) x
-    return (0.5 * scale) * gelu_tanh_over_half_scale(x, scale, slope)
+def gelu_tanh(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
+    h, _, t = gelu_tanh_half_and_tanh(x, scale, bias, cute.math.fma, _tanh)
+    return cute.math.fma(h, t, h)
 
 
 @cute.jit
-def gelu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    y = x * scale
+def gelu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
+    y = _scaled(x, 1.0, scale, bias)
     yc = cute.math.min(cute.math.max(y, -GELU_ERF_CLAMP), GELU_ERF_CLAMP)
     y2 = yc * yc
     cdf = 0.5 + 0.5 * _tanh(yc * (GELU_ERF_C1 + y2 * (GELU_ERF_C3 + y2 * GELU_ERF_C5)))
@@ -82,32 +91,34 @@ def gelu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> 
 
 
 @cute.jit
-def sigmoid(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    return cute.math.fma(_tanh(x * (0.5 * scale)), 0.5, 0.5)
+def sigmoid(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
+    return cute.math.fma(_tanh(_scaled(x, 0.5, scale, bias)), 0.5, 0.5)
 
 
 @cute.jit
-def silu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
+def silu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     # y sigmoid(y) = u (1 + tanh(u)) with u = y / 2
-    u = x * (0.5 * scale)
+    u = _scaled(x, 0.5, scale, bias)
     return cute.math.fma(u, _tanh(u), u)
 
 
 @cute.jit
-def hardswish(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    y = x * scale
+def hardswish(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
+    y = _scaled(x, 1.0, scale, bias)
     r = y + 3.0
     r = cutlass.Float32(0.0) if r < 0.0 else r
     r = cutlass.Float32(6.0) if r > 6.0 else r
     return y * r * (1.0 / 6.0)
 
 
-@cute.jit
-def gelu_tanh_over_half_scale(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32) -> cutlass.Float32:
-    """gelu_tanh(scale · x) / (scale / 2) = x (1 + tanh(x (c s + c k s^3 x^2)))."""
-    c3 = SQRT_2_OVER_PI * GELU_TANH_COEF * scale * scale * scale
-    t = _tanh(x * cute.math.fma(x * x, c3, SQRT_2_OVER_PI * scale))
-    return cute.math.fma(x, t, x)
+def gelu_tanh_half_and_tanh(x, scale, bias, fma, tanh):
+    """(h, h², t) of gelu_tanh at y = scale x + bias, from ``fma(a, b, c) = a b + c`` and ``tanh`` over any number
+    type (CuTe registers in the kernel, float64 tensors in the tests): h = y / 2, tanh's argument c (y + k y³) =
+    h (2c + 8ck h²), and gelu_tanh(y) = h (1 + t)."""
+    c, k = SQRT_2_OVER_PI, GELU_TANH_COEF
+    h = _scaled(x, 0.5, scale, bias, fma)
+    h2 = h * h
+    return h, h2, tanh(h * fma(h2, 8.0 * c * k, 2.0 * c))
 
 
 # Packed bf16x2 forms: gelu_tanh and silu divided by scale / 2 both read x (1 + tanh(u(x))), so a pair of
@@ -186,14 +197,15 @@ PACKED_BF16_ACTIVATIONS = frozenset(_PACKED_BF16)
 
 def forward_form(name: str, bf16: bool):
     """The forward's per-score form of activation ``name``: a PackedForm for bf16 gelu_tanh and silu (O must
-    then be multiplied by scale / 2), otherwise the fp32 form act(scale · x)."""
+    then be multiplied by scale / 2), otherwise the fp32 form act(scale · x + bias)."""
     if bf16 and name in _PACKED_BF16:
         return _PACKED_BF16[name]
     return globals()[name]
 
 
-# Backward forms. (p, m) = fn(x, scale, slope) with p = act(scale · x) and act'(scale · x) = grad_factor ·
-# (m + grad_offset). Each score costs one special-function op and a handful of FP32 ops beside five matmuls, and
+# Backward forms. (p, m) = fn(x, scale, slope, bias) with p = act(y) and act'(y) = grad_factor · (m +
+# grad_offset) at y = scale · x + bias (bias None, or one element folded into the first product as above). Each
+# score costs one special-function op and a handful of FP32 ops beside five matmuls, and
 # the backward is bound by that arithmetic where two warpgroups share an SM's issue slots (2048², H200: relu's
 # backward ran ~10% faster than gelu_tanh's). So the scale goes into the first product of the form (no separate
 # y = scale · x), the factor into the scale dK and dQ take once per tile, and an offset of 1 into dS = dP (m + 1)
@@ -203,40 +215,37 @@ def forward_form(name: str, bf16: bool):
 
 
 class BackwardForm(NamedTuple):
-    """(p, m) = fn(x, scale, slope) per score: p = act(scale · x), act'(scale · x) = grad_factor · (m +
-    grad_offset); ``grad_offset`` is 0 or 1."""
+    """(p, m) = fn(x, scale, slope, bias) per score: p = act(y), act'(y) = grad_factor · (m + grad_offset) at
+    y = scale · x + bias; ``grad_offset`` is 0 or 1."""
 
     fn: Callable
     grad_factor: float
     grad_offset: float
 
 
-def gelu_tanh_grad_terms(x, scale, fma, tanh):
-    """gelu_tanh's (p, m) with act' = (m + 1) / 2, from ``fma(a, b, c) = a b + c`` and ``tanh``, over any
-    number type (CuTe registers in the kernel, float64 tensors in the tests). At h = scale x / 2: tanh's
-    argument c (y + k y^3) is h (2c + 8ck h^2), p = h (1 + t), and 2 act' = 1 + t + (1 - t^2) h (2c + 24ck h^2)."""
+def gelu_tanh_grad_terms(x, scale, fma, tanh, bias=None):
+    """gelu_tanh's (p, m) at y = scale x + bias with act' = (m + 1) / 2, over any number type as
+    ``gelu_tanh_half_and_tanh``: p = h (1 + t), and 2 act' = 1 + t + (1 - t^2) h (2c + 24ck h^2)."""
     c, k = SQRT_2_OVER_PI, GELU_TANH_COEF
-    h = x * (0.5 * scale)
-    h2 = h * h
-    t = tanh(h * fma(h2, 8.0 * c * k, 2.0 * c))
+    h, h2, t = gelu_tanh_half_and_tanh(x, scale, bias, fma, tanh)
     return fma(h, t, h), fma(fma(-t, t, 1.0), h * fma(h2, 24.0 * c * k, 2.0 * c), t)
 
 
-def silu_grad_terms(x, scale, fma, tanh):
-    """silu's (p, m) with act' = (m + 1) / 2: at h = scale x / 2, sigmoid(2h) = (1 + t) / 2 with t = tanh(h), so
-    p = h (1 + t) and 2 act' = (1 + t)(1 + h (1 - t)) = 1 + t + h (1 - t^2)."""
-    h = x * (0.5 * scale)
+def silu_grad_terms(x, scale, fma, tanh, bias=None):
+    """silu's (p, m) with act' = (m + 1) / 2: at h = (scale x + bias) / 2, sigmoid(2h) = (1 + t) / 2 with t =
+    tanh(h), so p = h (1 + t) and 2 act' = (1 + t)(1 + h (1 - t)) = 1 + t + h (1 - t^2)."""
+    h = _scaled(x, 0.5, scale, bias, fma)
     t = tanh(h)
     return fma(h, t, h), fma(h, fma(-t, t, 1.0), t)
 
 
-def sigmoid_grad_terms(x, scale, fma, tanh):
+def sigmoid_grad_terms(x, scale, fma, tanh, bias=None):
     """sigmoid's (p, m) with act' = m / 4: sigmoid(y) = (1 + t) / 2 with t = tanh(y / 2), and act' = (1 - t^2) / 4."""
-    t = tanh(x * (0.5 * scale))
+    t = tanh(_scaled(x, 0.5, scale, bias, fma))
     return fma(t, 0.5, 0.5), fma(-t, t, 1.0)
 
 
-# the forms built from fma and tanh alone, their fn taking (x, scale, fma, tanh)
+# the forms built from fma and tanh alone, their fn taking (x, scale, fma, tanh, bias)
 BACKWARD_TERMS = {
     "gelu_tanh": BackwardForm(gelu_tanh_grad_terms, 0.5, 1.0),
     "silu": BackwardForm(silu_grad_terms, 0.5, 1.0),
@@ -246,21 +255,21 @@ BACKWARD_TERMS = {
 
 def _form_of_terms(terms: Callable) -> Callable:
     @cute.jit
-    def fn(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32):
-        return terms(x, scale, cute.math.fma, _tanh)
+    def fn(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias):
+        return terms(x, scale, cute.math.fma, _tanh, bias)
 
     return fn
 
 
 def _form_at_scaled(and_grad: Callable) -> Callable:
     @cute.jit
-    def fn(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32):
-        return and_grad(x * scale, slope)
+    def fn(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias):
+        return and_grad(_scaled(x, 1.0, scale, bias), slope)
 
     return fn
 
 
-# (act(y), act'(y)) at y = scale · x for the other activations: selects and clamps, no factor to move
+# (act(y), act'(y)) at y = scale · x + bias for the other activations: selects and clamps, no factor to move
 
 
 @cute.jit

@@ -50,7 +50,7 @@ def _within_bwd_head_dims(check: tuple[bool, str], q: torch.Tensor, v: torch.Ten
     return check
 
 
-def _without_bias_grad(check: tuple[bool, str], bias_grad: bool) -> tuple[bool, str]:
+def without_bias_grad(check: tuple[bool, str], bias_grad: bool) -> tuple[bool, str]:
     """A support check's (ok, reason), narrowed to calls that want no bias gradient."""
     if check[0] and bias_grad:
         return False, "the CuTe backward computes no bias gradient"
@@ -58,20 +58,20 @@ def _without_bias_grad(check: tuple[bool, str], bias_grad: bool) -> tuple[bool, 
 
 
 def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
-                  scale: float = 1.0, bias_grad: bool = False):
+                  bias_grad: bool = False):
     """(ok, reason) for the CuTe backward on [Z, H, N, D] operands: the forward's cases at the backward's head
     dims, without a bias gradient (``bias_grad``: whether the call wants one)."""
-    check = _within_bwd_head_dims(fwd_supported(q, k, v, bias, causal, activation, scale), q, v)
-    return _without_bias_grad(check, bias_grad)
+    check = _within_bwd_head_dims(fwd_supported(q, k, v, bias, causal, activation), q, v)
+    return without_bias_grad(check, bias_grad)
 
 
 def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
-                     scale: float = 1.0, bias_grad: bool = False):
+                     bias_grad: bool = False):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting): the forward's cases, its
     causal mask and one-element bias included (``causal_support``, ``score_offset_support``), at the backward's
     head dims, without a bias gradient."""
-    check = _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation, scale), q, v)
-    return _without_bias_grad(check, bias_grad)
+    check = _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation), q, v)
+    return without_bias_grad(check, bias_grad)
 
 
 def compile_bwd(

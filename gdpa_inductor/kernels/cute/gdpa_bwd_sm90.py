@@ -282,14 +282,6 @@ class GdpaBwdSm90:
         else:
             self._cta(cta, n_blk, h, z, 0, nq, 0, nk, (band_left, band_right))
 
-    @cute.jit
-    def _shifted(self, x: cutlass.Float32, x_offset: cutlass.Float32 | None) -> cutlass.Float32:
-        """A score plus bias / scale where the bias is compiled in (``score_offset``): the forms keep their folded
-        scale, and masked scores are selected after the form, as without it."""
-        if cutlass.const_expr(self.score_offset):
-            x = x + x_offset
-        return x
-
     def _band_rows(self, n_blk, nq, nk, band: tuple):
         """(first, last) query row that the band (``band``: its left and right bounds) lets see a key of key tile
         ``n_blk`` of a sample of ``nq`` queries and ``nk`` keys (query i sees key j iff j - (nk - nq) - right <= i
@@ -412,9 +404,9 @@ class GdpaBwdSm90:
             if cutlass.const_expr(self.act_form.grad_factor != 1.0):
                 ds_scale = ds_scale * self.act_form.grad_factor
             act_grad_offset = self.act_form.grad_offset
-            x_offset = None
+            bias = None
             if cutlass.const_expr(self.score_offset):
-                x_offset = offset[0] / scale
+                bias = offset[0]
             ds_threads = self.num_mma_wg * _WG_THREADS
 
             kv_consumer.wait_and_advance()
@@ -483,7 +475,7 @@ class GdpaBwdSm90:
                             # before Nq that also keeps c before Nk (the last key tile is always a diagonal one)
                             diag = m * self.tile_m + diag0
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            y, g = self.act_form.fn(self._shifted(acc_s[i], x_offset), scale, slope)
+                            y, g = self.act_form.fn(acc_s[i], scale, slope, bias)
                             if cutlass.const_expr(self.band):
                                 diff = tScS[i][0] - tScS[i][1]
                                 keep = (tScS[i][0] < valid_keys and tScS[i][1] < valid_rows and diff >= least
@@ -496,7 +488,7 @@ class GdpaBwdSm90:
                             acc_s[i] = g if keep else cutlass.Float32(0.0 - act_grad_offset)
                     else:
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            p_acc[i], acc_s[i] = self.act_form.fn(self._shifted(acc_s[i], x_offset), scale, slope)
+                            p_acc[i], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope, bias)
                     store_operand_a(p_acc, r_p)
 
                     warpgroup.wait_group(0)

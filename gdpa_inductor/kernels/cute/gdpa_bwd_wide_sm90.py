@@ -232,9 +232,9 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
             if cutlass.const_expr(self.act_form.grad_factor != 1.0):
                 ds_scale = ds_scale * self.act_form.grad_factor
             act_grad_offset = self.act_form.grad_offset
-            x_offset = None
+            bias = None
             if cutlass.const_expr(self.score_offset):
-                x_offset = offset[0] / scale
+                bias = offset[0]
             pds_threads = self.num_mma_wg * _WG_THREADS
 
             # the last dQ chunk of the previous step, handed over during this one (``defer_last_dq``)
@@ -271,13 +271,13 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
                         if m == num_m - 1:
                             valid_rows = valid_rows_last
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            y, g = self.act_form.fn(self._shifted(acc_s[i], x_offset), scale, slope)
+                            y, g = self.act_form.fn(acc_s[i], scale, slope, bias)
                             keep = tScS[i][0] < valid_keys and tScS[i][1] < valid_rows
                             p_acc[i] = y if keep else cutlass.Float32(0.0)
                             acc_s[i] = g if keep else cutlass.Float32(0.0 - act_grad_offset)
                     else:
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            p_acc[i], acc_s[i] = self.act_form.fn(self._shifted(acc_s[i], x_offset), scale, slope)
+                            p_acc[i], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope, bias)
                     stage = m % plan.pds_stages
                     r_p = cute.make_fragment_like(p_acc, self.dtype)
                     r_p.store(p_acc.load().to(self.dtype))

@@ -103,24 +103,21 @@ def _as_4d(q, k, v):
     return tuple(as_4d(t, batch) for t in (q, k, v)), batch
 
 
-def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
-                     scale: float = 1.0):
+def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting)."""
     if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
         return False, "operands need [..., H, N, D]"
     (q4, k4, v4), _ = _as_4d(q, k, v)
-    return fwd_supported(q4, k4, v4, bias, causal, activation, scale)
+    return fwd_supported(q4, k4, v4, bias, causal, activation)
 
 
-def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
-                  scale: float = 1.0):
-    """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses;
-    ``scale``: the call's, which a bias needs nonzero (``score_offset_support``)."""
+def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+    """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses."""
     if not cute_dsl_available():
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
-    ok, reason = score_offset_support(bias, scale)
+    ok, reason = score_offset_support(bias)
     if not ok:
         return ok, reason
     if causal:
@@ -130,16 +127,12 @@ def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
     return operand_support(q, k, v, activation, SUPPORTED_HEAD_DIMS)
 
 
-def score_offset_support(bias: torch.Tensor | None, scale: float, kernel: str = "the CuTe kernels"):
+def score_offset_support(bias: torch.Tensor | None, kernel: str = "the CuTe kernels"):
     """(ok, reason) for a bias in the CuTe kernels: one element (a constant over the scores, such as sigmoid
-    attention's -log n, which the backend's rewrite passes as a 0-d tensor), added to each score as bias / scale
-    before the activation's form, so the scale must not be 0. A bias that varies over the scores is not in them."""
-    if bias is None:
-        return True, ""
-    if bias.numel() != 1:
+    attention's -log n, which the backend's rewrite passes as a 0-d tensor), which each activation form takes
+    into its first product (``activation_math._scaled``). A bias that varies over the scores is not in them."""
+    if bias is not None and bias.numel() != 1:
         return False, f"{kernel} take a bias of one element only (got shape {tuple(bias.shape)})"
-    if scale == 0.0:
-        return False, f"{kernel} add bias / scale to each score, and the scale is 0"
     return True, ""
 
 

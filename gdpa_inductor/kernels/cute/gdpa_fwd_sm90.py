@@ -118,8 +118,10 @@ class GdpaFwdSm90:
         # alignment of the diagonal with the tiles
         assert not band or (varlen and not causal), "a band: varlen batches, in place of the aligned causal mask"
         self.band = band
-        # a bias constant over the scores (one element, read by the kernel): act(scale · (S + bias / scale)), one
-        # FP32 add per score, so the forms keep their folded scale (the launcher gives it the fp32 forms)
+        # a bias constant over the scores (one element, read by the kernel): act(scale · S + bias), folded into the
+        # fp32 forms' first product (the packed forms round the shifted score to bf16 first, which cancels in
+        # 1 + tanh(u) where a negative bias moves the scores: the launcher gives a bias the fp32 forms)
+        assert not (score_offset and self.packed), "a bias: the fp32 forms"
         self.score_offset = score_offset
         # whether a query tile's first step is masked (and so comes first: ``_key_tile_at``)
         self.masks_first_step = mask_keys or causal or band
@@ -338,9 +340,6 @@ class GdpaFwdSm90:
             if cutlass.const_expr(self.packed):
                 o_scale = post_scale * (0.5 * scale)
                 consts = self.activation.constants(scale)
-            x_offset = None
-            if cutlass.const_expr(self.score_offset):
-                x_offset = offset[0] / scale
             acc_s = qk_thr.make_fragment_C(s_shape)
             r_p = operand_a_like(acc_s, pv_mma, self.dtype)
             # packed forms: x and tanh(u) per pair of scores, held until P_j V_j has read P_j
@@ -367,7 +366,7 @@ class GdpaFwdSm90:
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 k_handle.release()
-                self._activate(acc_s, pairs, tScS, self._first_limit(first, work), scale, slope, consts, x_offset)
+                self._activate(acc_s, pairs, tScS, self._first_limit(first, work), scale, slope, consts, offset)
                 self._write_p(acc_s, pairs, r_p)
                 for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
                     m_blk, h, _, z, q0, nq_z, _, nk_z = self._work(tile, work)
@@ -387,7 +386,7 @@ class GdpaFwdSm90:
                             warpgroup.wait_group(1)
                             k_handle.release()
                             limit = self._step_limit(m_blk, first_kt + j + 1, nq_z, nk_z, work)
-                            self._activate(acc_s, pairs, tScS, limit, scale, slope, consts, x_offset)
+                            self._activate(acc_s, pairs, tScS, limit, scale, slope, consts, offset)
                             warpgroup.wait_group(0)
                             v_handle.release()
                             self._write_p(acc_s, pairs, r_p)
@@ -409,7 +408,7 @@ class GdpaFwdSm90:
                         if has_next:
                             k_handle.release()
                         self._activate(acc_s, pairs, tScS, self._first_limit(following, work), scale, slope, consts,
-                                       x_offset)
+                                       offset)
                         warpgroup.wait_group(0)
                         v_handle.release()
                         self._write_p(acc_s, pairs, r_p)
@@ -648,19 +647,18 @@ class GdpaFwdSm90:
         return v_consumer, v_handle
 
     @cute.jit
-    def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts, x_offset):
+    def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts, offset):
         """P = act(scale · S): in place for an fp32 form; for a packed form, per pair of scores x in bf16x2 and
         tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). With ``mask_keys``, columns at or past ``limit``
         (keys past Nk; None: a full key tile, no select) give P = 0, by a select per score (an ``if`` would
         carry the whole fragment through both branches, and that register pressure makes ptxas serialize every
         wgmma of the kernel); a packed form selects its input, as its act(0) = 0. With ``causal`` the first step's
-        mask is the diagonal tile's instead (``_kept``). ``x_offset``: bias / scale, added to each score before the
-        form (``score_offset``; masked scores still give P = 0)."""
+        mask is the diagonal tile's instead (``_kept``). ``offset``: the one-element bias (``score_offset``, fp32 forms
+        only), added in each form's first product (masked scores still give P = 0); read here at each step, not
+        held across the loop, where it made the band forward spill."""
         if cutlass.const_expr(self.packed):
             for i in cutlass.range_constexpr(cute.size(acc_s) // 2):
                 x0, x1 = acc_s[2 * i], acc_s[2 * i + 1]
-                if cutlass.const_expr(self.score_offset):
-                    x0, x1 = x0 + x_offset, x1 + x_offset
                 if cutlass.const_expr(self.masks_first_step and limit is not None):
                     x0 = x0 if self._kept(tScS[2 * i], limit) else cutlass.Float32(0.0)
                     x1 = x1 if self._kept(tScS[2 * i + 1], limit) else cutlass.Float32(0.0)
@@ -668,11 +666,11 @@ class GdpaFwdSm90:
                 pairs[i, 0] = x
                 pairs[i, 1] = tanh_bf16x2(self.activation.argument(x, consts))
         else:
+            bias = None
+            if cutlass.const_expr(self.score_offset):
+                bias = offset[0]
             for i in cutlass.range_constexpr(cute.size(acc_s)):
-                x = acc_s[i]
-                if cutlass.const_expr(self.score_offset):
-                    x = x + x_offset
-                p = self.activation(x, scale, slope)
+                p = self.activation(acc_s[i], scale, slope, bias)
                 if cutlass.const_expr(self.masks_first_step and limit is not None):
                     p = p if self._kept(tScS[i], limit) else cutlass.Float32(0.0)
                 acc_s[i] = p

@@ -17,18 +17,20 @@ import torch
 
 from ..triton.gdpa_fwd_tma import tma_layout
 from ..triton.varlen_layout import VarlenSide
-from .gdpa_bwd import BWD_HEAD_DIMS, bwd_key_tile, compile_bwd, dq_sums_for
+from .gdpa_bwd import BWD_HEAD_DIMS, bwd_key_tile, compile_bwd, dq_sums_for, without_bias_grad
 from .kernel_args import offset_args, row_modes
 from .varlen_fwd import cute_varlen_fwd_support
 
 
 def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                            window: tuple[int, int], activation: str, rows: tuple) -> tuple[bool, str]:
+                            window: tuple[int, int], activation: str, rows: tuple,
+                            bias_grad: bool = False) -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen backward: the varlen forward's cases (``rows``: the call's cu_seqlens and
-    seqused, for its causal rule) at the dense backward's head dims (``BWD_HEAD_DIMS``; masks
-    only up to 128)."""
-    return cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows, "the CuTe varlen backward",
-                                   BWD_HEAD_DIMS)
+    seqused, for its causal rule) at the dense backward's head dims (``BWD_HEAD_DIMS``; masks only up to 128),
+    without a bias gradient (``bias_grad``: whether the call wants one)."""
+    check = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows, "the CuTe varlen backward",
+                                    BWD_HEAD_DIMS)
+    return without_bias_grad(check, bias_grad)
 
 
 def _shared(side: VarlenSide, t: torch.Tensor) -> bool:
@@ -52,10 +54,12 @@ def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, order: torch.Tensor,
                          activation: str, scale: float, post_scale: float, negative_slope: float,
-                         causal: bool = False, band: tuple[int, int] | None = None):
+                         causal: bool = False, band: tuple[int, int] | None = None,
+                         bias: torch.Tensor | None = None):
     """(dq, dk, dv) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout (the queries'
     rows, Dv wide). ``causal``: the bottom-right aligned mask in each sample (``varlen_causal_support``'s cases);
-    ``band``: (left, right), the band mask in its place (``varlen_band``)."""
+    ``band``: (left, right), the band mask in its place (``varlen_band``); ``bias``: one element, added to every
+    score."""
     q, k = qs.tensor, ks.tensor
     h, d = q.shape[-2:]
     hkv, d_v = v.shape[-2:]
@@ -73,9 +77,9 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
     if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
         rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True,
-                         causal=causal and band is None, band=band is not None)
+                         causal=causal and band is None, band=band is not None, score_offset=bias is not None)
         fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
-           rows, num_n, *(band or (None, None)), *offset_args(None))
+           rows, num_n, *(band or (None, None)), *offset_args(bias))
     dq = _finish(dq_buf, qs.tensor)
     dk, dv = _finish(dk_buf, k), _finish(dv_buf, v)
     if group > 1:

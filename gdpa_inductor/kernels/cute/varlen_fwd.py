@@ -5,7 +5,7 @@ sample's first row and length on both sides, samples longest first).
 Each side is a jagged ``[total, H, D]`` tensor or a dense ``[B or 1, N, H, D]`` one (padded batches pass their
 valid lengths); the kernel reads each sample's rows through TMA descriptors bounded at the sample's end, so a
 sample never reads or writes another's rows, and its persistent CTAs skip the query tiles past each sample's
-length. One compile per (dtype, head dims, activation, mask), shared with nothing else: the keys are always
+length. One compile per (dtype, head dims, activation, mask, bias or not), shared with nothing else: the keys are always
 masked (under ``causal`` by the diagonal's mask, as in the dense kernel). The mask is none, the causal mask where
 every sample's diagonal is known to align with the tiles (``varlen_causal_support``), or else a band around each
 sample's diagonal (``varlen_band``: the causal mask at any Nk - Nq, sliding windows, HSTU's ``max_attn_len``) whose
@@ -18,7 +18,15 @@ import torch
 
 from ..triton.varlen_bounds import band_limits
 from ..triton.varlen_layout import VarlenSide
-from .gdpa_fwd import CAUSAL_TILE, compile_fwd, cute_dsl_available, on_sm90, operand_support, persistent_grid
+from .gdpa_fwd import (
+    CAUSAL_TILE,
+    compile_fwd,
+    cute_dsl_available,
+    on_sm90,
+    operand_support,
+    persistent_grid,
+    score_offset_support,
+)
 from .kernel_args import offset_args, row_modes
 
 # the dense forward's head dims: past 128 its wide-head tiles (64 keys, O stored from the registers, the rows past
@@ -39,8 +47,9 @@ def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
-    if bias is not None:
-        return False, f"a bias is not in {kernel} yet"
+    ok, reason = score_offset_support(bias, kernel)
+    if not ok:
+        return ok, reason
     if (causal or tuple(window) != (-1, -1)) and max(q.shape[-1], v.shape[-1]) > CAUSAL_TILE:
         return False, f"causal masking and windows in {kernel} need D and Dv of at most {CAUSAL_TILE}"
     return operand_support(q, k, v, activation, head_dims, kernel)
@@ -98,11 +107,12 @@ def cute_varlen_fwd_preferred(q: torch.Tensor, v: torch.Tensor) -> tuple[bool, s
 
 def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
                          activation: str, scale: float, post_scale: float, negative_slope: float,
-                         causal: bool = False, band: tuple[int, int] | None = None) -> torch.Tensor:
+                         causal: bool = False, band: tuple[int, int] | None = None,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
     """Writes ``out.tensor`` (the queries' layout, Dv wide; rows past each sample's length untouched) from the
     sides of a ``cute_varlen_fwd_support``-checked call; returns it. ``causal``: the bottom-right aligned mask in
     each sample (``varlen_causal_support``'s cases); ``band``: (left, right), the band mask in its place
-    (``varlen_band``)."""
+    (``varlen_band``); ``bias``: one element, added to every score."""
     q, k, o = qs.tensor, ks.tensor, out.tensor
     num_m = -(-qs.max_len // _TILE_M)
     tiles = num_m * q.shape[-2] * qs.batch
@@ -113,10 +123,10 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
         return o.zero_()
     rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
     fn = compile_fwd(q.dtype, q.shape[-1], activation, head_dim_v=v.shape[-1], varlen=True,
-                     causal=causal and band is None, band=band is not None)
+                     causal=causal and band is None, band=band is not None, score_offset=bias is not None)
     # jagged samples: the later query tile positions exist only in the longer ones (full samples lose one CTA's
     # 0.8%, measured 2%)
     num_ctas = persistent_grid(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count, num_m, True)
     fn(*(row_modes(t) for t in (q, k, v, o)), scale, post_scale, negative_slope, num_ctas, rows, num_m,
-       *(band or (None, None)), *offset_args(None))
+       *(band or (None, None)), *offset_args(bias))
     return o
