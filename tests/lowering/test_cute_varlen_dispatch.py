@@ -41,7 +41,7 @@ def _self_rows(total=300):
     "change, reason",
     [
         (dict(), ""),
-        (dict(bias=(4, 300, 300)), "take a bias of one element only (got shape (4, 300, 300))"),
+        (dict(bias=(4, 300, 300)), "the CuTe varlen forward: a bias of one element only (got shape (4, 300, 300))"),
         (dict(bias=()), ""),
         (dict(bias=(1, 1, 1), causal=True, window=(16, 0)), ""),
         (dict(causal=True), ""),
@@ -213,7 +213,8 @@ def test_selector_wide_heads(on_hopper, backend, name, d, dv, auto_takes_cute):
 @pytest.mark.parametrize("change, reason", [(dict(), ""), (dict(causal=True), ""),
                                             (dict(causal=True, equal_offsets=True), ""),
                                             (dict(window=(3, 0)), ""),
-                                            (dict(bias=(4, 300, 300)), "the CuTe varlen backward take a bias"),
+                                            (dict(bias=(4, 300, 300)),
+                                             "the CuTe varlen backward: a bias of one element only"),
                                             (dict(bias=()), ""),
                                             (dict(bias=(), bias_grad=True), "computes no bias gradient"),
                                             (dict(d=256), ""),

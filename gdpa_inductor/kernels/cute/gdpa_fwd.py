@@ -132,7 +132,7 @@ def score_offset_support(bias: torch.Tensor | None, kernel: str = "the CuTe kern
     attention's -log n, which the backend's rewrite passes as a 0-d tensor), which each activation form takes
     into its first product (``activation_math._scaled``). A bias that varies over the scores is not in them."""
     if bias is not None and bias.numel() != 1:
-        return False, f"{kernel} take a bias of one element only (got shape {tuple(bias.shape)})"
+        return False, f"{kernel}: a bias of one element only (got shape {tuple(bias.shape)})"
     return True, ""
 
 
