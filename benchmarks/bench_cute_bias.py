@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 from bench_cute_bwd import fresh_operands  # beside this file
 from bench_cute_head_dims import _fa4, fa4_providers
-from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, rel_err, warm_up_gpu
+from bench_gdpa import SETTLE_MS, plot_panels, rel_err, time_by_pass, warm_up_gpu
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
@@ -82,11 +82,7 @@ def timing(rows, batch, heads, d, act, settle_ms):
         fwd_flops = 4.0 * z * heads * nq * nk * d
         flops = dict(fwd=fwd_flops, bwd=2.5 * fwd_flops, fb=3.5 * fwd_flops)
         fns = providers(q, k, v, do, act, scale, post, bias, fa4)
-        for name, ms in median_over_rounds(fns, settle_ms=settle_ms, warmup=25, rep=100).items():
-            if ms is not None:
-                row[name] = flops[name.split("_")[1]] / ms * 1e-9
-        rows.append(row)
-        print({k_: (round(v_, 1) if isinstance(v_, float) else v_) for k_, v_ in row.items()}, flush=True)
+        rows.append(time_by_pass(row, fns, flops, settle_ms))
 
 
 PANELS = [
@@ -102,21 +98,8 @@ COLORS = {"CuTe, bias": "C0", "CuTe, no bias": "C9", "Triton, bias": "C1", "SDPA
 
 
 def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(PANELS), 1, figsize=(11, 10))
-    labels = [f"{r['nq']}x{r['nk']}" for r in rows]
-    for ax, (ylabel, provs) in zip(axes, PANELS):
-        bar_groups(ax, rows, provs, labels, COLORS, fontsize=8)
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8, ncol=len(provs))
-    axes[0].set_title(f"bf16 {meta['activation']}(S·s - log n), H={rows[0]['heads']}, D={rows[0]['d']}, "
-                      f"{meta['device']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    title = f"bf16 {meta['activation']}(S·s - log n), H={rows[0]['heads']}, D={rows[0]['d']}, {meta['device']}"
+    plot_panels(rows, PANELS, [f"{r['nq']}x{r['nk']}" for r in rows], COLORS, title, path)
 
 
 def main():

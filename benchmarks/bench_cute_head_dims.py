@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from bench_cute_bwd import fresh_operands  # beside this file
-from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, warm_up_gpu
+from bench_gdpa import SETTLE_MS, plot_panels, time_by_pass, warm_up_gpu
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import fwd_schedule, gdpa_fwd_cute
@@ -92,11 +92,7 @@ def timing(rows, batch, heads, act, head_dims, passes, settle_ms):
             row = dict(kind="time", d=d, dv=dv, z=z, heads=heads, nq=nq, nk=nk, pingpong=pingpong, split_store=split)
             # provider names read "<provider>_<pass>[_variant]"
             flops = dict(fwd=fwd_flops, bwd=bwd_flops, fb=fwd_flops + bwd_flops)
-            for name, ms in median_over_rounds(fns, settle_ms=settle_ms, warmup=25, rep=100).items():
-                if ms is not None:
-                    row[name] = flops[name.split("_")[1]] / ms * 1e-9
-            rows.append(row)
-            print({k_: (round(v_, 1) if isinstance(v_, float) else v_) for k_, v_ in row.items()}, flush=True)
+            rows.append(time_by_pass(row, fns, flops, settle_ms))
 
 
 PANELS = [
@@ -110,25 +106,8 @@ COLORS = {"CuTe": "C0", "Triton": "C1", "SDPA (softmax)": "C2", "FA4 (softmax)":
 
 
 def plot(rows, path):
-    """One panel per pass that was timed, grouped bars per (D, Dv, shape); a provider that did not run has no
-    bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(ylabel, providers) for ylabel, providers in PANELS
-              if any(key in r for r in rows for key, _ in providers)]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(15, 11 * len(panels) / 3), squeeze=False)
-    axes = axes[:, 0]
     labels = [f"{r['d']}/{r['dv']}\n{r['nq']}x{r['nk']}" for r in rows]
-    for ax, (ylabel, providers) in zip(axes, panels):
-        bar_groups(ax, rows, providers, labels, COLORS, fontsize=7)
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8, ncol=len(providers))
-    axes[0].set_title("bf16 gelu_tanh, H=4, D/Dv and q x kv")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plot_panels(rows, PANELS, labels, COLORS, "bf16 gelu_tanh, H=4, D/Dv and q x kv", path, width=15, fontsize=7)
 
 
 def main():

@@ -179,6 +179,36 @@ def bar_groups(ax, rows, providers, labels, colors=None, **tick_kw):
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, **tick_kw)
 
 
+def time_by_pass(row: dict, fns: dict[str, Callable], flops: dict[str, float], settle_ms: float) -> dict:
+    """Times ``fns`` (names "<provider>_<pass>[_variant]") by ``median_over_rounds`` and writes each one's TF/s
+    into ``row`` from ``flops`` of its pass; prints the row and returns it."""
+    for name, ms in median_over_rounds(fns, settle_ms=settle_ms, warmup=25, rep=100).items():
+        if ms is not None:
+            row[name] = flops[name.split("_")[1]] / ms * 1e-9
+    print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    return row
+
+
+def plot_panels(rows, panels, labels, colors, title: str, path: str, width: float = 11, fontsize: int = 8):
+    """One panel of grouped bars per (ylabel, [(key, label), ...]) of ``panels`` that has data in ``rows``, one
+    group per row (``labels``); a provider that did not run has no bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(ylabel, providers) for ylabel, providers in panels
+              if any(key in r for r in rows for key, _ in providers)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 11 * len(panels) / 3), squeeze=False)
+    for ax, (ylabel, providers) in zip(axes[:, 0], panels):
+        bar_groups(ax, rows, providers, labels, colors, fontsize=fontsize)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8, ncol=len(providers))
+    axes[0, 0].set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def plot(rows, meta, path):
     import matplotlib
 
