@@ -14,7 +14,6 @@ backend's rewrite passes sigmoid attention's -log n.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 import triton
 from bench_cute_bwd import fresh_operands  # beside this file
 from bench_cute_head_dims import _fa4, fa4_providers
-from bench_gdpa import SETTLE_MS, plot_panels, rel_err, time_by_pass, warm_up_gpu
+from bench_gdpa import cute_bench_parser, plot_panels, rel_err, time_by_pass, warm_up_gpu
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
@@ -103,14 +102,8 @@ def plot(rows, meta, path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=1152)
-    ap.add_argument("--heads", type=int, default=4)
+    ap = cute_bench_parser("sigmoid")
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--activation", default="sigmoid")
-    ap.add_argument("--settle-ms", type=float, default=SETTLE_MS, help="untimed run of each provider before its timing")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
     args = ap.parse_args()
     if args.plot_from:
         with open(args.plot_from) as f:

@@ -15,14 +15,13 @@ matmuls 2·N²·D and 2·N²·Dv, the backward's five 2·N²·(3D + 2Dv).
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 import torch.nn.functional as F
 import triton
 from bench_cute_bwd import fresh_operands  # beside this file
-from bench_gdpa import SETTLE_MS, plot_panels, time_by_pass, warm_up_gpu
+from bench_gdpa import cute_bench_parser, plot_panels, time_by_pass, warm_up_gpu
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import fwd_schedule, gdpa_fwd_cute
@@ -111,15 +110,9 @@ def plot(rows, path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=1152)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--activation", default="gelu_tanh")
+    ap = cute_bench_parser("gelu_tanh")
     ap.add_argument("--head-dims", default=",".join(f"{d}x{dv}" for d, dv in HEAD_DIMS), help="DxDv,...")
     ap.add_argument("--passes", default="fwd,bwd,fb", help="which of fwd, bwd, fb to time")
-    ap.add_argument("--settle-ms", type=float, default=SETTLE_MS, help="untimed run of each provider before its timing")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
     args = ap.parse_args()
     if args.plot_from:
         with open(args.plot_from) as f:

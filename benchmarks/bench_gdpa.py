@@ -179,6 +179,19 @@ def bar_groups(ax, rows, providers, labels, colors=None, **tick_kw):
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, **tick_kw)
 
 
+def cute_bench_parser(activation: str) -> argparse.ArgumentParser:
+    """The options the CuTe benchmarks share: batch, heads, activation (default ``activation``), settle time, output
+    prefix, and redrawing the plot of a recorded .json."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=1152)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--activation", default=activation)
+    ap.add_argument("--settle-ms", type=float, default=SETTLE_MS, help="untimed run of each provider before its timing")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
+    return ap
+
+
 def time_by_pass(row: dict, fns: dict[str, Callable], flops: dict[str, float], settle_ms: float) -> dict:
     """Times ``fns`` (names "<provider>_<pass>[_variant]") by ``median_over_rounds`` and writes each one's TF/s
     into ``row`` from ``flops`` of its pass; prints the row and returns it."""
