@@ -66,6 +66,9 @@ FWD_KINDS = {
     "fwd_causal_offset": dict(causal=True, score_offset=True),
     "fwd_varlen_offset": dict(varlen=True, score_offset=True),
     "fwd_varlen_band_offset": dict(varlen=True, band=True, score_offset=True),
+    "fwd_bias": dict(score_bias=True),
+    "fwd_exact_keys_bias": dict(mask_keys=False, score_bias=True),
+    "fwd_causal_bias": dict(causal=True, score_bias=True),
 }
 FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpong", 128, 128, "sigmoid"),
                      ("fwd_shared_store", 128, 128, "gelu_tanh"), ("fwd_shared_store", 128, 128, "relu"),
@@ -86,10 +89,20 @@ FWD_OFFSET_CASES = [("fwd_offset", 128, 128, "gelu_tanh"), ("fwd_offset", 128, 1
                     ("fwd_offset", 64, 64, "relu"), ("fwd_offset", 256, 256, "gelu_tanh"),
                     ("fwd_causal_offset", 128, 128, "gelu_tanh"), ("fwd_varlen_offset", 96, 128, "sigmoid"),
                     ("fwd_varlen_band_offset", 128, 128, "gelu_tanh")]
-FWD_CASES = [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES + FWD_OFFSET_CASES
+# a bias tensor read per score (``score_bias``): its dtype's loads, with the mask of keys past Nk and without, D=64,
+# wide heads, causal
+FWD_BIAS_CASES = [("fwd_bias", 128, 128, "gelu_tanh"), ("fwd_bias", 128, 128, "sigmoid"), ("fwd_bias", 64, 64, "relu"),
+                  ("fwd_bias", 256, 256, "gelu_tanh"), ("fwd_exact_keys_bias", 128, 128, "relu"),
+                  ("fwd_exact_keys_bias", 128, 128, "gelu_tanh"), ("fwd_causal_bias", 128, 128, "gelu_tanh")]
+FWD_CASES = ([("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES + FWD_OFFSET_CASES
+             + FWD_BIAS_CASES)
 # measured with cutlass-dsl 4.8.1: the band forward of relu spills 28 bytes (its own select per score beside the
 # band's, in every step); gelu_tanh, silu, sigmoid, gelu and hardswish do not
 FWD_SPILLING = {("fwd_varlen_band", 128, 128, "relu")}
+# and with a bias tensor at D = Dv = 128, where the first step of each query tile is masked (keys past Nk, or the
+# causal diagonal), 72-124 bytes: that step's predicated reads of the bias; the unmasked steps spill nothing
+FWD_SPILLING |= {("fwd_bias", 128, 128, "gelu_tanh"), ("fwd_bias", 128, 128, "sigmoid"),
+                 ("fwd_causal_bias", 128, 128, "gelu_tanh")}
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
 # measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (since the
 # dQ warp and the one-tile-late dQ, measured faster than the unspilled kernel before them); gelu_tanh and sigmoid
@@ -181,7 +194,8 @@ def test_cute_fwd_compiles_for_sm90a(case, reports):
     pingpong = FWD_KINDS[case[0]].get("pingpong", fwd_schedule(case[1], case[2])[0])
     assert (r["named_barrier_arrives"] > 0) == pingpong, r
     # fp16 and a bias take the fp32 forms
-    packed = case[0] != "fwd_fp16" and not case[0].endswith("_offset") and case[3] in PACKED_BF16_ACTIVATIONS
+    packed = (case[0] != "fwd_fp16" and not case[0].endswith(("_offset", "_bias"))
+              and case[3] in PACKED_BF16_ACTIVATIONS)
     assert (r["tanh_approx_bf16x2"] > 0) == packed and (r["fma_bf16x2"] > 0) == packed, r
     assert (r["tanh_approx"] > 0) == (case[3] in TANH_BASED and not packed), r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
@@ -320,6 +334,25 @@ def test_cute_score_offset_folds_into_the_first_product(case, reports):
     # the product factor · bias (sigmoid's bias / 2), common to all scores: at most once per place
     assert 0 <= r["mul_f32"] - (plain["mul_f32"] - folded) <= places, (r["mul_f32"], plain["mul_f32"])
     assert r["ld_global_32"] == plain["ld_global_32"] + (places if kind.startswith("fwd") else 1)
+    assert r["wgmma"] == plain["wgmma"]
+
+
+@pytest.mark.parametrize("case", FWD_BIAS_CASES, ids=str)
+def test_cute_score_bias_read_per_score(case, reports):
+    """A bias tensor costs each pair of neighbouring scores one 32-bit load of their values, at every place the
+    forward's activation is inlined (a CTA's first step, the key-tile loop, the step that crosses to the next query
+    tile), and folds into the first product as the one-element bias does (no FP32 add: an FMA a score); the matmuls
+    are those of the build without it."""
+    kind, d, dv, act = case
+    r = reports[case]
+    plain = reports[(kind.removesuffix("_bias") if kind != "fwd_bias" else "fwd", d, dv, act)]
+    reads = 3 * 128 * key_tile(d, dv) // 256
+    loads = r["ld_global_32"] - plain["ld_global_32"]
+    assert loads == reads // 2, (loads, reads)
+    # bf16 gelu_tanh's plain build runs the packed forms, whose FP32 ops are not comparable
+    plain_fp32 = act not in PACKED_BF16_ACTIVATIONS
+    assert r["add_f32"] <= plain["add_f32"] or not plain_fp32, (r["add_f32"], plain["add_f32"])
+    assert r["fma_f32"] - (plain["fma_f32"] if plain_fp32 else 0) >= reads, (r["fma_f32"], plain["fma_f32"])
     assert r["wgmma"] == plain["wgmma"]
 
 

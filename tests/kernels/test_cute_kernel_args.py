@@ -114,7 +114,7 @@ def test_dense_forward_call(launch):
     out = gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.125, 1.0, 0.01)
     tensors = stand_in.call_args[:4]
     assert [t.data_ptr() for t in tensors] == [x.data_ptr() for x in (q, k, v, out)]
-    assert stand_in.call_args[4:] == (0.125, 1.0, 0.01, 2 * 4 * 2, None, None, None, None, None)
+    assert stand_in.call_args[4:] == (0.125, 1.0, 0.01, 2 * 4 * 2, None, None, None, None, None, None)
     stand_in.check_on_compiled_kernel()
 
 
@@ -144,6 +144,25 @@ def test_dense_calls_with_a_one_element_bias(launch, bias):
     gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01, bias=bias)
     assert stand_in.call_args[10:14] == (None, None, None, None)
     assert stand_in.call_args[14].tolist() == [bias.item()]
+    stand_in.check_on_compiled_kernel()
+
+
+@pytest.mark.parametrize("bias", [torch.randn(2, 1, 200, 130, dtype=DTYPE), torch.randn(4, 200, 130, dtype=DTYPE),
+                                  torch.randn(200, 140, dtype=DTYPE)[:, 4:134]])
+def test_dense_forward_calls_with_a_bias_tensor(launch, bias):
+    """A bias tensor ends the forward's call after the one element's None, in place (a view) as int32 pairs of its
+    values in the kernel's (Nq, Nk / 2, Hb, Zb) mode order, leading dims it lacks of one, and the build with a bias
+    tensor takes it."""
+    q, k, v = _randn(2, 4, 200, D), _randn(2, 4, 130, D), _randn(2, 4, 130, D)
+    stand_in = launch(gdpa_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.125, 1.0, 0.01, bias=bias.reshape((1,) * (4 - bias.dim()) + bias.shape))
+    assert stand_in.call_args[8:13] == (None, None, None, None, None)
+    pairs = stand_in.call_args[13]
+    leading = (1,) * (4 - bias.dim()) + tuple(bias.shape[:-2])
+    assert pairs.shape == (200, 65, leading[1], leading[0]) and pairs.dtype == torch.int32
+    assert pairs.data_ptr() == bias.data_ptr() and pairs.stride()[:2] == (bias.stride(-2) // 2, 1)
+    assert torch.equal(pairs[:, :, 0, 0].contiguous().view(DTYPE), bias.reshape(-1, 200, 130)[0])
+    assert stand_in.compile_args[1]["score_bias"]
     stand_in.check_on_compiled_kernel()
 
 
@@ -206,7 +225,7 @@ def test_varlen_band_calls(launch):
     out = torch.empty(qs.tensor.shape[0], 4, D, dtype=DTYPE)
     varlen_fwd.gdpa_varlen_fwd_cute(qs, ks, v, SimpleNamespace(tensor=out), order, ACT, 0.125, 1.0, 0.01,
                                     causal=True, band=(300, 0))
-    assert stand_in.call_args[10:] == (300, 0, None)
+    assert stand_in.call_args[10:] == (300, 0, None, None)
     stand_in.check_on_compiled_kernel()
     stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
     dout = _randn(qs.tensor.shape[0], 4, D)

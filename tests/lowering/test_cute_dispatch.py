@@ -80,8 +80,18 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
     "change, reason",
     [
         (dict(), ""),
-        (dict(bias=(64, 80)), "a bias of one element only (got shape (64, 80))"),
-        (dict(bias=(4, 1, 1)), "a bias of one element only"),
+        (dict(bias=(64, 80)), ""),
+        (dict(bias=(2, 1, 64, 80)), ""),
+        (dict(bias=(4, 64, 80)), ""),
+        (dict(bias=(2, 4, 64, 80), causal=True), "non-negative multiple"),
+        (dict(bias=(2, 4, 80, 80), causal=True, nq=80, nk=80), ""),
+        (dict(bias=(4, 1, 1)), "a bias of one element or one over the scores' rows and columns, its last two dims "
+                               "(Nq, Nk) = (64, 80) (got (1, 1))"),
+        (dict(bias=(2, 1, 1, 80)), "(Nq, Nk) = (64, 80) (got (1, 80))"),
+        (dict(bias=(3, 1, 64, 80)), "does not broadcast to the scores' (2, 4, 64, 80)"),
+        (dict(bias=(64, 80), bias_dtype=torch.float32), "a bias in the operands' dtype torch.bfloat16"),
+        (dict(bias=(64, 80), transpose_bias=True), "a bias's values in pairs: its last dim contiguous"),
+        (dict(bias=(64, 81), nk=81), "Nk and its other strides even"),
         (dict(bias=()), ""),
         (dict(bias=(1, 1, 1, 1)), ""),
         (dict(bias=(), causal=True, nq=80, nk=80), ""),
@@ -111,7 +121,9 @@ def test_support_reasons(monkeypatch, change, reason):
         q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
     if change.get("broadcast_q"):
         q = q[:1]
-    bias = torch.randn(change["bias"], dtype=q.dtype) if "bias" in change else None
+    bias = torch.randn(change["bias"], dtype=change.get("bias_dtype", q.dtype)) if "bias" in change else None
+    if change.get("transpose_bias"):
+        bias = bias.mT.contiguous().mT
     ok, why = cute_fwd.cute_fwd_support(q, k, v, bias, change.get("causal", False), change.get("activation", "silu"))
     assert ok == (reason == "")
     assert reason in why
@@ -122,13 +134,15 @@ def test_support_reasons(monkeypatch, change, reason):
     ((), False, "cute", "cute"),
     ((1, 1, 1), False, "cute", "cute"),
     ((), True, "cute", "reference"),
-    ((64, 80), False, "reference", "reference"),
+    ((64, 80), False, "cute", "reference"),
+    ((2, 1, 64, 80), True, "cute", "reference"),
 ])
 def test_one_element_bias_takes_cute_without_its_gradient(monkeypatch, backend, bias_shape, bias_grad, forward,
                                                           backward):
     """A one-element bias (sigmoid attention's -log n, a 0-d tensor after the backend's rewrite) runs on the CuTe
     kernels, added to each score in the activation's first product; the backward not where the bias's gradient
-    is wanted (the CuTe backward computes none); otherwise the usual choice (the reference on CPU tensors)."""
+    is wanted (the CuTe backward computes none); otherwise the usual choice (the reference on CPU tensors). A bias
+    tensor runs on the CuTe forward only (the CuTe backward reads one element)."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend("auto")
@@ -138,7 +152,9 @@ def test_one_element_bias_takes_cute_without_its_gradient(monkeypatch, backend, 
     assert select_backward_impl(q, k, v, bias, False, "sigmoid", bias_grad) == backward
     ok, why = cute_bwd.cute_bwd_support(q, k, v, bias, False, "sigmoid", bias_grad)
     assert ok == (backward == "cute")
-    if bias_grad and forward == "cute":
+    if bias.numel() > 1:
+        assert why == f"the CuTe backward: a bias of one element only (got shape {bias_shape})"
+    elif bias_grad:
         assert why == "the CuTe backward computes no bias gradient"
 
 

@@ -11,7 +11,7 @@ import torch
 
 from ..triton.gdpa_fwd_tma import tma_layout
 from .compile_cache import cached_compile
-from .gdpa_fwd import _as_4d, cute_fwd_support, fwd_supported
+from .gdpa_fwd import _as_4d, cute_fwd_support, fwd_supported, score_offset_support
 from .kernel_args import compile_options, dense_modes, fake_offset, fake_operands, fake_rows, fake_stream, offset_args
 
 # Up to this many key tiles (128 keys; 64 in the wide-head kernel), dQ tiles are added straight into dQ in the
@@ -57,12 +57,18 @@ def without_bias_grad(check: tuple[bool, str], bias_grad: bool) -> tuple[bool, s
     return check
 
 
+def _one_element_bias(check: tuple[bool, str], bias) -> tuple[bool, str]:
+    """A forward support check's (ok, reason), narrowed to the backward's biases: one element only (the forward
+    also reads a bias tensor)."""
+    return score_offset_support(bias, "the CuTe backward") if check[0] else check
+
+
 def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
                   bias_grad: bool = False):
     """(ok, reason) for the CuTe backward on [Z, H, N, D] operands: the forward's cases at the backward's head
     dims, without a bias gradient (``bias_grad``: whether the call wants one)."""
     check = _within_bwd_head_dims(fwd_supported(q, k, v, bias, causal, activation), q, v)
-    return without_bias_grad(check, bias_grad)
+    return without_bias_grad(_one_element_bias(check, bias), bias_grad)
 
 
 def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
@@ -71,7 +77,7 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
     causal mask and one-element bias included (``causal_support``, ``score_offset_support``), at the backward's
     head dims, without a bias gradient."""
     check = _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation), q, v)
-    return without_bias_grad(check, bias_grad)
+    return without_bias_grad(_one_element_bias(check, bias), bias_grad)
 
 
 def compile_bwd(

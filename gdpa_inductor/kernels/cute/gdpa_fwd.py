@@ -25,6 +25,7 @@ from .kernel_args import (
     fake_offset,
     fake_operands,
     fake_rows,
+    fake_score_bias,
     fake_stream,
     offset_args,
 )
@@ -107,8 +108,12 @@ def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting)."""
     if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
         return False, "operands need [..., H, N, D]"
-    (q4, k4, v4), _ = _as_4d(q, k, v)
-    return fwd_supported(q4, k4, v4, bias, causal, activation)
+    (q4, k4, v4), batch = _as_4d(q, k, v)
+    if bias is not None and bias.numel() != 1:
+        scores = (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
+        if bias.dim() > len(scores) or any(n not in (1, m) for n, m in zip(bias.shape[::-1], scores[::-1])):
+            return False, f"a bias of shape {tuple(bias.shape)} does not broadcast to the scores' {scores}"
+    return fwd_supported(q4, k4, v4, _bias_4d(bias, batch), causal, activation)
 
 
 def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
@@ -117,7 +122,7 @@ def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
-    ok, reason = score_offset_support(bias)
+    ok, reason = score_bias_support(bias, q, k)
     if not ok:
         return ok, reason
     if causal:
@@ -134,6 +139,39 @@ def score_offset_support(bias: torch.Tensor | None, kernel: str = "the CuTe kern
     if bias is not None and bias.numel() != 1:
         return False, f"{kernel}: a bias of one element only (got shape {tuple(bias.shape)})"
     return True, ""
+
+
+def score_bias_support(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, str]:
+    """(ok, reason) for a bias in the CuTe forward ([Z, H, N, D] operands): one element (``score_offset_support``),
+    or a tensor over every score's row and column in q's dtype, [Zb, Hb, Nq, Nk] or fewer leading dims, Zb 1 or Z,
+    Hb 1 or H, read two neighbouring columns at a time (``score_bias_modes``): its last dim contiguous, Nk and its
+    other strides even, 4-byte aligned. Biases broadcast over rows or columns (a key-padding bias) are not in it."""
+    if bias is None or bias.numel() == 1:
+        return True, ""
+    z, h, nq = q.shape[:3]
+    nk = k.shape[2]
+    if bias.dtype != q.dtype:
+        return False, f"the CuTe forward reads a bias in the operands' dtype {q.dtype} (got {bias.dtype})"
+    if tuple(bias.shape[-2:]) != (nq, nk):
+        return False, (f"the CuTe forward takes a bias of one element or one over the scores' rows and columns, its "
+                       f"last two dims (Nq, Nk) = ({nq}, {nk}) (got {tuple(bias.shape[-2:])})")
+    leading = (1,) * (4 - bias.dim()) + tuple(bias.shape[:-2])
+    if bias.dim() > 4 or leading[0] not in (1, z) or leading[1] not in (1, h):
+        return False, f"the CuTe forward takes a bias's leading dims [1 or {z}, 1 or {h}] (got {leading})"
+    strides = [s for n, s in zip(bias.shape[:-1], bias.stride()[:-1]) if n > 1]
+    if bias.stride(-1) != 1 or nk % 2 or any(s % 2 for s in strides) or bias.data_ptr() % 4:
+        return False, ("the CuTe forward reads a bias's values in pairs: its last dim contiguous, Nk and its other "
+                       f"strides even, 4-byte aligned (got Nk={nk}, strides {bias.stride()})")
+    return True, ""
+
+
+def score_bias_modes(bias: torch.Tensor) -> torch.Tensor:
+    """A bias ``score_bias_support`` takes -> its values' pairs as int32 in the forward's (Nq, Nk / 2, Hb, Zb) mode
+    order (a view)."""
+    b = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    # torch's dtype view wants every stride even, size-1 dims' too (never stepped along: any even one does)
+    b = torch.as_strided(b, b.shape, [s if n > 1 else 2 for n, s in zip(b.shape[:-1], b.stride()[:-1])] + [1])
+    return dense_modes(b.view(torch.int32))
 
 
 def causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
@@ -173,7 +211,7 @@ def compile_fwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     pingpong: bool | None = None, split_store: bool | None = None, mask_keys: bool = True,
     head_dim_v: int | None = None, varlen: bool = False, causal: bool = False, band: bool = False,
-    score_offset: bool = False,
+    score_offset: bool = False, score_bias: bool = False,
 ):
     """The compiled forward for (dtype, head dims, activation, schedule, masking), compiled once and cached in
     memory and on disk (``compile_cache``): its sizes and strides are runtime values, so every shape reuses it.
@@ -186,7 +224,8 @@ def compile_fwd(
     always masked). ``causal``: the bottom-right aligned causal mask (``causal_support``'s cases; it also masks
     the keys past Nk, so ``mask_keys`` is dropped). ``band`` (varlen): the mask of a band around each sample's
     diagonal, its bounds the call's arguments after the rows. ``score_offset``: a one-element bias, the call's
-    last argument (after Nones for the varlen and band arguments it lacks; ``GdpaFwdSm90``)."""
+    last argument (after Nones for the varlen and band arguments it lacks; ``GdpaFwdSm90``). ``score_bias``: a
+    bias tensor (``score_bias_support``, dense only), the call's argument after the one element's."""
     if band and not varlen:
         raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -202,6 +241,8 @@ def compile_fwd(
         key = (*key, "band")
     if score_offset:
         key = (*key, "offset")
+    if score_bias:
+        key = (*key, "bias")
 
     def build():
         import cutlass
@@ -216,13 +257,16 @@ def compile_fwd(
         extra += [cutlass.Int32(1), cutlass.Int32(1)] if band else []
         if score_offset:
             extra += [None] * (4 - len(extra)) + [fake_offset()]
+        if score_bias:
+            extra += [None] * (5 - len(extra)) + [fake_score_bias()]
         one = cutlass.Float32(1.0)
         # with a bias, the fp32 forms: the packed ones round x = S + bias / scale to bf16 and compute 1 + tanh(u) in
         # bf16, which cancels where a negative bias moves the scores (gelu_tanh at bias -1.5: 2.2x eager's error)
-        form = activation_math.forward_form(activation, element is cutlass.BFloat16 and not score_offset)
+        form = activation_math.forward_form(
+            activation, element is cutlass.BFloat16 and not (score_offset or score_bias))
         kernel = GdpaFwdSm90(
             element, head_dim, head_dim_v, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys,
-            varlen=varlen, causal=causal, band=band, score_offset=score_offset,
+            varlen=varlen, causal=causal, band=band, score_offset=score_offset, score_bias=score_bias,
             **wide_head_tiles(head_dim, head_dim_v),
         )
         return cute.compile(
@@ -258,25 +302,39 @@ def gdpa_fwd_cute(
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv] (checked by ``fwd_supported``) -> out
     [Z, H, Nq, Dv]. ``pingpong`` and ``split_store`` override ``fwd_schedule`` (benchmarks, tests). ``out``: a
     tensor of that shape and q's dtype to write (TMA's layout rules, as for q), else a new one. ``causal``: the
-    bottom-right aligned causal mask. ``bias``: one element (any float dtype), added to every score."""
+    bottom-right aligned causal mask. ``bias``: one element (any float dtype), added to every score, or a tensor
+    ``score_bias_support`` takes (in its 4-D form: leading dims of 1 or Z and of 1 or H), added to each."""
     if out is None:
         out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     if k.shape[2] == 0:
         return out.zero_()
+    tensor_bias = bias if bias is not None and bias.numel() != 1 else None
+    offset = bias if tensor_bias is None else None
     fn = compile_fwd(q.dtype, q.shape[-1], activation, pingpong=pingpong, split_store=split_store,
                      mask_keys=k.shape[2] % key_tile(q.shape[-1], v.shape[-1]) != 0, head_dim_v=v.shape[-1],
-                     causal=causal, score_offset=bias is not None)
+                     causal=causal, score_offset=offset is not None, score_bias=tensor_bias is not None)
     num_m = -(-q.shape[2] // 128)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     num_ctas = persistent_grid(num_m * q.shape[1] * q.shape[0], sms, num_m, causal)
-    # no rows, no query-tile count, no band: a dense batch (a function loaded from the disk cache fills in no
-    # defaults)
+    # no rows, no query-tile count, no band: a dense batch; then the one-element bias or the bias tensor, or None
+    # (a function loaded from the disk cache fills in no defaults)
     fn(*(dense_modes(t) for t in (q, k, v, out)), scale, post_scale, negative_slope, num_ctas, None, None, None,
-       None, *offset_args(bias))
+       None, *offset_args(offset), None if tensor_bias is None else score_bias_modes(tensor_bias))
     return out
 
+
+
+def _bias_4d(bias: torch.Tensor | None, batch: tuple) -> torch.Tensor | None:
+    """The op's bias ([..., Hb, Nq, Nk] broadcasting to [*batch, H, Nq, Nk]) with its batch dims flattened as
+    the operands' (``as_4d``): Zb is 1 where it broadcasts over the whole batch; one element stays as it is."""
+    if bias is None or bias.numel() == 1:
+        return bias
+    b = bias.reshape((1,) * (len(batch) + 3 - bias.dim()) + tuple(bias.shape))
+    if all(n == 1 for n in b.shape[:-3]):
+        return b.reshape(1, *b.shape[-3:])
+    return as_4d(b, batch)
 
 
 def gdpa_fwd_cute_batched(q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
@@ -284,5 +342,6 @@ def gdpa_fwd_cute_batched(q, k, v, activation: str, scale: float, post_scale: fl
     """The op's forward on the CuTe kernel: [..., H, N, D] operands (``cute_fwd_support`` checked) ->
     [*batch, H, Nq, Dv]."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
-    out = gdpa_fwd_cute(q4, k4, v4, activation, scale, post_scale, negative_slope, causal=causal, bias=bias)
+    out = gdpa_fwd_cute(q4, k4, v4, activation, scale, post_scale, negative_slope, causal=causal,
+                        bias=_bias_4d(bias, batch))
     return out.view(*batch, *out.shape[1:])

@@ -80,7 +80,7 @@ class GdpaFwdSm90:
         self, dtype, head_dim: int, head_dim_v: int, activation: Callable | PackedForm, tile_n: int = 128,
         kv_stages: int = 2, pingpong: bool = True, split_store: bool = False, mask_keys: bool = True,
         q_stages: int = 2, o_from_registers: bool = False, varlen: bool = False, causal: bool = False,
-        band: bool = False, score_offset: bool = False,
+        band: bool = False, score_offset: bool = False, score_bias: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -123,6 +123,12 @@ class GdpaFwdSm90:
         # 1 + tanh(u) where a negative bias moves the scores: the launcher gives a bias the fp32 forms)
         assert not (score_offset and self.packed), "a bias: the fp32 forms"
         self.score_offset = score_offset
+        # a bias over the scores' rows and columns (relative-position or ALiBi-like, one per head and sample or
+        # broadcast over either), in the operands' dtype: each thread reads its own scores' values from global
+        # memory, two to a 32-bit load, a step ahead (``_load_bias``), and the fp32 forms take each into their
+        # first product as the one-element bias
+        assert not (score_bias and (self.packed or score_offset or varlen)), "a bias tensor: dense, fp32 forms"
+        self.score_bias = score_bias
         # whether a query tile's first step is masked (and so comes first: ``_key_tile_at``)
         self.masks_first_step = mask_keys or causal or band
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
@@ -151,6 +157,7 @@ class GdpaFwdSm90:
         band_left: cutlass.Int32 | None = None,
         band_right: cutlass.Int32 | None = None,
         offset: cute.Tensor | None = None,
+        mBias: cute.Tensor | None = None,
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, Hkv, Z); mV: (Nk, Dv, Hkv, Z); mO: (Nq, Dv, H, Z); D, Dv contiguous.
         ``num_ctas``: the persistent grid (at most the number of tiles; one CTA per SM fits).
@@ -158,7 +165,8 @@ class GdpaFwdSm90:
         count, first key row, key count, and the sample's index z; each side's Z is 1 (jagged rows) or B (a
         dense side: rows counted within sample z's own block; 1 for a block all samples share). ``num_m``:
         query tiles of the longest sample. ``band_left``, ``band_right``: the band's bounds (``band``). ``offset``: the
-        one-element bias (``score_offset``) in fp32."""
+        one-element bias (``score_offset``) in fp32. ``mBias``: the bias tensor (``score_bias``), its 16-bit values
+        seen as int32 pairs: (Nq, Nk / 2, Hb, Zb) with the pairs contiguous, Hb 1 or H, Zb 1 or Z."""
         # V as (Dv, N, Hkv, Z): the B operand of P·V, contiguous along its N mode (Dv)
         v = cute.make_tensor(
             mV.iterator,
@@ -214,7 +222,7 @@ class GdpaFwdSm90:
         self.kernel(
             tma_q, tq, tma_k, tk, tma_v, tv, tma_o, o if self.o_from_registers else to,
             scale, post_scale, slope, q_smem, k_smem, v_smem, o_smem, num_m, q.shape[2], q.shape[2] // k.shape[2],
-            rows, band_left, band_right, offset,
+            rows, band_left, band_right, offset, mBias,
         ).launch(
             grid=[num_ctas, 1, 1],
             block=[self.threads, 1, 1],
@@ -248,6 +256,7 @@ class GdpaFwdSm90:
         band_left: cutlass.Int32 | None,
         band_right: cutlass.Int32 | None,
         offset: cute.Tensor | None,
+        mBias: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -344,6 +353,10 @@ class GdpaFwdSm90:
             r_p = operand_a_like(acc_s, pv_mma, self.dtype)
             # packed forms: x and tanh(u) per pair of scores, held until P_j V_j has read P_j
             pairs = cute.make_rmem_tensor((cute.size(acc_s) // 2, 2), cutlass.Int32)
+            # a bias tensor: the next step's values, two to a register, read before its matmuls are issued
+            bias_regs = None
+            if cutlass.const_expr(self.score_bias):
+                bias_regs = cute.make_rmem_tensor((cute.size(acc_s) // 2,), cutlass.Int32)
 
             first = self._next_busy(bidx, work)
             if self._has_work(first, num_tiles):
@@ -366,7 +379,9 @@ class GdpaFwdSm90:
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 k_handle.release()
-                self._activate(acc_s, pairs, tScS, self._first_limit(first, work), scale, slope, consts, offset)
+                self._load_bias(bias_regs, mBias, tScS, first, 0, work, self.masks_first_step)
+                self._activate(acc_s, pairs, tScS, self._first_limit(first, work), scale, slope, consts, offset,
+                               bias_regs)
                 self._write_p(acc_s, pairs, r_p)
                 for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
                     m_blk, h, _, z, q0, nq_z, _, nk_z = self._work(tile, work)
@@ -386,7 +401,8 @@ class GdpaFwdSm90:
                             warpgroup.wait_group(1)
                             k_handle.release()
                             limit = self._step_limit(m_blk, first_kt + j + 1, nq_z, nk_z, work)
-                            self._activate(acc_s, pairs, tScS, limit, scale, slope, consts, offset)
+                            self._load_bias(bias_regs, mBias, tScS, tile, j + 1, work, self.band)
+                            self._activate(acc_s, pairs, tScS, limit, scale, slope, consts, offset, bias_regs)
                             warpgroup.wait_group(0)
                             v_handle.release()
                             self._write_p(acc_s, pairs, r_p)
@@ -407,8 +423,9 @@ class GdpaFwdSm90:
                         warpgroup.wait_group(1)
                         if has_next:
                             k_handle.release()
+                        self._load_bias(bias_regs, mBias, tScS, following, 0, work, self.masks_first_step)
                         self._activate(acc_s, pairs, tScS, self._first_limit(following, work), scale, slope, consts,
-                                       offset)
+                                       offset, bias_regs)
                         warpgroup.wait_group(0)
                         v_handle.release()
                         self._write_p(acc_s, pairs, r_p)
@@ -647,7 +664,31 @@ class GdpaFwdSm90:
         return v_consumer, v_handle
 
     @cute.jit
-    def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts, offset):
+    def _load_bias(self, bias_regs, mBias, tScS, tile: cutlass.Int32, step: cutlass.Int32, work: tuple, masked: bool):
+        """Reads the bias tensor's values of step ``step`` of tile ``tile`` into ``bias_regs``, two neighbouring
+        columns to a register (``mBias`` holds the 16-bit values' pairs; a tile index past the last reads the last
+        tile: that step's scores are computed, never used). Issued before the step's matmuls, so the reads' latency
+        runs under them. Rows past Nq read the last row's (their O is never stored); on a masked step (``masked``)
+        pairs past Nk read nothing (their P is 0): every read is in range. Nothing without ``score_bias``."""
+        if cutlass.const_expr(self.score_bias):
+            num_tiles, nk = work[0], work[7]
+            m_blk, h, _, z, _, nq_z, _, nk_z = self._work(cutlass.min(tile, num_tiles - 1), work)
+            first_kt, n_tiles_z = self._key_tiles(cute.ceil_div(nk, self.tile_n), nk_z, m_blk, nq_z, work)
+            row0 = m_blk * self.tile_m
+            col0 = self._key_tile_at(step, n_tiles_z, first_kt) * self.tile_n
+            pairs = mBias[None, None, h % mBias.shape[2], z % mBias.shape[3]]
+            for i in cutlass.range_constexpr(cute.size(bias_regs)):
+                coord = tScS[2 * i]
+                row, col = cutlass.min(row0 + coord[0], nq_z - 1), col0 + coord[1]
+                if cutlass.const_expr(masked):
+                    bias_regs[i] = cutlass.Int32(0)
+                    if col < nk_z:
+                        bias_regs[i] = pairs[row, col // 2]
+                else:
+                    bias_regs[i] = pairs[row, col // 2]
+
+    @cute.jit
+    def _activate(self, acc_s, pairs, tScS, limit, scale, slope, consts, offset, bias_regs):
         """P = act(scale · S): in place for an fp32 form; for a packed form, per pair of scores x in bf16x2 and
         tanh(u(x)) into ``pairs`` (``_write_p`` finishes P). With ``mask_keys``, columns at or past ``limit``
         (keys past Nk; None: a full key tile, no select) give P = 0, by a select per score (an ``if`` would
@@ -655,7 +696,8 @@ class GdpaFwdSm90:
         wgmma of the kernel); a packed form selects its input, as its act(0) = 0. With ``causal`` the first step's
         mask is the diagonal tile's instead (``_kept``). ``offset``: the one-element bias (``score_offset``, fp32 forms
         only), added in each form's first product (masked scores still give P = 0); read here at each step, not
-        held across the loop, where it made the band forward spill."""
+        held across the loop, where it made the band forward spill. ``bias_regs``: the step's values of the bias
+        tensor (``score_bias``, ``_load_bias``), each in its score's first product like the one element."""
         if cutlass.const_expr(self.packed):
             for i in cutlass.range_constexpr(cute.size(acc_s) // 2):
                 x0, x1 = acc_s[2 * i], acc_s[2 * i + 1]
@@ -669,9 +711,15 @@ class GdpaFwdSm90:
             bias = None
             if cutlass.const_expr(self.score_offset):
                 bias = offset[0]
+            masked = self.masks_first_step and limit is not None
+            values = None
+            if cutlass.const_expr(self.score_bias):
+                values = cute.recast_tensor(bias_regs, self.dtype)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
+                if cutlass.const_expr(self.score_bias):
+                    bias = cutlass.Float32(values[i])
                 p = self.activation(acc_s[i], scale, slope, bias)
-                if cutlass.const_expr(self.masks_first_step and limit is not None):
+                if cutlass.const_expr(masked):
                     p = p if self._kept(tScS[i], limit) else cutlass.Float32(0.0)
                 acc_s[i] = p
 

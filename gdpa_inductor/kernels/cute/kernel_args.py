@@ -52,6 +52,19 @@ def fake_offset():
     return make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
 
 
+def fake_score_bias():
+    """A fake bias tensor of a call with one (``GdpaFwdSm90``'s ``score_bias``): its 16-bit values' pairs as int32 in
+    the (Nq, Nk / 2, Hb, Zb) mode order, every size and stride dynamic but the pairs' unit stride."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(
+        cutlass.Int32, tuple(cute.sym_int() for _ in range(4)),
+        stride=(cute.sym_int(), 1, cute.sym_int(), cute.sym_int()), assumed_align=4,
+    )
+
+
 def fake_stream():
     """The stream argument: taken at each call from the current torch stream of the tensors' device."""
     from cutlass.cute.runtime import make_fake_stream

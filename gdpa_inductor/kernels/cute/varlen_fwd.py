@@ -128,5 +128,5 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
     # 0.8%, measured 2%)
     num_ctas = persistent_grid(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count, num_m, True)
     fn(*(row_modes(t) for t in (q, k, v, o)), scale, post_scale, negative_slope, num_ctas, rows, num_m,
-       *(band or (None, None)), *offset_args(bias))
+       *(band or (None, None)), *offset_args(bias), None)  # no bias tensor in a varlen batch
     return o

@@ -1,0 +1,121 @@
+"""A bias tensor over the scores (HSTU's relative bias, one [Nq, Nk] per sample shared by the heads, by default) on
+the CuTe-DSL Hopper forward against what ran it before (the Triton kernels), the CuTe forward without the bias, and
+softmax attention with the same bias as its additive mask (SDPA) and without one (flash-attn-4 where staged); one
+process, same shapes, bf16 (GPU only; cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh). The backward with
+a bias tensor is Triton's ("auto" runs the CuTe forward and the Triton backward: the "CuTe fwd + Triton bwd" column).
+
+Per shape: each GDPA provider's output checked against float64 at two samples first (relative error, printed),
+then the forward and forward+backward timed: each provider's do_bench median in three rounds of rotated order, each
+provider first running untimed for 300 ms (``median_over_rounds``).
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bias_tensor.py --out results/cute_bias_tensor
+    python3 benchmarks/bench_cute_bias_tensor.py --plot-from results/cute_bias_tensor.json --out results/x
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.nn.functional as F
+import triton
+from bench_cute_bwd import fresh_operands  # beside this file
+from bench_cute_head_dims import _fa4, fa4_providers
+from bench_gdpa import cute_bench_parser, plot_panels, rel_err, time_by_pass, warm_up_gpu
+
+from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
+from gdpa_inductor.kernels.reference import gdpa_reference
+from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
+from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
+
+SHAPES = [(512, 512), (1024, 1024), (2048, 2048), (2048, 256)]
+# the bias's leading dims: one [Nq, Nk] per sample shared by the heads (HSTU), per head shared by the samples
+# (ALiBi-like), or per both
+BIAS_KINDS = {"sample": lambda z, h: (z, 1), "head": lambda z, h: (1, h), "both": lambda z, h: (z, h)}
+
+
+def providers(q, k, v, do, act, scale, post, bias, fa4):
+    """name -> callable; names read "<provider>_<pass>[_variant]"."""
+    qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def sdpa_fb():
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias, scale=scale)
+        torch.autograd.grad(o, (qt, kt, vt), do)
+
+    fns = {
+        "cute_fwd": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias),
+        "cute_fwd_nobias": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
+        "triton_fwd": lambda: gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01),
+        "sdpa_fwd": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale),
+        "cute_fb": lambda: (gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias),
+                            gdpa_bwd_triton(do, q, k, v, bias, act, scale, post, False, 0.01, False)),
+        "triton_fb": lambda: (gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01),
+                              gdpa_bwd_triton(do, q, k, v, bias, act, scale, post, False, 0.01, False)),
+        "sdpa_fb": sdpa_fb,
+    }
+    return fns | fa4_providers(fa4, q, k, v, do, scale)
+
+
+def check(q, k, v, act, scale, post, bias):
+    """Relative errors against float64 of both GDPA forwards, on two samples."""
+    q, k, v = (t[:2] for t in (q, k, v))
+    bias = bias[:2] if bias.shape[0] > 1 else bias
+    ref = gdpa_reference(q.double(), k.double(), v.double(), bias.double(), act, scale, post)
+    return dict(cute=rel_err(gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias), ref),
+                triton=rel_err(gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01), ref))
+
+
+def timing(rows, batch, heads, d, act, kind, settle_ms):
+    fa4 = _fa4()
+    for nq, nk in SHAPES:
+        q = k = v = do = bias = fns = None
+        z, q, k, v, do = fresh_operands(batch, heads, nq, nk, d, d)
+        bias = torch.randn(*BIAS_KINDS[kind](z, heads), nq, nk, device="cuda", dtype=torch.bfloat16)
+        scale, post = d**-0.5, 1.0 / nk
+        row = dict(kind="time", d=d, z=z, heads=heads, nq=nq, nk=nk, bias=kind,
+                   errors=check(q, k, v, act, scale, post, bias))
+        fwd_flops = 4.0 * z * heads * nq * nk * d
+        flops = dict(fwd=fwd_flops, fb=3.5 * fwd_flops)
+        fns = providers(q, k, v, do, act, scale, post, bias, fa4)
+        rows.append(time_by_pass(row, fns, flops, settle_ms))
+
+
+PANELS = [
+    ("forward TF/s", [("cute_fwd", "CuTe, bias"), ("cute_fwd_nobias", "CuTe, no bias"), ("triton_fwd", "Triton, bias"),
+                      ("sdpa_fwd", "SDPA (softmax), bias"), ("fa4_fwd", "FA4 (softmax), no bias")]),
+    ("forward+backward TF/s", [("cute_fb", "CuTe fwd + Triton bwd, bias"), ("triton_fb", "Triton, bias"),
+                               ("sdpa_fb", "SDPA (softmax), bias"), ("fa4_fb", "FA4 (softmax), no bias")]),
+]
+COLORS = {"CuTe, bias": "C0", "CuTe fwd + Triton bwd, bias": "C0", "CuTe, no bias": "C9", "Triton, bias": "C1",
+          "SDPA (softmax), bias": "C2", "FA4 (softmax), no bias": "C3"}
+
+
+def plot(rows, meta, path):
+    title = (f"bf16 {meta['activation']}(S·s + bias) / N, bias per {rows[0]['bias']}, H={rows[0]['heads']}, "
+             f"D={rows[0]['d']}, {meta['device']}")
+    plot_panels(rows, PANELS, [f"{r['nq']}x{r['nk']}" for r in rows], COLORS, title, path)
+
+
+def main():
+    ap = cute_bench_parser("silu")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--bias", choices=sorted(BIAS_KINDS), default="sample")
+    args = ap.parse_args()
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            data = json.load(f)
+        plot(data["rows"], data, (args.out or args.plot_from.removesuffix(".json")) + ".png")
+        return
+    rows = []
+    warm_up_gpu(3.0)
+    timing(rows, args.batch, args.heads, args.head_dim, args.activation, args.bias, args.settle_ms)
+    if args.out:
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    activation=args.activation)
+        with open(args.out + ".json", "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+        plot(rows, meta, args.out + ".png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""GPU correctness of the CuTe-DSL Hopper forward with a bias tensor over the scores (relative-position, ALiBi-like;
+skipped without an sm_90 GPU and nvidia-cutlass-dsl): under "auto" the forward runs on the CuTe kernel and the
+backward on Triton's (the CuTe backward reads one-element biases only); the output and dq, dk, dv (and dbias where
+the bias wants it) against float64, each within 2x eager's own error, over biases per sample, per head, per both or
+shared, in bf16 and fp16, ragged and exact key counts, the causal mask, GQA, D = 64 to 256, a bias that is a
+strided view; non-finite bias values give eager's NaN/Inf pattern."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gdpa_inductor
+from gdpa_inductor import gdpa
+from gdpa_inductor.kernels.reference import gdpa_reference, gdpa_reference_backward
+from gdpa_inductor.lowering import dispatch
+
+from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, bwd_inputs, rel_error
+from .test_cute_bias_cuda import eager_biased
+
+pytestmark = NEEDS_CUTE
+
+# (dtype, activation, Z, H, Hkv, Nq, Nk, D, Dv, the bias's leading dims ("z" Z, "h" H, "1" one), causal)
+CASES = [
+    ("bf16", "silu", 2, 4, 4, 300, 300, 128, 128, "z1", False),
+    ("bf16", "gelu_tanh", 2, 4, 4, 257, 384, 128, 128, "h", False),
+    ("bf16", "sigmoid", 2, 8, 2, 128, 1000, 128, 128, "zh", False),
+    ("fp16", "relu", 40, 4, 4, 300, 200, 64, 64, "", False),
+    ("bf16", "silu", 2, 4, 4, 384, 384, 128, 128, "z1", True),
+    ("fp16", "gelu_tanh", 2, 4, 2, 258, 386, 128, 128, "1h", True),
+    ("bf16", "gelu", 2, 4, 2, 300, 260, 96, 64, "zh", False),
+    ("bf16", "hardswish", 3, 4, 4, 130, 300, 64, 96, "z1", False),
+    ("bf16", "gelu_tanh", 30, 4, 4, 512, 256, 128, 128, "z1", False),
+    ("bf16", "silu", 2, 4, 4, 1100, 1100, 256, 256, "z1", False),
+]
+
+
+def _bias(kind: str, z, h, nq, nk, dtype, seed):
+    """A random bias [*leading, Nq, Nk]: "z" a dim of Z, "h" of H, "1" of one, in that order."""
+    sizes = [{"z": z, "h": h, "1": 1}[c] for c in kind]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*sizes, nq, nk, device="cuda", generator=gen).mul(2.0).to(dtype)
+
+
+@pytest.fixture
+def auto_backend():
+    saved = gdpa_inductor.config.backend
+    gdpa_inductor.config.backend = "auto"
+    yield
+    gdpa_inductor.config.backend = saved
+
+
+def _check(q, k, v, do, act, bias, causal, dtype):
+    scale, post = q.shape[-1] ** -0.5, 1.0 / k.shape[-2]
+    assert dispatch.select_forward_impl(q, k, v, bias, causal, act) == "cute"
+    grad = bias.requires_grad
+    assert dispatch.select_backward_impl(q, k, v, bias, causal, act, grad) == "triton"
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)] + [bias.detach().requires_grad_(grad)]
+    out = gdpa(*leaves[:3], activation=act, scale=scale, post_scale=post, bias=leaves[3], causal=causal)
+    out.backward(do)
+    eager_leaves = [t.detach().requires_grad_() for t in (q, k, v)] + [bias.detach().requires_grad_(grad)]
+    eager = eager_biased(*eager_leaves[:3], act, scale, post, eager_leaves[3], causal)
+    eager.backward(do)
+    qd, kd, vd, bd = (t.double() for t in (q, k, v, bias))
+    ref = gdpa_reference(qd, kd, vd, bd, act, scale, post, causal)
+    assert out.dtype == dtype
+    assert rel_error(out, ref) <= 2 * rel_error(eager, ref) + FLOOR, (rel_error(out, ref), rel_error(eager, ref))
+    refs = gdpa_reference_backward(do.double(), qd, kd, vd, bd, act, scale, post, causal=causal,
+                                   bias_requires_grad=grad)
+    names = ("dq", "dk", "dv", "dbias")[: 4 if grad else 3]
+    for name, got, r, base in zip(names, leaves, refs, eager_leaves):
+        err, bound = rel_error(got.grad, r.reshape(got.shape)), rel_error(base.grad, r.reshape(got.shape))
+        assert err <= 2 * bound + FLOOR, (name, err, bound)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_bias_tensor_matches_float64(case, auto_backend):
+    dtype_name, act, z, h, hkv, nq, nk, d, dv, kind, causal = case
+    dtype = DTYPES[dtype_name]
+    q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, 5)
+    _check(q, k, v, do, act, _bias(kind, z, h, nq, nk, dtype, 6), causal, dtype)
+
+
+def test_bias_tensor_with_its_gradient(auto_backend):
+    """A relative bias shared by the heads that wants its gradient (HSTU's): the CuTe forward, Triton's backward
+    with dbias, every gradient within 2x eager's error."""
+    q, k, v, do = bwd_inputs(2, 4, 4, 300, 384, 128, 128, torch.bfloat16, 8)
+    bias = _bias("z1", 2, 4, 300, 384, torch.bfloat16, 9).requires_grad_()
+    _check(q, k, v, do, "silu", bias, False, torch.bfloat16)
+
+
+def test_strided_bias_view(auto_backend):
+    """A bias that is a slice of a wider buffer (rows longer than Nk, HSTU's sliced position table) is read in
+    place, through its strides."""
+    q, k, v, do = bwd_inputs(2, 4, 4, 200, 300, 128, 128, torch.bfloat16, 10)
+    table = _bias("1", 2, 4, 256, 512, torch.bfloat16, 11)
+    bias = table[..., 17:217, 6:306]
+    assert not bias.is_contiguous() and bias.stride(-1) == 1
+    _check(q, k, v, do, "gelu_tanh", bias, False, torch.bfloat16)
+
+
+def test_tensor_bias_reaches_the_cute_kernel(auto_backend, monkeypatch):
+    """"auto" runs the op's forward with a bias tensor on the CuTe kernel: the Triton forward made to fail."""
+    def no_triton(*args, **kwargs):
+        raise AssertionError("the Triton forward ran")
+
+    monkeypatch.setattr("gdpa_inductor.kernels.triton.gdpa_fwd.gdpa_fwd_triton", no_triton)
+    q, k, v, _ = bwd_inputs(2, 4, 4, 256, 256, 128, 128, torch.bfloat16, 12)
+    bias = _bias("z1", 2, 4, 256, 256, torch.bfloat16, 13)
+    out = gdpa(q, k, v, activation="silu", scale=0.1, bias=bias)
+    ref = gdpa_reference(*(t.double() for t in (q, k, v, bias)), "silu", 0.1, 1.0)
+    assert rel_error(out, ref) < 1e-2
+
+
+def test_odd_key_count_takes_triton(auto_backend):
+    """An odd Nk (the bias's pairs of columns would straddle its rows) keeps the Triton forward, which is still
+    within 2x eager's error."""
+    q, k, v, do = bwd_inputs(2, 4, 4, 200, 301, 128, 128, torch.bfloat16, 16)
+    bias = _bias("z1", 2, 4, 200, 301, torch.bfloat16, 17)
+    assert dispatch.select_forward_impl(q, k, v, bias, False, "silu") == "triton"
+    out = gdpa(q, k, v, activation="silu", bias=bias)
+    ref = gdpa_reference(*(t.double() for t in (q, k, v, bias)), "silu", 1.0, 1.0)
+    assert rel_error(out, ref) <= 2 * rel_error(eager_biased(q, k, v, "silu", 1.0, 1.0, bias, False), ref) + FLOOR
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_bias_values_like_eager(value, auto_backend):
+    """NaN or +-Inf at a few positions of the bias reach the output where eager's do, and nowhere else."""
+    q, k, v, _ = bwd_inputs(2, 2, 2, 130, 200, 128, 128, torch.bfloat16, 14)
+    bias = _bias("z1", 2, 2, 130, 200, torch.bfloat16, 15)
+    bias[0, 0, 7, 3] = value
+    bias[1, 0, 129, 199] = value
+    for act in ("silu", "sigmoid", "relu"):
+        got = gdpa(q, k, v, activation=act, bias=bias)
+        expected = eager_biased(q, k, v, act, 1.0, 1.0, bias, False)
+        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf()), act
