@@ -14,15 +14,13 @@ backend's rewrite passes sigmoid attention's -log n.
 
 from __future__ import annotations
 
-import json
 import math
 
 import torch
 import torch.nn.functional as F
-import triton
 from bench_cute_bwd import fresh_operands  # beside this file
 from bench_cute_head_dims import _fa4, fa4_providers
-from bench_gdpa import cute_bench_parser, plot_panels, rel_err, time_by_pass, warm_up_gpu
+from bench_gdpa import cute_bench_parser, plot_panels, rel_err, run_cute_bench, time_by_pass
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
@@ -105,20 +103,8 @@ def main():
     ap = cute_bench_parser("sigmoid")
     ap.add_argument("--head-dim", type=int, default=128)
     args = ap.parse_args()
-    if args.plot_from:
-        with open(args.plot_from) as f:
-            data = json.load(f)
-        plot(data["rows"], data, (args.out or args.plot_from.removesuffix(".json")) + ".png")
-        return
-    rows = []
-    warm_up_gpu(3.0)
-    timing(rows, args.batch, args.heads, args.head_dim, args.activation, args.settle_ms)
-    if args.out:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                    activation=args.activation)
-        with open(args.out + ".json", "w") as f:
-            json.dump(dict(meta, rows=rows), f, indent=1)
-        plot(rows, meta, args.out + ".png")
+    run_cute_bench(args, lambda rows: timing(rows, args.batch, args.heads, args.head_dim, args.activation,
+                                             args.settle_ms), plot, activation=args.activation)
 
 
 if __name__ == "__main__":

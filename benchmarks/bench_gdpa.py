@@ -192,6 +192,25 @@ def cute_bench_parser(activation: str) -> argparse.ArgumentParser:
     return ap
 
 
+def run_cute_bench(args, run: Callable[[list], None], plot: Callable, **meta) -> None:
+    """A CuTe benchmark's main after ``cute_bench_parser``: redraws the plot of a recorded .json (``--plot-from``), or
+    warms the GPU up, ``run(rows)`` and writes the rows with the device, the versions and ``meta`` to ``--out``.json
+    and their plot."""
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            data = json.load(f)
+        plot(data["rows"], data, (args.out or args.plot_from.removesuffix(".json")) + ".png")
+        return
+    rows = []
+    warm_up_gpu(3.0)
+    run(rows)
+    if args.out:
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, **meta)
+        with open(args.out + ".json", "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+        plot(rows, meta, args.out + ".png")
+
+
 def time_by_pass(row: dict, fns: dict[str, Callable], flops: dict[str, float], settle_ms: float) -> dict:
     """Times ``fns`` (names "<provider>_<pass>[_variant]") by ``median_over_rounds`` and writes each one's TF/s
     into ``row`` from ``flops`` of its pass; prints the row and returns it."""

@@ -43,11 +43,8 @@ def _bias(kind: str, z, h, nq, nk, dtype, seed):
 
 
 @pytest.fixture
-def auto_backend():
-    saved = gdpa_inductor.config.backend
-    gdpa_inductor.config.backend = "auto"
-    yield
-    gdpa_inductor.config.backend = saved
+def auto_backend(monkeypatch):
+    monkeypatch.setattr(gdpa_inductor.config, "backend", "auto")
 
 
 def _check(q, k, v, do, act, bias, causal, dtype):
