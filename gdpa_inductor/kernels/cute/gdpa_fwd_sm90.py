@@ -125,8 +125,8 @@ class GdpaFwdSm90:
         self.score_offset = score_offset
         # a bias over the scores' rows and columns (relative-position or ALiBi-like, one per head and sample or
         # broadcast over either), in the operands' dtype: each thread reads its own scores' values from global
-        # memory, two to a 32-bit load, a step ahead (``_load_bias``), and the fp32 forms take each into their
-        # first product as the one-element bias
+        # memory, two to a 32-bit load, once the step's scores are in (``_load_bias``), and the fp32 forms take each
+        # into their first product as the one-element bias
         assert not (score_bias and (self.packed or score_offset or varlen)), "a bias tensor: dense, fp32 forms"
         self.score_bias = score_bias
         # whether a query tile's first step is masked (and so comes first: ``_key_tile_at``)
@@ -353,7 +353,8 @@ class GdpaFwdSm90:
             r_p = operand_a_like(acc_s, pv_mma, self.dtype)
             # packed forms: x and tanh(u) per pair of scores, held until P_j V_j has read P_j
             pairs = cute.make_rmem_tensor((cute.size(acc_s) // 2, 2), cutlass.Int32)
-            # a bias tensor: the next step's values, two to a register, read before its matmuls are issued
+            # a bias tensor: the step's values, two to a register (read before its matmuls were issued, they made
+            # ptxas spill ~550 bytes: docs/benchmarks.md, thirty-first session)
             bias_regs = None
             if cutlass.const_expr(self.score_bias):
                 bias_regs = cute.make_rmem_tensor((cute.size(acc_s) // 2,), cutlass.Int32)
@@ -667,8 +668,8 @@ class GdpaFwdSm90:
     def _load_bias(self, bias_regs, mBias, tScS, tile: cutlass.Int32, step: cutlass.Int32, work: tuple, masked: bool):
         """Reads the bias tensor's values of step ``step`` of tile ``tile`` into ``bias_regs``, two neighbouring
         columns to a register (``mBias`` holds the 16-bit values' pairs; a tile index past the last reads the last
-        tile: that step's scores are computed, never used). Issued before the step's matmuls, so the reads' latency
-        runs under them. Rows past Nq read the last row's (their O is never stored); on a masked step (``masked``)
+        tile: that step's scores are computed, never used), right before the step's activation. Rows past Nq read
+        the last row's (their O is never stored); on a masked step (``masked``)
         pairs past Nk read nothing (their P is 0): every read is in range. Nothing without ``score_bias``."""
         if cutlass.const_expr(self.score_bias):
             num_tiles, nk = work[0], work[7]
