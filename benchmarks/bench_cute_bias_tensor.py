@@ -1,12 +1,13 @@
 """A bias tensor over the scores (HSTU's relative bias, one [Nq, Nk] per sample shared by the heads, by default) on
-the CuTe-DSL Hopper forward against what ran it before (the Triton kernels), the CuTe forward without the bias, and
-softmax attention with the same bias as its additive mask (SDPA) and without one (flash-attn-4 where staged); one
-process, same shapes, bf16 (GPU only; cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh). The backward with
-a bias tensor is Triton's ("auto" runs the CuTe forward and the Triton backward: the "CuTe fwd + Triton bwd" column).
+the CuTe-DSL Hopper kernels against what ran it before (the Triton kernels; the CuTe forward with Triton's backward),
+the CuTe kernels without the bias, and softmax attention with the same bias as its additive mask (SDPA) and without
+one (flash-attn-4 where staged); forward, backward and forward+backward, each backward with and without the bias's
+gradient ("_dbias"); one process, same shapes, bf16 (GPU only; cutlass-dsl staged with
+../shared/device/stage-cute-dsl.sh).
 
-Per shape: each GDPA provider's output checked against float64 at two samples first (relative error, printed),
-then the forward and forward+backward timed: each provider's do_bench median in three rounds of rotated order, each
-provider first running untimed for 300 ms (``median_over_rounds``).
+Per shape: each GDPA provider's output and gradients checked against float64 at two samples first (relative error,
+printed), then each pass timed: each provider's do_bench median in three rounds of rotated order, each provider first
+running untimed for 300 ms (``median_over_rounds``).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_bias_tensor.py --out results/cute_bias_tensor
     python3 benchmarks/bench_cute_bias_tensor.py --plot-from results/cute_bias_tensor.json --out results/x
@@ -20,8 +21,9 @@ from bench_cute_bwd import fresh_operands  # beside this file
 from bench_cute_head_dims import _fa4, fa4_providers
 from bench_gdpa import cute_bench_parser, plot_panels, rel_err, run_cute_bench, time_by_pass
 
+from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
-from gdpa_inductor.kernels.reference import gdpa_reference
+from gdpa_inductor.kernels.reference import gdpa_reference, gdpa_reference_backward
 from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
 from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
 
@@ -33,33 +35,60 @@ BIAS_KINDS = {"sample": lambda z, h: (z, 1), "head": lambda z, h: (1, h), "both"
 
 def providers(q, k, v, do, act, scale, post, bias, fa4):
     """name -> callable; names read "<provider>_<pass>[_variant]"."""
-    qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+    qt, kt, vt, bt = (t.detach().requires_grad_() for t in (q, k, v, bias))
 
-    def sdpa_fb():
-        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias, scale=scale)
-        torch.autograd.grad(o, (qt, kt, vt), do)
+    def sdpa_fb(grad_bias=False):
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bt if grad_bias else bias, scale=scale)
+        torch.autograd.grad(o, (qt, kt, vt, bt) if grad_bias else (qt, kt, vt), do)
+
+    def cute_bwd(grad_bias=False):
+        return gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, bias=bias, bias_grad=grad_bias)
+
+    def triton_bwd(grad_bias=False):
+        return gdpa_bwd_triton(do, q, k, v, bias, act, scale, post, False, 0.01, grad_bias)
+
+    def cute_fwd():
+        return gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias)
+
+    def triton_fwd():
+        return gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01)
 
     fns = {
-        "cute_fwd": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias),
+        "cute_fwd": cute_fwd,
         "cute_fwd_nobias": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
-        "triton_fwd": lambda: gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01),
+        "triton_fwd": triton_fwd,
         "sdpa_fwd": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale),
-        "cute_fb": lambda: (gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias),
-                            gdpa_bwd_triton(do, q, k, v, bias, act, scale, post, False, 0.01, False)),
-        "triton_fb": lambda: (gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01),
-                              gdpa_bwd_triton(do, q, k, v, bias, act, scale, post, False, 0.01, False)),
+        "cute_bwd": cute_bwd,
+        "cute_bwd_dbias": lambda: cute_bwd(True),
+        "cute_bwd_nobias": lambda: gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01),
+        "triton_bwd": triton_bwd,
+        "triton_bwd_dbias": lambda: triton_bwd(True),
+        "cute_fb": lambda: (cute_fwd(), cute_bwd()),
+        "cute_fb_dbias": lambda: (cute_fwd(), cute_bwd(True)),
+        "cute_fb_tritonbwd": lambda: (cute_fwd(), triton_bwd()),
+        "triton_fb": lambda: (triton_fwd(), triton_bwd()),
+        "triton_fb_dbias": lambda: (triton_fwd(), triton_bwd(True)),
         "sdpa_fb": sdpa_fb,
+        "sdpa_fb_dbias": lambda: sdpa_fb(True),
     }
     return fns | fa4_providers(fa4, q, k, v, do, scale)
 
 
-def check(q, k, v, act, scale, post, bias):
-    """Relative errors against float64 of both GDPA forwards, on two samples."""
-    q, k, v = (t[:2] for t in (q, k, v))
+def check(q, k, v, do, act, scale, post, bias):
+    """Relative errors against float64 of both GDPA forwards and backwards (dq, dk, dv, dbias), on two samples."""
+    q, k, v, do = (t[:2] for t in (q, k, v, do))
     bias = bias[:2] if bias.shape[0] > 1 else bias
-    ref = gdpa_reference(q.double(), k.double(), v.double(), bias.double(), act, scale, post)
-    return dict(cute=rel_err(gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias), ref),
-                triton=rel_err(gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01), ref))
+    q64, k64, v64, b64 = (t.double() for t in (q, k, v, bias))
+    ref = gdpa_reference(q64, k64, v64, b64, act, scale, post)
+    grads = gdpa_reference_backward(do.double(), q64, k64, v64, b64, act, scale, post, bias_requires_grad=True)
+    cute = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, bias=bias, bias_grad=True)
+    triton = gdpa_bwd_triton(do, q, k, v, bias, act, scale, post, False, 0.01, True)
+    errors = dict(cute=rel_err(gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, bias=bias), ref),
+                  triton=rel_err(gdpa_fwd_triton(q, k, v, bias, act, scale, post, False, 0.01), ref))
+    for name, c, t, r in zip(("dq", "dk", "dv", "dbias"), cute, triton, grads):
+        errors[f"{name}_cute"] = rel_err(c, r.reshape(c.shape))
+        errors[f"{name}_triton"] = rel_err(t, r.reshape(t.shape))
+    return errors
 
 
 def timing(rows, batch, heads, d, act, kind, settle_ms):
@@ -70,9 +99,9 @@ def timing(rows, batch, heads, d, act, kind, settle_ms):
         bias = torch.randn(*BIAS_KINDS[kind](z, heads), nq, nk, device="cuda", dtype=torch.bfloat16)
         scale, post = d**-0.5, 1.0 / nk
         row = dict(kind="time", d=d, z=z, heads=heads, nq=nq, nk=nk, bias=kind,
-                   errors=check(q, k, v, act, scale, post, bias))
+                   errors=check(q, k, v, do, act, scale, post, bias))
         fwd_flops = 4.0 * z * heads * nq * nk * d
-        flops = dict(fwd=fwd_flops, fb=3.5 * fwd_flops)
+        flops = dict(fwd=fwd_flops, bwd=2.5 * fwd_flops, fb=3.5 * fwd_flops)
         fns = providers(q, k, v, do, act, scale, post, bias, fa4)
         rows.append(time_by_pass(row, fns, flops, settle_ms))
 
@@ -80,11 +109,18 @@ def timing(rows, batch, heads, d, act, kind, settle_ms):
 PANELS = [
     ("forward TF/s", [("cute_fwd", "CuTe, bias"), ("cute_fwd_nobias", "CuTe, no bias"), ("triton_fwd", "Triton, bias"),
                       ("sdpa_fwd", "SDPA (softmax), bias"), ("fa4_fwd", "FA4 (softmax), no bias")]),
-    ("forward+backward TF/s", [("cute_fb", "CuTe fwd + Triton bwd, bias"), ("triton_fb", "Triton, bias"),
-                               ("sdpa_fb", "SDPA (softmax), bias"), ("fa4_fb", "FA4 (softmax), no bias")]),
+    ("backward TF/s", [("cute_bwd", "CuTe, bias"), ("cute_bwd_dbias", "CuTe, bias + dbias"),
+                       ("cute_bwd_nobias", "CuTe, no bias"), ("triton_bwd", "Triton, bias"),
+                       ("triton_bwd_dbias", "Triton, bias + dbias")]),
+    ("forward+backward TF/s", [("cute_fb", "CuTe, bias"), ("cute_fb_dbias", "CuTe, bias + dbias"),
+                               ("cute_fb_tritonbwd", "CuTe fwd + Triton bwd, bias"), ("triton_fb", "Triton, bias"),
+                               ("triton_fb_dbias", "Triton, bias + dbias"), ("sdpa_fb", "SDPA (softmax), bias"),
+                               ("sdpa_fb_dbias", "SDPA (softmax), bias + dbias"),
+                               ("fa4_fb", "FA4 (softmax), no bias")]),
 ]
-COLORS = {"CuTe, bias": "C0", "CuTe fwd + Triton bwd, bias": "C0", "CuTe, no bias": "C9", "Triton, bias": "C1",
-          "SDPA (softmax), bias": "C2", "FA4 (softmax), no bias": "C3"}
+COLORS = {"CuTe, bias": "C0", "CuTe, bias + dbias": "C4", "CuTe fwd + Triton bwd, bias": "C5", "CuTe, no bias": "C9",
+          "Triton, bias": "C1", "Triton, bias + dbias": "C8", "SDPA (softmax), bias": "C2",
+          "SDPA (softmax), bias + dbias": "C7", "FA4 (softmax), no bias": "C3"}
 
 
 def plot(rows, meta, path):

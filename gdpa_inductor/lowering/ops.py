@@ -43,8 +43,8 @@ def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, ne
     if impl == "cute":
         from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_batched
 
-        return (*gdpa_bwd_cute_batched(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias),
-                None)
+        return gdpa_bwd_cute_batched(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias,
+                                     bias_requires_grad)
     if impl == "triton":
         from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
 

@@ -1,9 +1,10 @@
-"""GPU correctness of the CuTe-DSL Hopper forward with a bias tensor over the scores (relative-position, ALiBi-like;
-skipped without an sm_90 GPU and nvidia-cutlass-dsl): under "auto" the forward runs on the CuTe kernel and the
-backward on Triton's (the CuTe backward reads one-element biases only); the output and dq, dk, dv (and dbias where
-the bias wants it) against float64, each within 2x eager's own error, over biases per sample, per head, per both or
-shared, in bf16 and fp16, ragged and exact key counts, the causal mask, GQA, D = 64 to 256, a bias that is a
-strided view; non-finite bias values give eager's NaN/Inf pattern."""
+"""GPU correctness of the CuTe-DSL Hopper kernels with a bias tensor over the scores (relative-position, ALiBi-like;
+skipped without an sm_90 GPU and nvidia-cutlass-dsl): under "auto" the forward runs on the CuTe kernel, and the
+backward too where it loads the bias's tiles by TMA (Nk a multiple of 8, D and Dv up to 128; else Triton's), dbias
+included; the output and dq, dk, dv (and dbias where the bias wants it) against float64, each within 2x eager's own
+error, over biases per sample, per head, per both or shared, in bf16 and fp16, ragged and exact key counts, dQ
+summed in place and in fp32, the causal mask, GQA, D = 64 to 256, biases that are strided views; non-finite bias
+values give eager's NaN/Inf pattern."""
 
 from __future__ import annotations
 
@@ -20,18 +21,22 @@ from .test_cute_bias_cuda import eager_biased
 
 pytestmark = NEEDS_CUTE
 
-# (dtype, activation, Z, H, Hkv, Nq, Nk, D, Dv, the bias's leading dims ("z" Z, "h" H, "1" one), causal)
+# (dtype, activation, Z, H, Hkv, Nq, Nk, D, Dv, the bias's leading dims ("z" Z, "h" H, "1" one), causal, the
+# backward "auto" runs)
 CASES = [
-    ("bf16", "silu", 2, 4, 4, 300, 300, 128, 128, "z1", False),
-    ("bf16", "gelu_tanh", 2, 4, 4, 257, 384, 128, 128, "h", False),
-    ("bf16", "sigmoid", 2, 8, 2, 128, 1000, 128, 128, "zh", False),
-    ("fp16", "relu", 40, 4, 4, 300, 200, 64, 64, "", False),
-    ("bf16", "silu", 2, 4, 4, 384, 384, 128, 128, "z1", True),
-    ("fp16", "gelu_tanh", 2, 4, 2, 258, 386, 128, 128, "1h", True),
-    ("bf16", "gelu", 2, 4, 2, 300, 260, 96, 64, "zh", False),
-    ("bf16", "hardswish", 3, 4, 4, 130, 300, 64, 96, "z1", False),
-    ("bf16", "gelu_tanh", 30, 4, 4, 512, 256, 128, 128, "z1", False),
-    ("bf16", "silu", 2, 4, 4, 1100, 1100, 256, 256, "z1", False),
+    ("bf16", "silu", 2, 4, 4, 300, 296, 128, 128, "z1", False, "cute"),
+    ("bf16", "gelu_tanh", 2, 4, 4, 257, 384, 128, 128, "h", False, "cute"),
+    ("bf16", "sigmoid", 2, 8, 2, 128, 1000, 128, 128, "zh", False, "cute"),
+    ("bf16", "gelu_tanh", 2, 4, 4, 200, 1152, 128, 128, "z1", False, "cute"),
+    ("fp16", "relu", 40, 4, 4, 300, 200, 64, 64, "", False, "cute"),
+    ("bf16", "silu", 2, 4, 4, 384, 384, 128, 128, "z1", True, "cute"),
+    ("bf16", "gelu_tanh", 1, 4, 4, 1000, 1128, 128, 128, "z1", True, "cute"),
+    ("fp16", "gelu_tanh", 2, 4, 2, 258, 386, 128, 128, "1h", True, "triton"),
+    ("bf16", "gelu", 2, 4, 2, 300, 264, 96, 64, "zh", False, "cute"),
+    ("bf16", "gelu", 2, 4, 2, 300, 260, 96, 64, "zh", False, "triton"),
+    ("bf16", "hardswish", 3, 4, 4, 130, 304, 64, 96, "z1", False, "cute"),
+    ("bf16", "gelu_tanh", 30, 4, 4, 512, 256, 128, 128, "z1", False, "cute"),
+    ("bf16", "silu", 2, 4, 4, 1100, 1104, 256, 256, "z1", False, "triton"),
 ]
 
 
@@ -47,11 +52,11 @@ def auto_backend(monkeypatch):
     monkeypatch.setattr(gdpa_inductor.config, "backend", "auto")
 
 
-def _check(q, k, v, do, act, bias, causal, dtype):
+def _check(q, k, v, do, act, bias, causal, dtype, backward="cute"):
     scale, post = q.shape[-1] ** -0.5, 1.0 / k.shape[-2]
     assert dispatch.select_forward_impl(q, k, v, bias, causal, act) == "cute"
     grad = bias.requires_grad
-    assert dispatch.select_backward_impl(q, k, v, bias, causal, act, grad) == "triton"
+    assert dispatch.select_backward_impl(q, k, v, bias, causal, act, grad) == backward
     leaves = [t.detach().requires_grad_() for t in (q, k, v)] + [bias.detach().requires_grad_(grad)]
     out = gdpa(*leaves[:3], activation=act, scale=scale, post_scale=post, bias=leaves[3], causal=causal)
     out.backward(do)
@@ -72,41 +77,64 @@ def _check(q, k, v, do, act, bias, causal, dtype):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(x) for x in c))
 def test_bias_tensor_matches_float64(case, auto_backend):
-    dtype_name, act, z, h, hkv, nq, nk, d, dv, kind, causal = case
+    dtype_name, act, z, h, hkv, nq, nk, d, dv, kind, causal, backward = case
     dtype = DTYPES[dtype_name]
     q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, 5)
-    _check(q, k, v, do, act, _bias(kind, z, h, nq, nk, dtype, 6), causal, dtype)
+    _check(q, k, v, do, act, _bias(kind, z, h, nq, nk, dtype, 6), causal, dtype, backward)
 
 
-def test_bias_tensor_with_its_gradient(auto_backend):
-    """A relative bias shared by the heads that wants its gradient (HSTU's): the CuTe forward, Triton's backward
-    with dbias, every gradient within 2x eager's error."""
-    q, k, v, do = bwd_inputs(2, 4, 4, 300, 384, 128, 128, torch.bfloat16, 8)
-    bias = _bias("z1", 2, 4, 300, 384, torch.bfloat16, 9).requires_grad_()
-    _check(q, k, v, do, "silu", bias, False, torch.bfloat16)
+# (activation, Z, H, Hkv, Nq, Nk, the bias's leading dims, causal, dtype): dbias summed over heads, samples, both or
+# neither; dQ in place and in fp32; causal; GQA; fp16
+GRAD_CASES = [
+    ("silu", 2, 4, 4, 300, 384, "z1", False, "bf16"),
+    ("gelu_tanh", 3, 4, 4, 257, 296, "h", False, "bf16"),
+    ("sigmoid", 2, 4, 2, 200, 1152, "zh", False, "bf16"),
+    ("relu", 2, 4, 4, 130, 200, "", False, "fp16"),
+    ("gelu_tanh", 2, 4, 4, 384, 512, "z1", True, "bf16"),
+    ("silu", 1, 4, 4, 1000, 1128, "1h", True, "bf16"),
+]
 
 
-def test_strided_bias_view(auto_backend):
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_bias_tensor_with_its_gradient(case, auto_backend):
+    """A bias that wants its gradient (HSTU's relative bias is learned): the CuTe forward and backward, dbias
+    summed over the dims the bias broadcasts along, every gradient within 2x eager's error."""
+    act, z, h, hkv, nq, nk, kind, causal, dtype_name = case
+    dtype = DTYPES[dtype_name]
+    q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, 128, 128, dtype, 8)
+    bias = _bias(kind, z, h, nq, nk, dtype, 9).requires_grad_()
+    _check(q, k, v, do, act, bias, causal, dtype)
+
+
+@pytest.mark.parametrize("cols, backward", [(slice(8, 304), "cute"), (slice(6, 306), "triton")])
+def test_strided_bias_view(cols, backward, auto_backend):
     """A bias that is a slice of a wider buffer (rows longer than Nk, HSTU's sliced position table) is read in
-    place, through its strides."""
-    q, k, v, do = bwd_inputs(2, 4, 4, 200, 300, 128, 128, torch.bfloat16, 10)
+    place, through its strides: by the CuTe backward where its tiles' rows start 16-byte aligned, by Triton's
+    where they do not."""
+    nk = cols.stop - cols.start
+    q, k, v, do = bwd_inputs(2, 4, 4, 200, nk, 128, 128, torch.bfloat16, 10)
     table = _bias("1", 2, 4, 256, 512, torch.bfloat16, 11)
-    bias = table[..., 17:217, 6:306]
+    bias = table[..., 17:217, cols]
     assert not bias.is_contiguous() and bias.stride(-1) == 1
-    _check(q, k, v, do, "gelu_tanh", bias, False, torch.bfloat16)
+    _check(q, k, v, do, "gelu_tanh", bias.detach().requires_grad_(), False, torch.bfloat16, backward)
 
 
-def test_tensor_bias_reaches_the_cute_kernel(auto_backend, monkeypatch):
-    """"auto" runs the op's forward with a bias tensor on the CuTe kernel: the Triton forward made to fail."""
+def test_tensor_bias_reaches_the_cute_kernels(auto_backend, monkeypatch):
+    """"auto" runs the op's forward and backward with a bias tensor that wants its gradient on the CuTe kernels:
+    the Triton kernels made to fail."""
     def no_triton(*args, **kwargs):
-        raise AssertionError("the Triton forward ran")
+        raise AssertionError("a Triton kernel ran")
 
     monkeypatch.setattr("gdpa_inductor.kernels.triton.gdpa_fwd.gdpa_fwd_triton", no_triton)
-    q, k, v, _ = bwd_inputs(2, 4, 4, 256, 256, 128, 128, torch.bfloat16, 12)
-    bias = _bias("z1", 2, 4, 256, 256, torch.bfloat16, 13)
+    monkeypatch.setattr("gdpa_inductor.kernels.triton.gdpa_bwd.gdpa_bwd_triton", no_triton)
+    q, k, v, do = bwd_inputs(2, 4, 4, 256, 256, 128, 128, torch.bfloat16, 12)
+    bias = _bias("z1", 2, 4, 256, 256, torch.bfloat16, 13).requires_grad_()
     out = gdpa(q, k, v, activation="silu", scale=0.1, bias=bias)
+    out.backward(do)
     ref = gdpa_reference(*(t.double() for t in (q, k, v, bias)), "silu", 0.1, 1.0)
-    assert rel_error(out, ref) < 1e-2
+    dbias = gdpa_reference_backward(do.double(), *(t.double() for t in (q, k, v, bias)), "silu", 0.1, 1.0,
+                                    bias_requires_grad=True)[3]
+    assert rel_error(out, ref) < 1e-2 and rel_error(bias.grad, dbias.reshape(bias.shape)) < 1e-2
 
 
 def test_odd_key_count_takes_triton(auto_backend):

@@ -83,4 +83,4 @@ def test_dq_sums_each_within_eager_error(act, nk, dtype):
         assert dq.dtype == dtype
         assert rel_error(dq, ref) <= 2 * base + FLOOR, (how, rel_error(dq, ref), base)
     if "pairs" in grads:
-        assert all(torch.equal(a, b) for a, b in zip(grads["pairs"][1:], grads["fp32"][1:]))
+        assert all(torch.equal(a, b) for a, b in zip(grads["pairs"][1:3], grads["fp32"][1:3]))

@@ -67,9 +67,9 @@ def test_causal_dq_sums_each_within_eager_error(nq, nk, dtype):
     assert dq_sums_for(nk) in ("in_place", "fp32")
     grads = {how: gdpa_bwd_cute(q, k, v, do, "silu", scale, post, 0.01, dq_sums=how, causal=True)
              for how in ("in_place", "fp32")}
-    for how, (dq, _, _) in grads.items():
+    for how, (dq, *_) in grads.items():
         assert rel_error(dq, refs[0]) <= 2 * base + FLOOR, (how, rel_error(dq, refs[0]), base)
-    assert all(torch.equal(a, b) for a, b in zip(grads["in_place"][1:], grads["fp32"][1:]))
+    assert all(torch.equal(a, b) for a, b in zip(grads["in_place"][1:3], grads["fp32"][1:3]))
     with pytest.raises(ValueError, match="causal CuTe backward takes dq_sums 'in_place' or 'fp32'"):
         gdpa_bwd_cute(q, k[:, :, :1280], v[:, :, :1280], do, "silu", scale, post, 0.01, dq_sums="pairs",
                       causal=True)

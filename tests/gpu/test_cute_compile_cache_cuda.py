@@ -42,7 +42,7 @@ grads = [gdpa_bwd_cute(q, k, v, do, "silu", 0.1, 1.0 / 300, 0.01, dq_sums=s) for
 grads.append(gdpa_bwd_cute(q, k[:, :, :256], v[:, :, :256], do, "silu", 0.1, 1.0 / 256, 0.01, dq_sums="pairs"))
 torch.cuda.synchronize()
 seconds = time.perf_counter() - start
-torch.save([out, *grads[0], *grads[1], *grads[2]], sys.argv[1])
+torch.save([out, *grads[0][:3], *grads[1][:3], *grads[2][:3]], sys.argv[1])
 print(json.dumps(dict(seconds=seconds)))
 """
 

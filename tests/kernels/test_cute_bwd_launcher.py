@@ -48,10 +48,29 @@ def test_wide_head_dq_sums_count_64_key_tiles(num_keys, sums):
     assert dq_sums_for(num_keys, WIDE_KEY_TILE) == sums
 
 
-@pytest.mark.parametrize("change", [dict(causal=True), dict(dq_sums="pairs"), dict(varlen=True, band=True)])
-def test_wide_head_backward_refuses_masks_and_pairs(change):
-    with pytest.raises(ValueError, match=r"wide-head backward \(D=256, Dv=128\) takes no mask and no dQ pairs"):
+@pytest.mark.parametrize("change", [dict(causal=True), dict(dq_sums="pairs"), dict(varlen=True, band=True),
+                                    dict(score_bias=True)])
+def test_wide_head_backward_refuses_masks_pairs_and_bias_tensors(change):
+    with pytest.raises(ValueError, match=r"wide-head backward \(D=256, Dv=128\) takes no mask, no dQ pairs and no "
+                                         "bias tensor"):
         compile_bwd(torch.bfloat16, 256, "silu", head_dim_v=128, **(dict(dq_sums="fp32") | change))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(bias_grad=True), "bias_grad=True needs score_bias=True"),
+    (dict(score_bias=True, varlen=True), "score_bias=True: dense batches"),
+    (dict(score_bias=True, score_offset=True), "score_bias=True: dense batches, no one-element bias"),
+    (dict(score_bias=True, dq_sums="pairs"), "dq_sums other than 'pairs'"),
+])
+def test_bias_tensor_builds_refuse_what_they_lack(change, message):
+    with pytest.raises(ValueError, match=message):
+        compile_bwd(torch.bfloat16, 128, "silu", **(dict(dq_sums="fp32") | change))
+
+
+def test_bias_gradient_needs_a_bias_tensor():
+    q = torch.zeros(1, 1, 64, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bias_grad=True needs a bias tensor"):
+        gdpa_bwd_cute(q, q, q, q, "silu", 1.0, 1.0, 0.01, bias=torch.tensor(0.5), bias_grad=True)
 
 
 def test_pairs_need_an_even_number_of_key_tiles():

@@ -120,7 +120,8 @@ BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pair
                "bwd_varlen_causal": "fp32", "bwd_varlen_causal_direct": "in_place", "bwd_varlen_band": "fp32",
                "bwd_varlen_band_direct": "in_place", "bwd_offset": "fp32", "bwd_dq_direct_offset": "in_place",
                "bwd_causal_offset": "fp32", "bwd_varlen_offset": "fp32",
-               "bwd_varlen_band_direct_offset": "in_place"}
+               "bwd_varlen_band_direct_offset": "in_place", "bwd_bias": "fp32", "bwd_dq_direct_bias": "in_place",
+               "bwd_causal_bias": "fp32", "bwd_bias_dbias": "fp32", "bwd_dq_direct_bias_dbias": "in_place"}
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
@@ -157,8 +158,17 @@ BWD_OFFSET_CASES = [("bwd_offset", 128, 128, "gelu_tanh"), ("bwd_dq_direct_offse
                     ("bwd_varlen_band_direct_offset", 128, 128, "gelu_tanh")]
 # measured with cutlass-dsl 4.8.1: 4 bytes stored and loaded, outside the activation
 BWD_SPILLING |= {("bwd_offset", 128, 128, "gelu_tanh")}
+# a bias tensor (its tiles by TMA, read by ldmatrix.trans) and its gradient (dS tiles stored by TMA): fp32 and in-place
+# dQ sums, D=64, causal
+BWD_BIAS_CASES = [("bwd_bias", 128, 128, "gelu_tanh"), ("bwd_dq_direct_bias", 128, 128, "gelu_tanh"),
+                  ("bwd_dq_direct_bias", 64, 64, "gelu_tanh"), ("bwd_causal_bias", 128, 128, "gelu_tanh"),
+                  ("bwd_bias_dbias", 128, 128, "gelu_tanh"), ("bwd_dq_direct_bias_dbias", 128, 128, "gelu_tanh")]
+# measured with cutlass-dsl 4.8.1: with fp32 dQ sums the bias's 16 registers cost 12-60 bytes of spills
+BWD_SPILLING |= {("bwd_bias", 128, 128, "gelu_tanh"), ("bwd_causal_bias", 128, 128, "gelu_tanh"),
+                 ("bwd_bias_dbias", 128, 128, "gelu_tanh")}
 BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES + BWD_VARLEN_CASES
-                 + BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES + BWD_OFFSET_CASES)
+                 + BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES + BWD_OFFSET_CASES
+                 + BWD_BIAS_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -355,6 +365,23 @@ def test_cute_score_bias_read_per_score(case, reports):
     assert r["wgmma"] == plain["wgmma"]
 
 
+@pytest.mark.parametrize("case", BWD_BIAS_CASES, ids=str)
+def test_cute_bwd_bias_tensor_by_tma_and_ldmatrix(case, reports):
+    """A bias tensor in the backward: one more TMA load per query tile, its values read by ldmatrix.trans (four
+    x4 loads of 16 scores' pairs a thread, in each copy of the loop) and folded into the first product (no FP32
+    add); with its gradient the dQ warp also stores each dS tile by TMA; the matmuls are those of the build without
+    it."""
+    kind, d, dv, act = case
+    r = reports[case]
+    plain = reports[(kind.removesuffix("_dbias").removesuffix("_bias"), d, dv, act)]
+    loops = 3 if "causal" in kind else 2
+    assert r["ldmatrix"] == 4 * loops and plain["ldmatrix"] == 0, r["ldmatrix"]
+    assert r["tma_loads"] > plain["tma_loads"]
+    assert r["add_f32"] == plain["add_f32"], (r["add_f32"], plain["add_f32"])
+    assert (r["tma_stores"] > plain["tma_stores"]) == kind.endswith("_dbias"), (r["tma_stores"], plain["tma_stores"])
+    assert r["wgmma"] == plain["wgmma"]
+
+
 def _compile_all(cases) -> list[dict]:
     import torch
     from triton.backends.nvidia.compiler import get_ptxas
@@ -372,7 +399,7 @@ def _compile_all(cases) -> list[dict]:
             ptx = compile_bwd(
                 torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind],
                 head_dim_v=dv, varlen=kind.startswith("bwd_varlen"), causal="causal" in kind, band="band" in kind,
-                score_offset=kind.endswith("_offset"),
+                score_offset=kind.endswith("_offset"), score_bias="_bias" in kind, bias_grad=kind.endswith("_dbias"),
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
@@ -388,6 +415,7 @@ def _compile_all(cases) -> list[dict]:
             tma_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
             st_global=len(re.findall(r"\bst\.global\.", ptx)),
             stmatrix=ptx.count("stmatrix"),
+            ldmatrix=ptx.count("ldmatrix"),
             tma_5d=len(re.findall(r"cp\.(?:reduce\.)?async\.bulk\.tensor\.5d", ptx)),
             ld_global_s32=len(re.findall(r"\bld\.global\.\S*[bsu]32", ptx)),
             setmaxnreg=ptx.count("setmaxnreg."),

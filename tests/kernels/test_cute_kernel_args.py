@@ -125,7 +125,7 @@ def test_dense_backward_call(launch, num_keys, dq_dtype):
     gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01)
     tensors, scalars = stand_in.call_args[:7], stand_in.call_args[7:]
     assert [t.data_ptr() for t in tensors[:4]] == [x.data_ptr() for x in (q, k, v, do)]
-    assert tensors[4].dtype == dq_dtype and scalars == (0.125, 1.0, 0.01, None, None, None, None, None)
+    assert tensors[4].dtype == dq_dtype and scalars == (0.125, 1.0, 0.01, None, None, None, None, None, None, None)
     stand_in.check_on_compiled_kernel()
 
 
@@ -143,7 +143,31 @@ def test_dense_calls_with_a_one_element_bias(launch, bias):
     stand_in = launch(gdpa_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
     gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01, bias=bias)
     assert stand_in.call_args[10:14] == (None, None, None, None)
-    assert stand_in.call_args[14].tolist() == [bias.item()]
+    assert stand_in.call_args[14].tolist() == [bias.item()] and stand_in.call_args[15:] == (None, None)
+    stand_in.check_on_compiled_kernel()
+
+
+@pytest.mark.parametrize("bias_grad", [False, True])
+@pytest.mark.parametrize("bias", [torch.randn(2, 1, 200, 136, dtype=DTYPE), torch.randn(4, 200, 136, dtype=DTYPE),
+                                  torch.randn(200, 144, dtype=DTYPE)[:, 8:]])
+def test_dense_backward_calls_with_a_bias_tensor(launch, bias, bias_grad):
+    """A bias tensor follows the one element's None in the backward's call, in place (a view) in the kernel's
+    (Nq, Nk, Hb, Zb) mode order, its size-1 dims given a stride TMA takes; with its gradient wanted the call ends with
+    a [Z, H, Nq, Nk] dS buffer in the same order (else None), and dbias comes back in the bias's shape."""
+    q, k, v, do = _randn(2, 4, 200, D), _randn(2, 4, 136, D), _randn(2, 4, 136, D), _randn(2, 4, 200, D)
+    bias4 = bias.reshape((1,) * (4 - bias.dim()) + bias.shape)
+    stand_in = launch(gdpa_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    dbias = gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01, bias=bias4, bias_grad=bias_grad)[3]
+    assert stand_in.call_args[10:15] == (None, None, None, None, None)
+    modes = stand_in.call_args[15]
+    assert modes.shape == (200, 136, bias4.shape[1], bias4.shape[0]) and modes.data_ptr() == bias.data_ptr()
+    assert modes.stride()[:2] == (bias.stride(-2), 1) and all(s % 8 == 0 and s > 0 for s in modes.stride()[2:])
+    assert torch.equal(modes[:, :, 0, 0], bias4[0, 0])
+    ds = stand_in.call_args[16]
+    assert (ds is not None) == bias_grad and (dbias is not None) == bias_grad
+    if bias_grad:
+        assert ds.shape == (200, 136, 4, 2) and dbias.shape == bias4.shape and dbias.dtype == DTYPE
+    assert stand_in.compile_args[1]["score_bias"] and stand_in.compile_args[1]["bias_grad"] == bias_grad
     stand_in.check_on_compiled_kernel()
 
 
@@ -230,5 +254,5 @@ def test_varlen_band_calls(launch):
     stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
     dout = _randn(qs.tensor.shape[0], 4, D)
     varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01, causal=True, band=(7, 0))
-    assert stand_in.call_args[12:] == (7, 0, None)
+    assert stand_in.call_args[12:] == (7, 0, None, None, None)
     stand_in.check_on_compiled_kernel()

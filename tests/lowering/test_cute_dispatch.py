@@ -130,32 +130,38 @@ def test_support_reasons(monkeypatch, change, reason):
 
 
 @pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
-@pytest.mark.parametrize("bias_shape, bias_grad, forward, backward", [
-    ((), False, "cute", "cute"),
-    ((1, 1, 1), False, "cute", "cute"),
-    ((), True, "cute", "reference"),
-    ((64, 80), False, "cute", "reference"),
-    ((2, 1, 64, 80), True, "cute", "reference"),
+@pytest.mark.parametrize("bias_shape, bias_grad, nk, backward, reason", [
+    ((), False, 80, "cute", ""),
+    ((1, 1, 1), False, 80, "cute", ""),
+    ((), True, 80, "reference", "the CuTe backward computes the gradient of a bias tensor only"),
+    ((64, 80), False, 80, "cute", ""),
+    ((2, 1, 64, 80), True, 80, "cute", ""),
+    ((2, 4, 64, 84), True, 84, "reference", "loads a bias tensor's tiles by TMA: Nk and its strides a multiple of 8"),
 ])
-def test_one_element_bias_takes_cute_without_its_gradient(monkeypatch, backend, bias_shape, bias_grad, forward,
-                                                          backward):
+def test_biases_in_the_cute_backward(monkeypatch, backend, bias_shape, bias_grad, nk, backward, reason):
     """A one-element bias (sigmoid attention's -log n, a 0-d tensor after the backend's rewrite) runs on the CuTe
-    kernels, added to each score in the activation's first product; the backward not where the bias's gradient
-    is wanted (the CuTe backward computes none); otherwise the usual choice (the reference on CPU tensors). A bias
-    tensor runs on the CuTe forward only (the CuTe backward reads one element)."""
+    kernels, added to each score in the activation's first product, without its gradient; a bias tensor runs on both
+    CuTe kernels, with its gradient or without, where the backward can load its tiles by TMA (Nk a multiple of 8);
+    otherwise the CuTe forward and the usual backward (the reference on CPU tensors), the reason said."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend("auto")
-    q, k, v = _qkv()
+    q, k, v = _qkv(nk=nk)
     bias = torch.randn(bias_shape, dtype=q.dtype)
-    assert select_forward_impl(q, k, v, bias, False, "sigmoid") == forward
+    assert select_forward_impl(q, k, v, bias, False, "sigmoid") == "cute"
     assert select_backward_impl(q, k, v, bias, False, "sigmoid", bias_grad) == backward
     ok, why = cute_bwd.cute_bwd_support(q, k, v, bias, False, "sigmoid", bias_grad)
-    assert ok == (backward == "cute")
-    if bias.numel() > 1:
-        assert why == f"the CuTe backward: a bias of one element only (got shape {bias_shape})"
-    elif bias_grad:
-        assert why == "the CuTe backward computes no bias gradient"
+    assert ok == (backward == "cute") and reason in why and bool(reason) == (not ok)
+
+
+@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+def test_bias_tensor_backward_at_wide_heads_says_why(monkeypatch, backend):
+    """Past head dims of 128 (the wide-head backward) a bias tensor keeps the usual backward, with the reason."""
+    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    q, k, v = _qkv(d=256, dv=256)
+    ok, why = cute_bwd.cute_bwd_support(q, k, v, torch.randn(64, 80, dtype=q.dtype), False, "silu")
+    assert not ok and "reads a bias tensor at D and Dv up to 128 (got 256, 256)" in why
 
 
 @pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")

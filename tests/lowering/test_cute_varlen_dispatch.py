@@ -216,7 +216,7 @@ def test_selector_wide_heads(on_hopper, backend, name, d, dv, auto_takes_cute):
                                             (dict(bias=(4, 300, 300)),
                                              "the CuTe varlen backward: a bias of one element only"),
                                             (dict(bias=()), ""),
-                                            (dict(bias=(), bias_grad=True), "computes no bias gradient"),
+                                            (dict(bias=(), bias_grad=True), "varlen backward computes no bias"),
                                             (dict(d=256), ""),
                                             (dict(d=256, causal=True), "D and Dv of at most 128"),
                                             (dict(d=192), "for the CuTe varlen backward"),

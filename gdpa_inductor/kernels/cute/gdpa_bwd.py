@@ -10,8 +10,9 @@ import os
 import torch
 
 from ..triton.gdpa_fwd_tma import tma_layout
+from . import activation_math
 from .compile_cache import cached_compile
-from .gdpa_fwd import _as_4d, cute_fwd_support, fwd_supported, score_offset_support
+from .gdpa_fwd import _as_4d, _bias_4d, cute_fwd_support, fwd_supported
 from .kernel_args import compile_options, dense_modes, fake_offset, fake_operands, fake_rows, fake_stream, offset_args
 
 # Up to this many key tiles (128 keys; 64 in the wide-head kernel), dQ tiles are added straight into dQ in the
@@ -51,39 +52,66 @@ def _within_bwd_head_dims(check: tuple[bool, str], q: torch.Tensor, v: torch.Ten
 
 
 def without_bias_grad(check: tuple[bool, str], bias_grad: bool) -> tuple[bool, str]:
-    """A support check's (ok, reason), narrowed to calls that want no bias gradient."""
+    """A support check's (ok, reason), narrowed to calls that want no bias gradient (the varlen backward)."""
     if check[0] and bias_grad:
-        return False, "the CuTe backward computes no bias gradient"
+        return False, "the CuTe varlen backward computes no bias gradient"
     return check
 
 
-def _one_element_bias(check: tuple[bool, str], bias) -> tuple[bool, str]:
-    """A forward support check's (ok, reason), narrowed to the backward's biases: one element only (the forward
-    also reads a bias tensor)."""
-    return score_offset_support(bias, "the CuTe backward") if check[0] else check
+def _is_tensor_bias(bias) -> bool:
+    return bias is not None and bias.numel() != 1
+
+
+def bias_tensor_bwd_support(bias: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    """(ok, reason) for a bias tensor the forward takes (``score_bias_support``, in its 4-D form) in the CuTe
+    backward: the 128-key kernel (D and Dv at most 128), which loads each (64 queries x 128 keys) tile of it by
+    TMA: Nk and every stride but the last (of dims above one) a multiple of 8, 16-byte aligned."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if max(d, dv) > NARROW_MAX_HEAD_DIM:
+        return False, f"the CuTe backward reads a bias tensor at D and Dv up to {NARROW_MAX_HEAD_DIM} (got {d}, {dv})"
+    strides = [s for n, s in zip(bias.shape[:-1], bias.stride()[:-1]) if n > 1]
+    if bias.shape[-1] % 8 or any(s % 8 for s in strides) or bias.data_ptr() % 16:
+        return False, ("the CuTe backward loads a bias tensor's tiles by TMA: Nk and its strides a multiple of 8, "
+                       f"16-byte aligned (got Nk={bias.shape[-1]}, strides {bias.stride()})")
+    return True, ""
+
+
+def _bwd_bias(check: tuple[bool, str], bias, q: torch.Tensor, v: torch.Tensor, bias_grad: bool) -> tuple[bool, str]:
+    """A forward support check's (ok, reason) on [Z, H, N, D] operands and their 4-D bias, narrowed to the
+    backward's biases (one element, or a tensor ``bias_tensor_bwd_support`` takes) and bias gradients (of a
+    tensor only)."""
+    if not check[0] or bias is None:
+        return check
+    if not _is_tensor_bias(bias):
+        return (False, "the CuTe backward computes the gradient of a bias tensor only") if bias_grad else check
+    return bias_tensor_bwd_support(bias, q, v)
 
 
 def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
                   bias_grad: bool = False):
-    """(ok, reason) for the CuTe backward on [Z, H, N, D] operands: the forward's cases at the backward's head
-    dims, without a bias gradient (``bias_grad``: whether the call wants one)."""
+    """(ok, reason) for the CuTe backward on [Z, H, N, D] operands (a bias in the 4-D form): the forward's cases at
+    the backward's head dims, a bias tensor where ``bias_tensor_bwd_support`` takes it, a bias gradient
+    (``bias_grad``: whether the call wants one) of a bias tensor."""
     check = _within_bwd_head_dims(fwd_supported(q, k, v, bias, causal, activation), q, v)
-    return without_bias_grad(_one_element_bias(check, bias), bias_grad)
+    return _bwd_bias(check, bias, q, v, bias_grad)
 
 
 def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
                      bias_grad: bool = False):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting): the forward's cases, its
-    causal mask and one-element bias included (``causal_support``, ``score_offset_support``), at the backward's
-    head dims, without a bias gradient."""
+    causal mask and biases included (``causal_support``, ``score_bias_support``), at the backward's head dims, as
+    ``bwd_supported`` narrows them."""
     check = _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation), q, v)
-    return without_bias_grad(_one_element_bias(check, bias), bias_grad)
+    if not check[0] or bias is None:
+        return _bwd_bias(check, bias, q, v, bias_grad)
+    (q4, _, v4), batch = _as_4d(q, k, v)
+    return _bwd_bias(check, _bias_4d(bias, batch), q4, v4, bias_grad)
 
 
 def compile_bwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False, causal: bool = False,
-    band: bool = False, score_offset: bool = False,
+    band: bool = False, score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
 ):
     """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``, varlen or
     not, causal or not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values.
@@ -92,7 +120,10 @@ def compile_bwd(
     dO's head dim (None: ``head_dim``). ``causal``: the bottom-right aligned mask (``causal_support``'s cases, or
     varlen ``varlen_causal_support``'s), dQ not summed by pairs. ``band`` (varlen): the mask of a band around each
     sample's diagonal, its bounds the call's arguments after the rows. ``score_offset``: a one-element bias, the
-    call's last argument (after Nones for the varlen and band arguments it lacks; ``GdpaBwdSm90``)."""
+    call's argument after the varlen and band arguments (Nones where it lacks them; ``GdpaBwdSm90``).
+    ``score_bias``: a bias tensor (``bias_tensor_bwd_support``; dense, D and Dv at most 128), in the call after the
+    one element's place, and ``bias_grad``: dS stored into a [Z, H, Nq, Nk] tensor, the call's last argument;
+    every call passes those two (Nones where it has none)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
@@ -101,11 +132,16 @@ def compile_bwd(
         raise ValueError("the causal CuTe backward takes dq_sums 'in_place' or 'fp32'")
     if band and not varlen:
         raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
+    if bias_grad and not score_bias:
+        raise ValueError("bias_grad=True needs score_bias=True (the gradient of a bias tensor)")
+    if score_bias and (varlen or score_offset or dq_sums == "pairs"):
+        raise ValueError("score_bias=True: dense batches, no one-element bias, dq_sums other than 'pairs'")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     wide = max(head_dim, head_dim_v) > NARROW_MAX_HEAD_DIM
-    if wide and (causal or band or dq_sums == "pairs"):
-        raise ValueError(f"the wide-head backward (D={head_dim}, Dv={head_dim_v}) takes no mask and no dQ pairs")
+    if wide and (causal or band or dq_sums == "pairs" or score_bias):
+        raise ValueError(f"the wide-head backward (D={head_dim}, Dv={head_dim_v}) takes no mask, no dQ pairs and no "
+                         "bias tensor")
     key = ("bwd", str(dtype), head_dim, head_dim_v, activation, dq_sums, keep_ptx, varlen)
     if causal:
         key = (*key, "causal")
@@ -113,12 +149,13 @@ def compile_bwd(
         key = (*key, "band")
     if score_offset:
         key = (*key, "offset")
+    if score_bias:
+        key = (*key, "bias_grad" if bias_grad else "bias")
 
     def build():
         import cutlass
         import cutlass.cute as cute
 
-        from . import activation_math
         from .gdpa_bwd_sm90 import GdpaBwdSm90
         from .gdpa_bwd_wide_sm90 import GdpaBwdWideSm90
 
@@ -128,8 +165,9 @@ def compile_bwd(
         # varlen: the rows tensor and the longest sample's key tiles follow the stream
         extra = [fake_rows(), cutlass.Int32(1)] if varlen else []
         extra += [cutlass.Int32(1), cutlass.Int32(1)] if band else []
-        if score_offset:
-            extra += [None] * (4 - len(extra)) + [fake_offset()]
+        extra += [None] * (4 - len(extra)) + [fake_offset() if score_offset else None]
+        # the bias tensor and dBias, in the operands' (N, D, H, Z) form: (Nq, Nk, H, Z)
+        extra += [fake_operands(element, 1)[0] if wanted else None for wanted in (score_bias, bias_grad)]
         one = cutlass.Float32(1.0)
         form = activation_math.backward_form(activation)
         if wide:
@@ -139,7 +177,7 @@ def compile_bwd(
             kernel = GdpaBwdSm90(
                 element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
                 dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen, causal=causal, band=band,
-                score_offset=score_offset,
+                score_offset=score_offset, score_bias=score_bias, bias_grad=bias_grad,
             )
         return cute.compile(kernel, *args, one, one, one, fake_stream(), *extra, options=compile_options(keep_ptx))
 
@@ -167,13 +205,15 @@ def dq_sums_for(num_keys: int, key_tile: int = KEY_TILE) -> str:
 
 def gdpa_bwd_cute(
     q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float,
-    dq_sums: str | None = None, causal: bool = False, bias: torch.Tensor | None = None,
+    dq_sums: str | None = None, causal: bool = False, bias: torch.Tensor | None = None, bias_grad: bool = False,
 ):
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv], grad_out [Z, H, Nq, Dv] (``bwd_supported``
-    checked) -> (dq, dk, dv).
+    checked) -> (dq, dk, dv, dbias or None).
     ``dq_sums``: one of ``DQ_SUMS`` (None: ``dq_sums_for`` decides by the key count; "pairs" needs an even
-    number of key tiles, and no ``causal``). ``causal``: the bottom-right aligned mask. ``bias``: one element (any
-    float dtype), added to every score (no gradient)."""
+    number of key tiles, no ``causal`` and no bias tensor). ``causal``: the bottom-right aligned mask. ``bias``: one
+    element (any float dtype), added to every score (no gradient), or a tensor ``bias_tensor_bwd_support`` takes
+    ([Zb, Hb, Nq, Nk], Zb 1 or Z, Hb 1 or H), added to each; ``bias_grad``: its gradient is wanted (a tensor's
+    only), dbias in its shape and dtype."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     group = h // hkv
@@ -185,33 +225,69 @@ def gdpa_bwd_cute(
     dq_sums = dq_sums_for(nk, bwd_key_tile(d, d_v)) if dq_sums is None else dq_sums
     if dq_sums == "pairs" and -(-nk // KEY_TILE) % 2:
         raise ValueError(f"dq_sums='pairs' needs an even number of {KEY_TILE}-key tiles, got {nk} keys")
+    tensor_bias = bias if _is_tensor_bias(bias) else None
+    if bias_grad and tensor_bias is None:
+        raise ValueError("bias_grad=True needs a bias tensor (the CuTe backward's bias gradient is a tensor's)")
+    offset = None if tensor_bias is not None else bias
     direct = dq_sums != "fp32"
     dq_acc = torch.zeros((z, h, nq, d), dtype=q.dtype if direct else torch.float32, device=q.device)
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
+    # dS per (sample, query head): a causal CTA skips the query tiles before its diagonal, whose dS is zero
+    ds = None
+    if bias_grad:
+        ds = (torch.zeros if causal else torch.empty)((z, h, nq, nk), dtype=q.dtype, device=q.device)
     if dq_acc.numel() and dk.numel():
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, causal=causal,
-                         score_offset=bias is not None)
-        # no rows, no key-tile count, no band: a dense batch (a function loaded from the disk cache fills in no
-        # defaults)
+                         score_offset=offset is not None, score_bias=tensor_bias is not None, bias_grad=bias_grad)
+        # no rows, no key-tile count, no band: a dense batch; then the one-element bias, the bias tensor and dS, or
+        # Nones (a function loaded from the disk cache fills in no defaults)
         fn(*(dense_modes(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)), scale, post_scale, negative_slope, None,
-           None, None, None, *offset_args(bias))
+           None, None, None, *offset_args(offset), None if tensor_bias is None else bias_tile_modes(tensor_bias),
+           None if ds is None else dense_modes(ds))
     else:
         dk.zero_()
         dv.zero_()
+        if ds is not None:
+            ds.zero_()
     dq = dq_acc if direct else dq_acc.to(q.dtype)
     if group > 1:
         dk = dk.view(z, hkv, group, nk, d).sum(2)
         dv = dv.view(z, hkv, group, nk, d_v).sum(2)
-    return dq, dk, dv
+    dbias = None
+    if ds is not None:
+        # the kernel's dS leaves out act''s constant factor and post_scale (dK and dQ take them at the end)
+        factor = post_scale * activation_math.backward_form(activation).grad_factor
+        dbias = _sum_to(ds, tensor_bias.shape).mul_(factor)
+    return dq, dk, dv, dbias
+
+
+def bias_tile_modes(bias: torch.Tensor) -> torch.Tensor:
+    """A [Zb, Hb, Nq, Nk] bias ``bias_tensor_bwd_support`` takes -> the kernel's (Nq, Nk, Hb, Zb) mode order (a view),
+    its size-1 dims given a stride TMA takes (never stepped along: any multiple of 16 bytes does)."""
+    b = torch.as_strided(bias, bias.shape, [s if n > 1 else bias.shape[-1] for n, s in
+                                            zip(bias.shape[:-1], bias.stride()[:-1])] + [1])
+    return dense_modes(b)
+
+
+def _sum_to(ds: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """[Z, H, Nq, Nk] dS summed over the dims a bias of ``shape`` ([Zb, Hb, Nq, Nk]) broadcasts along, in fp32 and
+    rounded once (dS itself where it broadcasts along none). dS is the backward's largest tensor: with an fp32 sum,
+    scale and cast in its place the backward with dbias ran 4-7% slower (H200, bias per sample, 1024² to 2048²)."""
+    dims = [i for i, (n, m) in enumerate(zip(shape, ds.shape)) if n == 1 and m > 1]
+    return ds.sum(dims, keepdim=True) if dims else ds
 
 
 def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
-                          causal: bool = False, bias: torch.Tensor | None = None):
+                          causal: bool = False, bias: torch.Tensor | None = None, bias_grad: bool = False):
     """The op's backward on the CuTe kernel: [..., H, N, D] operands of one batch shape (``cute_bwd_support``
-    checked: no broadcast dims) -> (dq, dk, dv) in the inputs' shapes."""
+    checked: no broadcast dims) -> (dq, dk, dv, dbias or None) in the inputs' shapes."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
     do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])
-    dq, dk, dv = gdpa_bwd_cute(q4, k4, v4, do4, activation, scale, post_scale, negative_slope, causal=causal,
-                               bias=bias)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    dq, dk, dv, dbias = gdpa_bwd_cute(q4, k4, v4, do4, activation, scale, post_scale, negative_slope, causal=causal,
+                                      bias=_bias_4d(bias, batch), bias_grad=bias_grad)
+    if dbias is not None:
+        # a bias whose batch dims flattened only by a copy (``_bias_4d``) got one gradient per sample
+        dbias = dbias.view(bias.shape) if dbias.numel() == bias.numel() else dbias.reshape(
+            *batch, *dbias.shape[1:]).sum_to_size(bias.shape)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), dbias

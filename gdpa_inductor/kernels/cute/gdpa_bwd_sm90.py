@@ -86,7 +86,7 @@ class GdpaBwdSm90:
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
         q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False, causal: bool = False,
-        band: bool = False, score_offset: bool = False,
+        band: bool = False, score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -141,6 +141,19 @@ class GdpaBwdSm90:
         self.band = band
         # a bias constant over the scores, read by the kernel (``GdpaFwdSm90``'s ``score_offset``)
         self.score_offset = score_offset
+        # a bias tensor over the scores' rows and columns: the producer loads each query tile's (64 queries x 128
+        # keys) by TMA into one shared-memory stage laid out as dS's, and each consumer thread reads its own values
+        # of Sᵀ by ldmatrix.trans (the inverse of dS's stmatrix.trans), 16 registers a tile. One stage: at D = 128
+        # with fp32 dQ sums two do not fit in 227 KB; the tile is read at the top of the step and freed at once,
+        # so the next one loads while the rest of the step's matmuls run
+        assert not (score_bias and (varlen or dq_pairs or score_offset)), "a bias tensor: dense, no pairs"
+        self.score_bias = score_bias
+        self.bias_stages = 1
+        # dBias = post_scale · act'-factor · dS: the dQ warp stores each dS tile, once both warpgroups have used it
+        # for dQ, from shared memory by TMA into a [Z, H, Nq, Nk] buffer the launcher sums over the bias's
+        # broadcast dims (a stage is written again only after the dQ warp has seen that store read)
+        assert not bias_grad or score_bias, "a bias gradient: of a bias tensor"
+        self.bias_grad = bias_grad
 
     @cute.jit
     def __call__(
@@ -161,6 +174,8 @@ class GdpaBwdSm90:
         band_left: cutlass.Int32 | None = None,
         band_right: cutlass.Int32 | None = None,
         offset: cute.Tensor | None = None,
+        mBias: cute.Tensor | None = None,
+        mdBias: cute.Tensor | None = None,
     ):
         """mQ: (Nq, D, H, Z); mdO: (Nq, Dv, H, Z); mK, mdK: (Nk, D, H, Z); mV, mdV: (Nk, Dv, H, Z); D and Dv
         contiguous, K/V already expanded to the query heads; mdQ: (Nq, D, H, Z) in ``dq_dtype``,
@@ -170,7 +185,9 @@ class GdpaBwdSm90:
         Z is 1 (jagged rows, or one block every sample reads) or B; ``num_n``: key tiles of the longest sample.
         dK and dV of rows no CTA writes (past a sample's keys, samples without queries, keys no query's band sees)
         keep what they held. ``band_left``, ``band_right``: the band's bounds (``band``). ``offset``: the
-        one-element bias (``score_offset``) in fp32."""
+        one-element bias (``score_offset``) in fp32. ``mBias``: the bias tensor (``score_bias``), (Nq, Nk, Hb, Zb)
+        in the operands' dtype, Nk contiguous, Hb 1 or H and Zb 1 or Z; ``mdBias``: (Nq, Nk, H, Z), receives
+        dS (``bias_grad``) where a CTA computes it (not in the tiles a causal CTA skips)."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv = self.head_dim, self.head_dim_v
@@ -184,19 +201,23 @@ class GdpaBwdSm90:
         # the same bytes seen as one (queries, D) tile, swizzle atoms no wider than a half
         dq_smem = _smem_layout(self.dq_dtype, (self.tile_m, d // self.num_mma_wg), self.num_mma_wg)
         dq_tile_smem = _smem_layout(self.dq_dtype, (self.tile_m, d), 1, d // self.num_mma_wg)
+        bias_smem = _smem_layout(self.dtype, (self.tile_m, self.tile_n), self.bias_stages, _WG_ROWS)
 
         atoms = self._tma_atoms((mQ, mK, mV, mdO, mdQ, mdK, mdV), (q_smem, do_smem, k_smem, v_smem, dq_smem),
                                 d // self.num_mma_wg)
+        bias_atoms = self._bias_tma_atoms(mBias, mdBias, bias_smem, ds_smem)
 
         # with dq_pairs: the received fp32 half-tiles, by thread: each of the owner's threads reads what the
         # sender's thread of the same index wrote (the same places of the tile), four values at a time
         recv_words = self.pair_stages * self.tile_m * d // self.num_mma_wg if self.dq_pairs else 4
+        bias_words = cute.cosize(bias_smem) if self.score_bias else 8
 
         @cute.struct
         class SharedStorage:
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2]
             q_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
             do_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
+            bias_mbar: cute.struct.MemRange[cutlass.Int64, self.bias_stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(do_smem)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
@@ -205,6 +226,7 @@ class GdpaBwdSm90:
             sdQ: cute.struct.Align[cute.struct.MemRange[self.dq_dtype, cute.cosize(dq_smem)], 1024]
             pair_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.pair_stages]
             sRecv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, recv_words], 1024]
+            sBias: cute.struct.Align[cute.struct.MemRange[self.dtype, bias_words], 1024]
 
         self.shared_storage = SharedStorage
         samples = mQ.shape[3]
@@ -214,7 +236,7 @@ class GdpaBwdSm90:
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             *atoms, scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, num_n,
-            mQ.shape[2], rows, band_left, band_right, offset,
+            mQ.shape[2], rows, band_left, band_right, offset, *bias_atoms, bias_smem,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
@@ -257,6 +279,11 @@ class GdpaBwdSm90:
         band_left: cutlass.Int32 | None,
         band_right: cutlass.Int32 | None,
         offset: cute.Tensor | None,
+        tma_bias: cute.CopyAtom | None,
+        mBias: cute.Tensor | None,
+        tma_dbias: cute.CopyAtom | None,
+        mdBias: cute.Tensor | None,
+        bias_smem: cute.ComposedLayout | None,
     ):
         bidx, _, _ = cute.arch.block_idx()
         # key tiles fastest: the CTAs of one head run together and share its Q and dO in L2
@@ -267,6 +294,7 @@ class GdpaBwdSm90:
         nk = mK.shape[0]
         cta = (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale,
                slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, offset)
+        biases = (tma_bias, mBias, tma_dbias, mdBias, bias_smem)
         if cutlass.const_expr(self.varlen):
             # z is the sample's rank in ``rows``; CTAs past its keys, or of a sample without queries, have nothing
             rank = z
@@ -275,12 +303,12 @@ class GdpaBwdSm90:
             if cutlass.const_expr(self.band):
                 first_row, last_row = self._band_rows(n_blk, nq, nk, band)
                 if (n_blk * self.tile_n < nk) & (nq > 0) & (first_row <= last_row):
-                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band)
+                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band, biases)
             else:
                 if (n_blk * self.tile_n < nk) & (nq > 0):
-                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band)
+                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band, biases)
         else:
-            self._cta(cta, n_blk, h, z, 0, nq, 0, nk, (band_left, band_right))
+            self._cta(cta, n_blk, h, z, 0, nq, 0, nk, (band_left, band_right), biases)
 
     def _band_rows(self, n_blk, nq, nk, band: tuple):
         """(first, last) query row that the band (``band``: its left and right bounds) lets see a key of key tile
@@ -303,13 +331,16 @@ class GdpaBwdSm90:
         k0: cutlass.Int32,
         nk: cutlass.Int32,
         band: tuple,
+        biases: tuple,
     ):
         """The CTA of key tile ``n_blk``, head ``h``, sample ``z`` (its queries from row ``q0``, ``nq`` of them;
         its keys from ``k0``, ``nk``; rows 0 and the tensors' own lengths in a dense batch). ``cta``: the kernel's
-        TMA atoms with their tensors, scalars, shared-memory layouts and bias, in its argument order; ``band``:
+        TMA atoms with their tensors, scalars, shared-memory layouts and one-element bias, in its argument order;
+        ``biases``: the bias tensor's and dBias's TMA atoms with their tensors and the bias tile's layout; ``band``:
         the band's bounds (``band``; else Nones)."""
         (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale, slope,
          q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, offset) = cta
+        tma_bias, mBias, tma_dbias, mdBias, bias_smem = biases
         tidx, _, _ = cute.arch.thread_idx()
         d, dv = self.head_dim, self.head_dim_v
         num_m = cute.ceil_div(nq, self.tile_m)
@@ -329,12 +360,14 @@ class GdpaBwdSm90:
             m_end = last_row // self.tile_m + 1
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
-        kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer = self._pipelines(
-            storage, tidx, self.q_stages)
+        (kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer, bias_producer,
+         bias_consumer) = self._pipelines(storage, tidx, self.q_stages)
         sQ, sdO, sK, sV, sdS, sdQ, sdQ_tile = self._smem_tensors(
             storage, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem))
         (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, tdKsdK, tdKgdK, tdVsdV, tdVgdV, tdQsdQ,
          tdQgdQ) = self._tma_partitions(cta[:14], (sQ, sdO, sK, sV, sdQ), h, z, q0, nq, k0, nk, d // self.num_mma_wg)
+        sBias = storage.sBias.get_tensor(bias_smem.outer, swizzle=bias_smem.inner)
+        tBsB, tBgB, tDBsdS, tDBgDB = self._bias_partitions((tma_bias, mBias, tma_dbias, mdBias), sBias, sdS, h, z)
 
         # with dq_pairs: this CTA's rank in its pair, the half of D it owns ((1 + rank) % 2), per receive
         # stage the mbarrier counting the peer's partial in, and the one the peer's owning warps arrive at once
@@ -358,10 +391,12 @@ class GdpaBwdSm90:
         if wg_idx == 0:
             cute.arch.warpgroup_reg_dealloc(self.regs_producer)
             if warp_idx == 0:
-                self._load_tiles((tma_q, tma_do, tma_k, tma_v), (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV),
-                                 (kv_producer, q_producer, do_producer), n_blk, m_first, m_end)
+                self._load_tiles((tma_q, tma_do, tma_k, tma_v, tma_bias),
+                                 (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, tBsB, tBgB),
+                                 (kv_producer, q_producer, do_producer, bias_producer), n_blk, m_first, m_end)
             if warp_idx == self.dq_warp:
-                self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, m_end, own_half)
+                self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, m_end, own_half, (tma_dbias, tDBsdS, tDBgDB),
+                                   n_blk)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             ctid = tidx - _WG_THREADS
@@ -386,6 +421,11 @@ class GdpaBwdSm90:
                 cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), sdp_mma
             )
             tdSsdS = ds_copy.get_slice(ctid).partition_D(_transposed(sdS))
+            # the bias tile's values of this thread's Sᵀ scores, transposed on the way as dS is on its way out
+            bias_copy = cute.make_tiled_copy_C(
+                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), sdp_mma
+            )
+            tBsB_ld = bias_copy.get_slice(ctid).partition_S(_transposed(sBias))
             tQsdQ = dq.partition_C(sdQ_tile[None, None, 0])
             cwg = wg_idx - 1
             # with dq_pairs: this thread's four-value groups in a receive stage, 512 bytes apart
@@ -451,6 +491,17 @@ class GdpaBwdSm90:
                     fresh_gemm(sdp_mma, acc_dp, tPrV, tPrdO[None, None, None, do_handle.index], False)
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
+                    r_bias = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+                    if cutlass.const_expr(self.score_bias):
+                        bias_handle = bias_consumer.wait_and_advance()
+                        cute.copy(bias_copy, tBsB_ld[None, None, None, bias_handle.index], bias_copy.retile(r_bias))
+                        # ptxas issues the stage's arrive right after the ldmatrix instructions, before they have
+                        # read it (even when the release comes after the values' use): the next tile's TMA then
+                        # overwrote tiles still being read (H200: wrong dQ, dK, dV at D = 64, varying from run to
+                        # run). The fence waits for the reads (MEMBAR.ALL.CTA) and orders them before the async
+                        # proxy's writes; measured free (2048², silu: 476 against 479 TF/s)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        bias_handle.release()
 
                     # Pᵀ into the dV operand; act' kept in acc_s for dS
                     r_p = operand_a_like(acc_s, dv_mma, self.dtype)
@@ -475,7 +526,7 @@ class GdpaBwdSm90:
                             # before Nq that also keeps c before Nk (the last key tile is always a diagonal one)
                             diag = m * self.tile_m + diag0
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            y, g = self.act_form.fn(acc_s[i], scale, slope, bias)
+                            y, g = self.act_form.fn(acc_s[i], scale, slope, self._score_bias(bias, r_bias, i))
                             if cutlass.const_expr(self.band):
                                 diff = tScS[i][0] - tScS[i][1]
                                 keep = (tScS[i][0] < valid_keys and tScS[i][1] < valid_rows and diff >= least
@@ -488,7 +539,8 @@ class GdpaBwdSm90:
                             acc_s[i] = g if keep else cutlass.Float32(0.0 - act_grad_offset)
                     else:
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            p_acc[i], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope, bias)
+                            p_acc[i], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope,
+                                                                  self._score_bias(bias, r_bias, i))
                     store_operand_a(p_acc, r_p)
 
                     warpgroup.wait_group(0)
@@ -597,9 +649,47 @@ class GdpaBwdSm90:
         )
         return tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv, tma_dk, tdk, tma_dv, tdv, tma_dq, tdq
 
+    def _bias_tma_atoms(self, mBias, mdBias, bias_smem, ds_smem) -> tuple:
+        """(load of bias tiles, its tensor, store of dS tiles into dBias, its tensor), Nones where the kernel has
+        no bias tensor or no bias gradient; sets the bias load's transaction bytes."""
+        one = (None, None, 0)
+        tile = (self.tile_m, self.tile_n)
+        tma_bias, tBias, tma_dbias, tdBias = None, None, None, None
+        if cutlass.const_expr(self.score_bias):
+            tma_bias, tBias = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), mBias, cute.slice_(bias_smem, one), tile)
+            self.bias_bytes = cute.size_in_bytes(self.dtype, cute.slice_(bias_smem, one))
+        if cutlass.const_expr(self.bias_grad):
+            tma_dbias, tdBias = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mdBias, cute.slice_(ds_smem, one), tile)
+        return tma_bias, tBias, tma_dbias, tdBias
+
+    def _bias_partitions(self, atoms: tuple, sBias: cute.Tensor, sdS: cute.Tensor, h, z) -> tuple:
+        """The TMA partitions (shared, global) of the bias tiles of head ``h``, sample ``z`` (its broadcast dims
+        read at 0) and of dS into dBias, by (query tile, key tile); Nones where the kernel has none."""
+        tma_bias, mBias, tma_dbias, mdBias = atoms
+        no_cluster = cute.make_layout(1)
+        tile = (self.tile_m, self.tile_n)
+        tBsB, tBgB, tDBsdS, tDBgDB = None, None, None, None
+        if cutlass.const_expr(self.score_bias):
+            gBias = cute.local_tile(mBias[None, None, h % mBias.shape[2], z % mBias.shape[3]], tile, (None, None))
+            tBsB, tBgB = cpasync.tma_partition(tma_bias, 0, no_cluster, cute.group_modes(sBias, 0, 2),
+                                               cute.group_modes(gBias, 0, 2))
+        if cutlass.const_expr(self.bias_grad):
+            gdBias = cute.local_tile(mdBias[None, None, h, z], tile, (None, None))
+            tDBsdS, tDBgDB = cpasync.tma_partition(tma_dbias, 0, no_cluster, cute.group_modes(sdS, 0, 2),
+                                                   cute.group_modes(gdBias, 0, 2))
+        return tBsB, tBgB, tDBsdS, tDBgDB
+
+    def _score_bias(self, offset, r_bias: cute.Tensor, i: int):
+        """The bias of score ``i`` of the thread's Sᵀ: its value of the bias tile (``score_bias``), else the one
+        element (or None)."""
+        return cutlass.Float32(r_bias[i]) if self.score_bias else offset
+
     def _pipelines(self, storage, tidx: cutlass.Int32, do_stages: int) -> tuple:
-        """Producer and consumer of the K/V load (one stage), of the Q ring and of the dO ring (``do_stages``), in
-        that order, flat (the DSL threads a loop's state through names unpacked from a flat tuple)."""
+        """Producer and consumer of the K/V load (one stage), of the Q ring, of the dO ring (``do_stages``) and of
+        the bias tiles (``score_bias``; else Nones), in that order, flat (the DSL threads a loop's state through
+        names unpacked from a flat tuple)."""
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
 
@@ -609,9 +699,12 @@ class GdpaBwdSm90:
                 consumer_group=consumer_warps, tx_count=tx_count, defer_sync=True,
             ), tidx).make_participants()
 
+        bias = (None, None)
+        if self.score_bias:
+            bias = ring(storage.bias_mbar.data_ptr(), self.bias_stages, self.bias_bytes)
         return (*ring(storage.kv_mbar.data_ptr(), 1, self.kv_bytes),
                 *ring(storage.q_mbar.data_ptr(), self.q_stages, self.q_bytes),
-                *ring(storage.do_mbar.data_ptr(), do_stages, self.do_bytes))
+                *ring(storage.do_mbar.data_ptr(), do_stages, self.do_bytes), *bias)
 
     def _smem_tensors(self, storage, layouts: tuple) -> tuple:
         """(sQ, sdO, sK, sV, sdS, sdQ, sdQ_tile) over the shared storage, in ``layouts``' order (sdQ_tile: the dQ
@@ -644,13 +737,15 @@ class GdpaBwdSm90:
     @cute.jit
     def _load_tiles(self, atoms: tuple, parts: tuple, producers: tuple, n_blk: cutlass.Int32, m_first: cutlass.Int32,
                     m_end: cutlass.Int32):
-        """The producer warp: K and V of key tile ``n_blk`` once, then Q and dO of query tiles ``m_first`` to
-        ``m_end`` into their rings."""
-        tma_q, tma_do, tma_k, tma_v = atoms
-        tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV = parts
-        kv_producer, q_producer, do_producer = producers
+        """The producer warp: K and V of key tile ``n_blk`` once, then Q, dO and the bias tile (``score_bias``) of
+        query tiles ``m_first`` to ``m_end`` into their rings."""
+        tma_q, tma_do, tma_k, tma_v, tma_bias = atoms
+        tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, tBsB, tBgB = parts
+        kv_producer, q_producer, do_producer, bias_producer = producers
         for atom in (tma_q, tma_do, tma_k, tma_v):
             cpasync.prefetch_descriptor(atom)
+        if cutlass.const_expr(self.score_bias):
+            cpasync.prefetch_descriptor(tma_bias)
         handle = kv_producer.acquire_and_advance()
         cute.copy(tma_k, tKgK[(None, n_blk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
         cute.copy(tma_v, tVgV[(None, n_blk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
@@ -659,6 +754,9 @@ class GdpaBwdSm90:
             cute.copy(tma_q, tQgQ[(None, m)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
             handle = do_producer.acquire_and_advance()
             cute.copy(tma_do, tdOgdO[(None, m)], tdOsdO[(None, handle.index)], tma_bar_ptr=handle.barrier)
+            if cutlass.const_expr(self.score_bias):
+                handle = bias_producer.acquire_and_advance()
+                cute.copy(tma_bias, tBgB[(None, m, n_blk)], tBsB[(None, handle.index)], tma_bar_ptr=handle.barrier)
 
     @cute.jit
     def _store_dk_dv(self, dk: tuple, dv: tuple, ds_scale: cutlass.Float32, post_scale: cutlass.Float32,
@@ -759,21 +857,28 @@ class GdpaBwdSm90:
     @cute.jit
     def _add_dq_tiles(
         self, tma_dq: cute.CopyAtom, tdQsdQ: cute.Tensor, tdQgdQ: cute.Tensor, m_first: cutlass.Int32,
-        num_m: cutlass.Int32, own_half: cutlass.Int32,
+        num_m: cutlass.Int32, own_half: cutlass.Int32, dbias: tuple, n_blk: cutlass.Int32,
     ):
         """The dQ warp: per query tile from ``m_first``, frees each warpgroup's sdQ buffer once its previous copy
         has read it, then adds the buffer into dQ once the warpgroup has filled it (dq_pairs: the owned half
-        only)."""
+        only). With ``bias_grad`` it then stores the tile's dS (both warpgroups' halves are in: each computed its
+        dQ from them) into dBias (``dbias``: the TMA store with its partitions; key tile ``n_blk``), and frees a
+        buffer only once every earlier copy has read its shared memory, the dS stage included: a warpgroup writes
+        that stage again only after it has waited for a buffer freed later."""
+        tma_dbias, tDBsdS, tDBgDB = dbias
         dq_threads = _WG_THREADS + 32
         halves = 1 if self.dq_pairs else self.num_mma_wg
         for m in cutlass.range(m_first, num_m, unroll=1):
             for w in cutlass.range_constexpr(halves):
-                cute.arch.cp_async_bulk_wait_group(halves - 1 - w, read=True)
+                cute.arch.cp_async_bulk_wait_group(0 if self.bias_grad else halves - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=self.barrier_dq_empty + w, number_of_threads=dq_threads)
             for w in cutlass.range_constexpr(halves):
                 cute.arch.barrier(barrier_id=self.barrier_dq_full + w, number_of_threads=dq_threads)
                 buf = own_half if self.dq_pairs else w
                 cute.copy(tma_dq, tdQsdQ[(None, buf)], tdQgdQ[(None, m, buf)])
+                cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(self.bias_grad):
+                cute.copy(tma_dbias, tDBsdS[(None, (m - m_first) % self.ds_stages)], tDBgDB[(None, m, n_blk)])
                 cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 

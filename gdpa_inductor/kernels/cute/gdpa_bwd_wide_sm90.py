@@ -68,6 +68,9 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         # handed over at the next step instead, once its Sᵀ and dPᵀ matmuls are issued, it finds the buffer free
         self.defer_last_dq = defer_last_dq and self.plan.dq_chunks > 1
         self.varlen = varlen
+        # no bias tensor (``GdpaBwdSm90``'s ``score_bias``, ``bias_grad``): the launcher keeps such calls off it
+        self.score_bias = False
+        self.bias_grad = False
         self.causal = False
         self.band = False
         self.dq_pairs = False
@@ -92,9 +95,11 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         band_left: cutlass.Int32 | None = None,
         band_right: cutlass.Int32 | None = None,
         offset: cute.Tensor | None = None,
+        mBias: cute.Tensor | None = None,
+        mdBias: cute.Tensor | None = None,
     ):
-        """As ``GdpaBwdSm90.__call__`` (``num_n``: 64-key tiles of the longest sample); ``band_left`` and
-        ``band_right`` are always None here; ``offset`` as there."""
+        """As ``GdpaBwdSm90.__call__`` (``num_n``: 64-key tiles of the longest sample); ``band_left``,
+        ``band_right``, ``mBias`` and ``mdBias`` are always None here (no bias tensor); ``offset`` as there."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv, plan = self.head_dim, self.head_dim_v, self.plan
@@ -134,7 +139,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             *atoms, scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem, num_n,
-            mQ.shape[2], rows, band_left, band_right, offset,
+            mQ.shape[2], rows, band_left, band_right, offset, None, None, None, None, None,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
@@ -155,9 +160,10 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         k0: cutlass.Int32,
         nk: cutlass.Int32,
         band: tuple,
+        biases: tuple,
     ):
         """The CTA of key tile ``n_blk``, head ``h``, sample ``z`` (``GdpaBwdSm90._cta``'s arguments; ``cta``'s
-        dS layout is the Pᵀ/dSᵀ stages here)."""
+        dS layout is the Pᵀ/dSᵀ stages here; ``biases`` are Nones: no bias tensor)."""
         (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale, slope,
          q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem, offset) = cta
         tidx, _, _ = cute.arch.thread_idx()
@@ -165,7 +171,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         num_m = cute.ceil_div(nq, self.tile_m)
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
-        kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer = self._pipelines(
+        kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer, _, _ = self._pipelines(
             storage, tidx, plan.do_stages)
         sQ, sdO, sK, sV, sPdS, sdQ, sdQ_tile = self._smem_tensors(
             storage, (q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem))
@@ -181,8 +187,9 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         if wg_idx == 0:
             cute.arch.warpgroup_reg_dealloc(self.regs_producer)
             if warp_idx == 0:
-                self._load_tiles((tma_q, tma_do, tma_k, tma_v), (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV),
-                                 (kv_producer, q_producer, do_producer), n_blk, 0, num_m)
+                self._load_tiles((tma_q, tma_do, tma_k, tma_v, None),
+                                 (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, None, None),
+                                 (kv_producer, q_producer, do_producer, None), n_blk, 0, num_m)
             if warp_idx == self.dq_warp:
                 self._add_dq_chunks(tma_dq, tdQsdQ, tdQgdQ, num_m)
         else:

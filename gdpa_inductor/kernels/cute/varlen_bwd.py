@@ -79,7 +79,7 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True,
                          causal=causal and band is None, band=band is not None, score_offset=bias is not None)
         fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
-           rows, num_n, *(band or (None, None)), *offset_args(bias))
+           rows, num_n, *(band or (None, None)), *offset_args(bias), None, None)
     dq = _finish(dq_buf, qs.tensor)
     dk, dv = _finish(dk_buf, k), _finish(dv_buf, v)
     if group > 1:
