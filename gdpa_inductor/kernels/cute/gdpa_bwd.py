@@ -271,9 +271,10 @@ def bias_tile_modes(bias: torch.Tensor) -> torch.Tensor:
 
 
 def _sum_to(ds: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """[Z, H, Nq, Nk] dS summed over the dims a bias of ``shape`` ([Zb, Hb, Nq, Nk]) broadcasts along, in fp32 and
-    rounded once (dS itself where it broadcasts along none). dS is the backward's largest tensor: with an fp32 sum,
-    scale and cast in its place the backward with dbias ran 4-7% slower (H200, bias per sample, 1024² to 2048²)."""
+    """[Z, H, Nq, Nk] dS summed over the dims a bias of ``shape`` ([Zb, Hb, Nq, Nk]) broadcasts along, accumulated in
+    fp32 and rounded once to dS's dtype (dS itself where it broadcasts along none; the caller's scale rounds again).
+    dS is the backward's largest tensor: with an fp32 sum, scale and cast in its place the backward with dbias ran
+    4-7% slower (H200, bias per sample, 1024² to 2048²)."""
     dims = [i for i, (n, m) in enumerate(zip(shape, ds.shape)) if n == 1 and m > 1]
     return ds.sum(dims, keepdim=True) if dims else ds
 
