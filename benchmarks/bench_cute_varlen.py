@@ -18,7 +18,9 @@ copy of the queries' cu_seqlens: equal offsets the kernels cannot know to be equ
 causal mask as a band (``varlen_band``) instead of their aligned causal builds. The dense padded provider has no
 window and is left out under one. ``--activation`` picks the activation; ``--log-n-bias`` adds sigmoid attention's
 constant bias -log N (N the longest sample; a bf16 0-d tensor, as the varlen op takes it in q's dtype) to every
-provider's scores but FA4's (softmax, no bias).
+provider's scores but FA4's (softmax, no bias); ``--rel-bias`` HSTU's learned relative position bias instead, a bf16
+tensor [1, H, N, N] shared by the samples (each reads its own [:n, :n]) that, with ``--backward``, takes its gradient
+(dbias) in every GDPA provider's backward; the dense padded provider reads it over the whole padded batch.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --out results/cute_varlen   # .json and .png
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --backward --out results/cute_varlen_bwd
@@ -27,6 +29,8 @@ provider's scores but FA4's (softmax, no bias).
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --window 256 --out results/cute_varlen_w256
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --activation sigmoid --log-n-bias --backward \
         --out results/cute_varlen_sigmoid
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --activation silu --causal --rel-bias --backward \
+        --out results/cute_varlen_rel_bias
 """
 
 from __future__ import annotations
@@ -71,12 +75,13 @@ def _qkv(t_or_bn, d, dv, **kw):
 
 def cute_runs(q, k, v, cu, cu_k, backward: bool, causal: bool, window, act: str = ACT, bias=None) -> str:
     """Which kernels the varlen op runs under a forced "cute" for these operands (self attention over ``cu``,
-    the keys' offsets ``cu_k``)."""
+    the keys' offsets ``cu_k``; a bias that requires grad wants dbias)."""
     call = (q, k, v, bias, causal, window, act, (cu, cu_k, None, None))
+    bias_grad = bias is not None and bias.requires_grad
 
     def picks():
         fwd = select_varlen_forward_impl(*call)
-        return f"{fwd} fwd + {select_varlen_backward_impl(*call)} bwd" if backward else f"{fwd} fwd"
+        return f"{fwd} fwd + {select_varlen_backward_impl(*call, bias_grad)} bwd" if backward else f"{fwd} fwd"
 
     return _on("cute", picks)()
 
@@ -84,22 +89,30 @@ def cute_runs(q, k, v, cu, cu_k, backward: bool, causal: bool, window, act: str 
 def check(lengths, device, backward: bool, d: int, dv: int, causal: bool, window, cu_k_copy: bool, act: str = ACT,
           bias=None) -> dict:
     """Relative errors of the CuTe varlen op (bf16) vs the float64 reference on the first 8 samples: the output,
-    and with ``backward`` each gradient."""
+    and with ``backward`` each gradient (dbias too where ``bias`` is a tensor that requires grad)."""
     lens = lengths[:8]
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)]).to(device)
     cu_k = cu.clone() if cu_k_copy else cu
     t, longest = int(lens.sum()), int(lens.max())
     q, k, v = _qkv((t,), d, dv, device=device, dtype=torch.float64, requires_grad=True)
     low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
-    got = _on("cute", lambda: gdpa_varlen(*low, cu, cu_k, longest, longest, activation=act, scale=d**-0.5,
+    wide = [q, k, v]
+    if bias is not None and bias.numel() > 1:
+        # these samples' longest is the bias's extent here
+        bias = bias.detach()[..., :longest, :longest].contiguous().requires_grad_(bias.requires_grad)
+        if bias.requires_grad:
+            low.append(bias)
+            wide.append(bias.detach().double().requires_grad_())
+    bias64 = wide[3] if len(wide) > 3 else None if bias is None else bias.double()
+    got = _on("cute", lambda: gdpa_varlen(*low[:3], cu, cu_k, longest, longest, activation=act, scale=d**-0.5,
                                           causal=causal, window=window, bias=bias))()
-    want = gdpa_varlen_reference(q, k, v, None if bias is None else bias.double(), cu, cu, None, None, longest,
-                                 longest, act, d**-0.5, 1.0, causal, window, 0.01)
+    want = gdpa_varlen_reference(*wide[:3], bias64, cu, cu, None, None, longest, longest, act, d**-0.5, 1.0, causal,
+                                 window, 0.01)
     pairs = {"rel_err": (got, want)}
     if backward:
         dout = torch.randn_like(want)
         got_grads = _on("cute", lambda: torch.autograd.grad(got, low, dout.bfloat16()))()
-        for name, g, w in zip(("dq", "dk", "dv"), got_grads, torch.autograd.grad(want, (q, k, v), dout)):
+        for name, g, w in zip(("dq", "dk", "dv", "dbias"), got_grads, torch.autograd.grad(want, wide, dout)):
             pairs[f"rel_err_{name}"] = (g, w)
     return {name: ((g.double() - w).norm() / w.norm()).item() for name, (g, w) in pairs.items()}
 
@@ -132,7 +145,8 @@ def kept_pairs(lengths: torch.Tensor, causal: bool, window: tuple[int, int]) -> 
 
 
 def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: int, causal: bool,
-                window=(-1, -1), cu_k_copy: bool = False, act: str = ACT, log_n_bias: bool = False) -> dict:
+                window=(-1, -1), cu_k_copy: bool = False, act: str = ACT, log_n_bias: bool = False,
+                rel_bias: bool = False) -> dict:
     lengths = lengths_for(batch, max_len, sparsity, gen)
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).cuda()
     cu_k = cu.clone() if cu_k_copy else cu
@@ -140,9 +154,11 @@ def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: 
     scale = d**-0.5
     # the varlen op takes a bias in q's dtype
     bias = torch.tensor(-math.log(max_len), device="cuda", dtype=torch.bfloat16) if log_n_bias else None
+    if rel_bias:
+        bias = torch.randn(1, H, max_len, max_len, device="cuda", dtype=torch.bfloat16).requires_grad_(backward)
     flops = 2.0 * H * (d + dv) * kept_pairs(lengths, causal, window) * (3.5 if backward else 1.0)
     row = dict(max_len=max_len, sparsity=sparsity, batch=batch, tokens=total, head_dims=[d, dv], causal=causal,
-               window=list(window), cu_k_copy=cu_k_copy, activation=act, log_n_bias=log_n_bias,
+               window=list(window), cu_k_copy=cu_k_copy, activation=act, log_n_bias=log_n_bias, rel_bias=rel_bias,
                **check(lengths, "cuda", backward, d, dv, causal, window, cu_k_copy, act, bias))
     q, k, v = _qkv((total,), d, dv, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
     qp, kp, vp = (torch.randn(batch, H, max_len, width, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
@@ -155,13 +171,14 @@ def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: 
 
     # name: (the backend the whole call runs under, its backward included: the kernels are chosen when each pass
     # runs; the forward; its differentiable inputs)
+    learned = (bias,) if rel_bias else ()
     calls = {
-        "cute_varlen": ("cute", varlen, (q, k, v)),
-        "triton_varlen": ("triton", varlen, (q, k, v)),
+        "cute_varlen": ("cute", varlen, (q, k, v, *learned)),
+        "triton_varlen": ("triton", varlen, (q, k, v, *learned)),
     }
     if tuple(window) == (-1, -1):
         calls["cute_padded"] = ("cute", lambda: gdpa(qp, kp, vp, activation=act, scale=scale, causal=causal,
-                                                     bias=bias), (qp, kp, vp))
+                                                     bias=bias), (qp, kp, vp, *learned))
     if fa4 is not None:
         fa4_window = tuple(None if w < 0 else w for w in window)
 
@@ -217,6 +234,8 @@ def plot(rows, meta, path, what: str):
     if meta.get("cu_k_copy"):
         mask += " (band)"
     act = meta.get("activation", ACT) + (", bias -log N" if meta.get("log_n_bias") else "")
+    if meta.get("rel_bias"):
+        act += ", relative bias [1, H, N, N]" + (" + dbias" if what != "forward" else "")
     fig.suptitle(f"varlen {what}{mask}, B=1152, H=4, D={d}, Dv={dv}, bf16, {act} — {meta['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -237,6 +256,8 @@ def main():
                         help="the keys' cu_seqlens a copy of the queries' (the CuTe kernels then run a band)")
     parser.add_argument("--activation", default=ACT)
     parser.add_argument("--log-n-bias", action="store_true", help="sigmoid attention's bias -log N on the scores")
+    parser.add_argument("--rel-bias", action="store_true",
+                        help="HSTU's learned relative bias [1, H, N, N] (with --backward, its gradient too)")
     args = parser.parse_args()
     if args.window is not None and not args.causal:
         parser.error("--window needs --causal (HSTU's max_attn_len)")
@@ -244,7 +265,8 @@ def main():
     d, dv = (int(x) for x in args.head_dims.split(","))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.date.today().isoformat(), head_dims=[d, dv], causal=args.causal, window=list(window),
-                cu_k_copy=args.cu_k_copy, activation=args.activation, log_n_bias=args.log_n_bias)
+                cu_k_copy=args.cu_k_copy, activation=args.activation, log_n_bias=args.log_n_bias,
+                rel_bias=args.rel_bias)
     warm_up_gpu(2.0)
     fa4 = fa4_function("flash_attn_varlen_func")
     gen = torch.Generator().manual_seed(0)
@@ -253,7 +275,7 @@ def main():
         (int(n), float(sp)) for n, sp in (pair.split(":") for pair in args.shapes.split(","))]
     for max_len, sparsity in shapes:
         rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward, d, dv, args.causal, window,
-                                args.cu_k_copy, args.activation, args.log_n_bias))
+                                args.cu_k_copy, args.activation, args.log_n_bias, args.rel_bias))
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     with open(f"{args.out}.json", "w") as f:
         json.dump(dict(meta=meta, backward=args.backward, rows=rows), f, indent=1)

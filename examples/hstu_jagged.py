@@ -13,7 +13,8 @@ Every position predicts the next item of the history: a sampled softmax over the
 negatives (cosine similarity / temperature, as HSTU trains), averaged over the valid positions.
 
 The backend fuses the attention of every layer, the relative bias (with its gradient) included; the causal mask
-becomes the op's flag and the validity mask a -max bias (with a bias present, the padding is not skipped).
+becomes the op's flag and the validity mask per-sample lengths: the varlen op skips the padding and reads the bias at
+each sample's positions (on Hopper, the CuTe-DSL varlen kernels, dbias included).
 The time bias is off by default: its gradient sums B·N² entries into HSTU's 128 buckets, which eager and
 Inductor alike do with contended atomics (seconds per step at the GPU sizes), whatever the attention costs.
 

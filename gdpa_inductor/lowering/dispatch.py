@@ -79,7 +79,7 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
                                 rows: tuple, bias_grad: bool = False) -> str:
     """The varlen backward's path: "cute" where the CuTe varlen backward covers the call (under "auto" and "cute";
     a case it does not cover runs as under "auto"), otherwise as ``select_impl``. ``rows``: as for the forward;
-    ``bias_grad``: whether the call wants the bias's gradient (not in the CuTe backward).
+    ``bias_grad``: whether the call wants the bias's gradient (a bias tensor's, in the CuTe backward).
 
     Measured on H200 (``bench_cute_varlen.py --backward``, B=1152, H=4, D=128, bf16 gelu_tanh, lengths up to 256 to
     2048, all full or uniform in [1, N]; twenty-sixth session, docs/benchmarks.md): the backward alone 1.13-1.94x

@@ -72,9 +72,9 @@ def backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, se
         from ..kernels.cute.varlen_fwd import varlen_band
 
         _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-        dq, dk, dv = gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
-                                          causal, varlen_band(q, k, v, causal, window, rows), bias)
-        dbias = None
+        dq, dk, dv, dbias = gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale,
+                                                 negative_slope, causal, varlen_band(q, k, v, causal, window, rows),
+                                                 bias, bias_requires_grad)
     else:
         from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
         from ..kernels.triton.varlen_layout import with_tensor

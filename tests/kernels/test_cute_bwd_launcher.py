@@ -11,12 +11,16 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 import torch  # noqa: E402
 
+from gdpa_inductor.kernels.cute.activation_math import backward_form  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
     WIDE_KEY_TILE,
+    bias_tile_modes,
     bwd_key_tile,
     compile_bwd,
+    dbias_of,
     dq_late_for,
     dq_sums_for,
+    ds_buffer_support,
     gdpa_bwd_cute,
 )
 
@@ -58,13 +62,51 @@ def test_wide_head_backward_refuses_masks_pairs_and_bias_tensors(change):
 
 @pytest.mark.parametrize("change, message", [
     (dict(bias_grad=True), "bias_grad=True needs score_bias=True"),
-    (dict(score_bias=True, varlen=True), "score_bias=True: dense batches"),
-    (dict(score_bias=True, score_offset=True), "score_bias=True: dense batches, no one-element bias"),
+    (dict(score_bias=True, score_offset=True), "score_bias=True: no one-element bias"),
     (dict(score_bias=True, dq_sums="pairs"), "dq_sums other than 'pairs'"),
 ])
 def test_bias_tensor_builds_refuse_what_they_lack(change, message):
     with pytest.raises(ValueError, match=message):
         compile_bwd(torch.bfloat16, 128, "silu", **(dict(dq_sums="fp32") | change))
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 40, 48), (1, 4, 40, 48), (3, 1, 40, 48), (4, 40, 48), (40, 48),
+                                   (1, 1, 40, 48)])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "relu"])
+def test_dbias_sums_the_ds_buffer_over_the_bias_broadcast_dims(shape, activation):
+    """dbias from the kernel's [Z, H, Nq, Nk] dS buffer: summed over every dim the bias broadcasts along (leading
+    dims it lacks included, as a varlen batch's [H, N, N] position bias), in its shape, scaled by post_scale and
+    the activation form's constant factor, which the kernel's dS leaves out."""
+    ds = torch.randn(3, 4, 40, 48, dtype=torch.float64)
+    factor = 0.7 * backward_form(activation).grad_factor
+    want = (ds * factor).sum_to_size((1,) * (4 - len(shape)) + shape).reshape(shape)
+    got = dbias_of(ds.clone(), torch.Size(shape), activation, 0.7)
+    assert got.shape == shape
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(4, 40, 48), (2, 1, 40, 48), (40, 48)])
+def test_bias_tile_modes_of_fewer_dims(shape):
+    """A bias with fewer than four dims (a varlen batch's [H, N, N]) reaches the kernel in its (Nq, Nk, Hb, Zb) modes,
+    its dims of one given a stride TMA takes (a multiple of 16 bytes)."""
+    bias = torch.randn(shape, dtype=torch.bfloat16)
+    modes = bias_tile_modes(bias)
+    full = (1,) * (4 - len(shape)) + shape
+    assert modes.shape == (full[2], full[3], full[1], full[0])
+    assert torch.equal(modes.permute(3, 2, 0, 1).reshape(shape), bias)
+    assert modes.stride(1) == 1 and all(s * 2 % 16 == 0 for i, s in enumerate(modes.stride()) if i != 1)
+
+
+@pytest.mark.parametrize("samples, heads, spare, ok", [(1152, 4, 2 * 1152 * 4 * 512 * 512 * 2, True),
+                                                     (1152, 4, 2 * 1152 * 4 * 512 * 512 * 2 - 1, False),
+                                                     (1, 4, 2 * 10**6, False), (1, 1, 2 * 10**6, True)])
+def test_ds_buffer_within_half_the_spare_memory(samples, heads, spare, ok):
+    """The CuTe backward takes dbias only where its [Z, H, bias rows, bias columns] dS buffer needs at most half of
+    what the device can still allocate; the reason gives both sizes."""
+    bias = torch.zeros(4, 512, 512, dtype=torch.bfloat16)
+    got, why = ds_buffer_support(samples, heads, bias, spare)
+    assert got == ok
+    assert ok or ("dS buffer for dbias" in why and "GiB" in why), why
 
 
 def test_bias_gradient_needs_a_bias_tensor():

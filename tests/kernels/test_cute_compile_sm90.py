@@ -69,6 +69,9 @@ FWD_KINDS = {
     "fwd_bias": dict(score_bias=True),
     "fwd_exact_keys_bias": dict(mask_keys=False, score_bias=True),
     "fwd_causal_bias": dict(causal=True, score_bias=True),
+    "fwd_varlen_bias": dict(varlen=True, score_bias=True),
+    "fwd_varlen_causal_bias": dict(varlen=True, causal=True, score_bias=True),
+    "fwd_varlen_band_bias": dict(varlen=True, band=True, score_bias=True),
 }
 FWD_VARIANT_CASES = [("fwd_no_pingpong", 128, 128, "gelu_tanh"), ("fwd_no_pingpong", 128, 128, "sigmoid"),
                      ("fwd_shared_store", 128, 128, "gelu_tanh"), ("fwd_shared_store", 128, 128, "relu"),
@@ -90,10 +93,12 @@ FWD_OFFSET_CASES = [("fwd_offset", 128, 128, "gelu_tanh"), ("fwd_offset", 128, 1
                     ("fwd_causal_offset", 128, 128, "gelu_tanh"), ("fwd_varlen_offset", 96, 128, "sigmoid"),
                     ("fwd_varlen_band_offset", 128, 128, "gelu_tanh")]
 # a bias tensor read per score (``score_bias``): its dtype's loads, with the mask of keys past Nk and without, D=64,
-# wide heads, causal
+# wide heads, causal; in the varlen forward (at each sample's positions), plain, causal and with the band
 FWD_BIAS_CASES = [("fwd_bias", 128, 128, "gelu_tanh"), ("fwd_bias", 128, 128, "sigmoid"), ("fwd_bias", 64, 64, "relu"),
                   ("fwd_bias", 256, 256, "gelu_tanh"), ("fwd_exact_keys_bias", 128, 128, "relu"),
-                  ("fwd_exact_keys_bias", 128, 128, "gelu_tanh"), ("fwd_causal_bias", 128, 128, "gelu_tanh")]
+                  ("fwd_exact_keys_bias", 128, 128, "gelu_tanh"), ("fwd_causal_bias", 128, 128, "gelu_tanh"),
+                  ("fwd_varlen_bias", 128, 128, "gelu_tanh"), ("fwd_varlen_causal_bias", 128, 128, "silu"),
+                  ("fwd_varlen_band_bias", 128, 128, "gelu_tanh")]
 FWD_CASES = ([("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES] + FWD_VARIANT_CASES + FWD_OFFSET_CASES
              + FWD_BIAS_CASES)
 # measured with cutlass-dsl 4.8.1: the band forward of relu spills 28 bytes (its own select per score beside the
@@ -121,7 +126,9 @@ BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pair
                "bwd_varlen_band_direct": "in_place", "bwd_offset": "fp32", "bwd_dq_direct_offset": "in_place",
                "bwd_causal_offset": "fp32", "bwd_varlen_offset": "fp32",
                "bwd_varlen_band_direct_offset": "in_place", "bwd_bias": "fp32", "bwd_dq_direct_bias": "in_place",
-               "bwd_causal_bias": "fp32", "bwd_bias_dbias": "fp32", "bwd_dq_direct_bias_dbias": "in_place"}
+               "bwd_causal_bias": "fp32", "bwd_bias_dbias": "fp32", "bwd_dq_direct_bias_dbias": "in_place",
+               "bwd_varlen_bias": "fp32", "bwd_varlen_direct_bias_dbias": "in_place",
+               "bwd_varlen_causal_direct_bias_dbias": "in_place", "bwd_varlen_band_direct_bias_dbias": "in_place"}
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
@@ -159,13 +166,20 @@ BWD_OFFSET_CASES = [("bwd_offset", 128, 128, "gelu_tanh"), ("bwd_dq_direct_offse
 # measured with cutlass-dsl 4.8.1: 4 bytes stored and loaded, outside the activation
 BWD_SPILLING |= {("bwd_offset", 128, 128, "gelu_tanh")}
 # a bias tensor (its tiles by TMA, read by ldmatrix.trans) and its gradient (dS tiles stored by TMA): fp32 and in-place
-# dQ sums, D=64, causal
+# dQ sums, D=64, causal; in the varlen backward (at each sample's positions), plain, causal and with the band
 BWD_BIAS_CASES = [("bwd_bias", 128, 128, "gelu_tanh"), ("bwd_dq_direct_bias", 128, 128, "gelu_tanh"),
                   ("bwd_dq_direct_bias", 64, 64, "gelu_tanh"), ("bwd_causal_bias", 128, 128, "gelu_tanh"),
-                  ("bwd_bias_dbias", 128, 128, "gelu_tanh"), ("bwd_dq_direct_bias_dbias", 128, 128, "gelu_tanh")]
+                  ("bwd_bias_dbias", 128, 128, "gelu_tanh"), ("bwd_dq_direct_bias_dbias", 128, 128, "gelu_tanh"),
+                  ("bwd_varlen_bias", 128, 128, "gelu_tanh"), ("bwd_varlen_direct_bias_dbias", 128, 128, "silu"),
+                  ("bwd_varlen_causal_direct_bias_dbias", 128, 128, "gelu_tanh"),
+                  ("bwd_varlen_band_direct_bias_dbias", 128, 128, "gelu_tanh")]
 # measured with cutlass-dsl 4.8.1: with fp32 dQ sums the bias's 16 registers cost 12-60 bytes of spills
 BWD_SPILLING |= {("bwd_bias", 128, 128, "gelu_tanh"), ("bwd_causal_bias", 128, 128, "gelu_tanh"),
                  ("bwd_bias_dbias", 128, 128, "gelu_tanh")}
+# and in the varlen backward 4-36 bytes with gelu_tanh (silu's in-place build with dbias spills none)
+BWD_SPILLING |= {("bwd_varlen_bias", 128, 128, "gelu_tanh"),
+                 ("bwd_varlen_causal_direct_bias_dbias", 128, 128, "gelu_tanh"),
+                 ("bwd_varlen_band_direct_bias_dbias", 128, 128, "gelu_tanh")}
 BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES + BWD_VARLEN_CASES
                  + BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES + BWD_OFFSET_CASES
                  + BWD_BIAS_CASES)
@@ -374,7 +388,8 @@ def test_cute_bwd_bias_tensor_by_tma_and_ldmatrix(case, reports):
     kind, d, dv, act = case
     r = reports[case]
     plain = reports[(kind.removesuffix("_dbias").removesuffix("_bias"), d, dv, act)]
-    loops = 3 if "causal" in kind else 2
+    # the copies of the loop: masked and not, causal's diagonal as a third, the band's one masked copy
+    loops = 3 if "causal" in kind else 1 if "band" in kind else 2
     assert r["ldmatrix"] == 4 * loops and plain["ldmatrix"] == 0, r["ldmatrix"]
     assert r["tma_loads"] > plain["tma_loads"]
     assert r["add_f32"] == plain["add_f32"], (r["add_f32"], plain["add_f32"])

@@ -41,7 +41,14 @@ def _self_rows(total=300):
     "change, reason",
     [
         (dict(), ""),
-        (dict(bias=(4, 300, 300)), "the CuTe varlen forward: a bias of one element only (got shape (4, 300, 300))"),
+        (dict(bias=(4, 300, 300)), ""),
+        (dict(bias=(2, 1, 300, 300)), ""),
+        (dict(bias=(4, 1, 300)), "a value for every query position of a sample (got shape (4, 1, 300)"),
+        (dict(bias=(300, 1)), "a value for every key position"),
+        (dict(bias=(4, 1, 300), dense_q=True), "a value for every query position"),
+        (dict(bias=(4, 7, 300), dense_q=True), ""),
+        (dict(bias=(4, 300, 299)), "reads a bias's values in pairs"),
+        (dict(bias=(4, 300, 300), bias_dtype=torch.float32), "in the operands' dtype"),
         (dict(bias=()), ""),
         (dict(bias=(1, 1, 1), causal=True, window=(16, 0)), ""),
         (dict(causal=True), ""),
@@ -72,7 +79,7 @@ def test_support_reasons(on_hopper, change, reason):
         k = torch.randn(300, 1, 128, dtype=k.dtype).expand(300, 2, 128)
     if change.get("dense_q"):
         q = torch.randn(1, 7, 4, q.shape[-1], dtype=q.dtype)
-    bias = torch.randn(change["bias"], dtype=q.dtype) if "bias" in change else None
+    bias = torch.randn(change["bias"], dtype=change.get("bias_dtype", q.dtype)) if "bias" in change else None
     ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, bias, change.get("causal", False),
                                                   change.get("window", (-1, -1)), change.get("activation", "silu"),
                                                   _self_rows())
@@ -213,18 +220,23 @@ def test_selector_wide_heads(on_hopper, backend, name, d, dv, auto_takes_cute):
 @pytest.mark.parametrize("change, reason", [(dict(), ""), (dict(causal=True), ""),
                                             (dict(causal=True, equal_offsets=True), ""),
                                             (dict(window=(3, 0)), ""),
-                                            (dict(bias=(4, 300, 300)),
-                                             "the CuTe varlen backward: a bias of one element only"),
+                                            (dict(bias=(4, 300, 300)), "tiles by TMA: Nk and its strides a multiple"),
+                                            (dict(bias=(4, 296, 296), total=296), ""),
+                                            (dict(bias=(4, 296, 296), total=296, bias_grad=True), ""),
+                                            (dict(bias=(4, 296, 296), total=296, d=256), "D and Dv up to 128"),
+                                            (dict(bias=(4, 1, 296), total=296), "every query position"),
                                             (dict(bias=()), ""),
-                                            (dict(bias=(), bias_grad=True), "varlen backward computes no bias"),
+                                            (dict(bias=(), bias_grad=True), "the gradient of a bias tensor only"),
                                             (dict(d=256), ""),
                                             (dict(d=256, causal=True), "D and Dv of at most 128"),
                                             (dict(d=192), "for the CuTe varlen backward"),
                                             (dict(activation="softplus"), "no CuTe form")])
 def test_backward_support_reasons(on_hopper, change, reason):
-    """The backward takes the forward's calls, causal ones and windows included; its reasons name it."""
-    q, k, v = _jagged(d=change.get("d", 128))
-    rows = _self_rows()
+    """The backward takes the forward's calls, causal ones and windows included, and a bias tensor's gradient where
+    it reads the bias's tiles by TMA (Nk a multiple of 8, D and Dv up to 128); its reasons name it."""
+    total = change.get("total", 300)
+    q, k, v = _jagged(d=change.get("d", 128), total=total)
+    rows = _self_rows(total)
     if change.get("equal_offsets"):
         rows = (rows[0], rows[0].clone(), None, None)
     bias = torch.randn(change["bias"], dtype=q.dtype) if "bias" in change else None
@@ -253,7 +265,7 @@ def test_backward_selector(on_hopper, backend, name, causal, rows, expected):
 @needs_cute_dsl
 def test_one_element_bias_takes_cute_without_its_gradient(on_hopper, backend):
     """A one-element bias runs on the CuTe varlen kernels under "auto"; a bias that wants its gradient leaves the
-    backward to the usual choice (the CuTe backward computes none)."""
+    backward to the usual choice (the CuTe backward computes a bias tensor's only)."""
     backend("auto")
     q, k, v = _jagged()
     bias = torch.tensor(-1.0, dtype=q.dtype)
@@ -261,3 +273,16 @@ def test_one_element_bias_takes_cute_without_its_gradient(on_hopper, backend):
     assert select_varlen_forward_impl(*args) == "cute"
     assert select_varlen_backward_impl(*args) == "cute"
     assert select_varlen_backward_impl(*args, bias_grad=True) == select_impl(q, k, v, bias, "varlen backward")
+
+
+@needs_cute_dsl
+@pytest.mark.parametrize("grad", [False, True])
+def test_bias_tensor_takes_cute_with_its_gradient(on_hopper, backend, grad):
+    """HSTU's relative bias ([H, N, N] shared by the samples, learned) runs on the CuTe varlen forward and backward
+    under "auto", its gradient included."""
+    backend("auto")
+    q, k, v = _jagged(total=296)
+    bias = torch.randn(4, 296, 296, dtype=q.dtype)
+    args = (q, k, v, bias, True, (-1, -1), "silu", _self_rows(296))
+    assert select_varlen_forward_impl(*args) == "cute"
+    assert select_varlen_backward_impl(*args, bias_grad=grad) == "cute"

@@ -51,13 +51,6 @@ def _within_bwd_head_dims(check: tuple[bool, str], q: torch.Tensor, v: torch.Ten
     return check
 
 
-def without_bias_grad(check: tuple[bool, str], bias_grad: bool) -> tuple[bool, str]:
-    """A support check's (ok, reason), narrowed to calls that want no bias gradient (the varlen backward)."""
-    if check[0] and bias_grad:
-        return False, "the CuTe varlen backward computes no bias gradient"
-    return check
-
-
 def _is_tensor_bias(bias) -> bool:
     return bias is not None and bias.numel() != 1
 
@@ -76,15 +69,45 @@ def bias_tensor_bwd_support(bias: torch.Tensor, q: torch.Tensor, v: torch.Tensor
     return True, ""
 
 
-def _bwd_bias(check: tuple[bool, str], bias, q: torch.Tensor, v: torch.Tensor, bias_grad: bool) -> tuple[bool, str]:
-    """A forward support check's (ok, reason) on [Z, H, N, D] operands and their 4-D bias, narrowed to the
-    backward's biases (one element, or a tensor ``bias_tensor_bwd_support`` takes) and bias gradients (of a
-    tensor only)."""
+def spare_device_bytes(device: torch.device) -> int:
+    """Bytes the caching allocator could still hand out on ``device``: the driver's free memory and the blocks the
+    allocator holds unused (no stream sync)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def ds_buffer_support(num_samples: int, num_heads: int, bias: torch.Tensor,
+                      spare: int | None = None) -> tuple[bool, str]:
+    """(ok, reason) for the dS buffer the CuTe backward sums dbias from ([Z, H, bias rows, bias columns] in the
+    bias's dtype, the backward's largest tensor): at most half of what the device can still allocate
+    (``spare_device_bytes``), else Triton's backward, which adds dbias by atomics into at most 1 GiB of slices.
+    A varlen batch's buffer holds every sample at the longest's size, which a caller of the varlen op may not
+    have budgeted for (HSTU at B = 1152, N = 2048, H = 4: 39 GB). ``spare``: the bytes to hold it against (None:
+    ``spare_device_bytes`` of a CUDA bias; a bias elsewhere runs no CuTe kernel)."""
+    need = num_samples * num_heads * bias.shape[-2] * bias.shape[-1] * bias.element_size()
+    if spare is None:
+        if bias.device.type != "cuda":
+            return True, ""
+        spare = spare_device_bytes(bias.device)
+    if 2 * need > spare:
+        return False, (f"the CuTe backward's dS buffer for dbias ({need / 2**30:.1f} GiB) is more than half the "
+                       f"memory the device can still allocate ({spare / 2**30:.1f} GiB)")
+    return True, ""
+
+
+def bwd_bias_support(check: tuple[bool, str], bias, q: torch.Tensor, v: torch.Tensor,
+                     bias_grad: bool, samples_heads: tuple[int, int] = (1, 1)) -> tuple[bool, str]:
+    """A forward support check's (ok, reason) on the operands and their bias (dense: in its 4-D form), narrowed to
+    the backward's biases (one element, or a tensor ``bias_tensor_bwd_support`` takes) and bias gradients (of a
+    tensor only, its dS buffer within ``ds_buffer_support``; ``samples_heads``: the buffer's (Z or B, H))."""
     if not check[0] or bias is None:
         return check
     if not _is_tensor_bias(bias):
         return (False, "the CuTe backward computes the gradient of a bias tensor only") if bias_grad else check
-    return bias_tensor_bwd_support(bias, q, v)
+    ok, reason = bias_tensor_bwd_support(bias, q, v)
+    if ok and bias_grad:
+        return ds_buffer_support(*samples_heads, bias)
+    return ok, reason
 
 
 def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
@@ -93,7 +116,7 @@ def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
     the backward's head dims, a bias tensor where ``bias_tensor_bwd_support`` takes it, a bias gradient
     (``bias_grad``: whether the call wants one) of a bias tensor."""
     check = _within_bwd_head_dims(fwd_supported(q, k, v, bias, causal, activation), q, v)
-    return _bwd_bias(check, bias, q, v, bias_grad)
+    return bwd_bias_support(check, bias, q, v, bias_grad, q.shape[:2])
 
 
 def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
@@ -103,9 +126,9 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
     ``bwd_supported`` narrows them."""
     check = _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation), q, v)
     if not check[0] or bias is None:
-        return _bwd_bias(check, bias, q, v, bias_grad)
+        return bwd_bias_support(check, bias, q, v, bias_grad)
     (q4, _, v4), batch = _as_4d(q, k, v)
-    return _bwd_bias(check, _bias_4d(bias, batch), q4, v4, bias_grad)
+    return bwd_bias_support(check, _bias_4d(bias, batch), q4, v4, bias_grad, q4.shape[:2])
 
 
 def compile_bwd(
@@ -121,9 +144,9 @@ def compile_bwd(
     varlen ``varlen_causal_support``'s), dQ not summed by pairs. ``band`` (varlen): the mask of a band around each
     sample's diagonal, its bounds the call's arguments after the rows. ``score_offset``: a one-element bias, the
     call's argument after the varlen and band arguments (Nones where it lacks them; ``GdpaBwdSm90``).
-    ``score_bias``: a bias tensor (``bias_tensor_bwd_support``; dense, D and Dv at most 128), in the call after the
-    one element's place, and ``bias_grad``: dS stored into a [Z, H, Nq, Nk] tensor, the call's last argument;
-    every call passes those two (Nones where it has none)."""
+    ``score_bias``: a bias tensor (``bias_tensor_bwd_support``; D and Dv at most 128), in the call after the
+    one element's place, and ``bias_grad``: dS stored into a [Z, H, Nq, Nk] tensor (varlen: [B, H, the bias's rows
+    and columns]), the call's last argument; every call passes those two (Nones where it has none)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
@@ -134,8 +157,8 @@ def compile_bwd(
         raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
     if bias_grad and not score_bias:
         raise ValueError("bias_grad=True needs score_bias=True (the gradient of a bias tensor)")
-    if score_bias and (varlen or score_offset or dq_sums == "pairs"):
-        raise ValueError("score_bias=True: dense batches, no one-element bias, dq_sums other than 'pairs'")
+    if score_bias and (score_offset or dq_sums == "pairs"):
+        raise ValueError("score_bias=True: no one-element bias, dq_sums other than 'pairs'")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     wide = max(head_dim, head_dim_v) > NARROW_MAX_HEAD_DIM
@@ -254,17 +277,23 @@ def gdpa_bwd_cute(
     if group > 1:
         dk = dk.view(z, hkv, group, nk, d).sum(2)
         dv = dv.view(z, hkv, group, nk, d_v).sum(2)
-    dbias = None
-    if ds is not None:
-        # the kernel's dS leaves out act''s constant factor and post_scale (dK and dQ take them at the end)
-        factor = post_scale * activation_math.backward_form(activation).grad_factor
-        dbias = _sum_to(ds, tensor_bias.shape).mul_(factor)
+    dbias = None if ds is None else dbias_of(ds, tensor_bias.shape, activation, post_scale)
     return dq, dk, dv, dbias
 
 
+def dbias_of(ds: torch.Tensor, shape: torch.Size, activation: str, post_scale: float) -> torch.Tensor:
+    """dBias of a bias of ``shape`` ([Zb, Hb, Nq, Nk] or fewer leading dims) from the kernel's [Z, H, Nq, Nk] dS
+    buffer, which leaves out act''s constant factor and post_scale (dK and dQ take them at the end)."""
+    factor = post_scale * activation_math.backward_form(activation).grad_factor
+    shape4 = (1,) * (4 - len(shape)) + tuple(shape)
+    return _sum_to(ds, shape4).mul_(factor).view(shape)
+
+
 def bias_tile_modes(bias: torch.Tensor) -> torch.Tensor:
-    """A [Zb, Hb, Nq, Nk] bias ``bias_tensor_bwd_support`` takes -> the kernel's (Nq, Nk, Hb, Zb) mode order (a view),
-    its size-1 dims given a stride TMA takes (never stepped along: any multiple of 16 bytes does)."""
+    """A [Zb, Hb, Nq, Nk] bias (or fewer leading dims) ``bias_tensor_bwd_support`` takes -> the kernel's
+    (Nq, Nk, Hb, Zb) mode order (a view), its size-1 dims given a stride TMA takes (never stepped along: any multiple
+    of 16 bytes does)."""
+    bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
     b = torch.as_strided(bias, bias.shape, [s if n > 1 else bias.shape[-1] for n, s in
                                             zip(bias.shape[:-1], bias.stride()[:-1])] + [1])
     return dense_modes(b)

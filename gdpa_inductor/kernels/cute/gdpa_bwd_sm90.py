@@ -145,13 +145,16 @@ class GdpaBwdSm90:
         # keys) by TMA into one shared-memory stage laid out as dS's, and each consumer thread reads its own values
         # of Sᵀ by ldmatrix.trans (the inverse of dS's stmatrix.trans), 16 registers a tile. One stage: at D = 128
         # with fp32 dQ sums two do not fit in 227 KB; the tile is read at the top of the step and freed at once,
-        # so the next one loads while the rest of the step's matmuls run
-        assert not (score_bias and (varlen or dq_pairs or score_offset)), "a bias tensor: dense, no pairs"
+        # so the next one loads while the rest of the step's matmuls run. In a varlen batch the tiles are at the
+        # positions within each sample; rows and keys past the sample's ends read the bias's padding, which the
+        # masked copy of the loop selects away as it does their scores
+        assert not (score_bias and (dq_pairs or score_offset)), "a bias tensor: no pairs, no one element"
         self.score_bias = score_bias
         self.bias_stages = 1
         # dBias = post_scale · act'-factor · dS: the dQ warp stores each dS tile, once both warpgroups have used it
         # for dQ, from shared memory by TMA into a [Z, H, Nq, Nk] buffer the launcher sums over the bias's
-        # broadcast dims (a stage is written again only after the dQ warp has seen that store read)
+        # broadcast dims (a stage is written again only after the dQ warp has seen that store read); in a varlen
+        # batch [B, H, bias rows, bias columns], each sample's dS at its positions (zeros past its ends)
         assert not bias_grad or score_bias, "a bias gradient: of a bias tensor"
         self.bias_grad = bias_grad
 

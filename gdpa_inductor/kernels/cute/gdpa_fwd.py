@@ -132,17 +132,9 @@ def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
     return operand_support(q, k, v, activation, SUPPORTED_HEAD_DIMS)
 
 
-def score_offset_support(bias: torch.Tensor | None, kernel: str = "the CuTe kernels"):
-    """(ok, reason) for a bias in the CuTe kernels: one element (a constant over the scores, such as sigmoid
-    attention's -log n, which the backend's rewrite passes as a 0-d tensor), which each activation form takes
-    into its first product (``activation_math._scaled``). A bias that varies over the scores is not in them."""
-    if bias is not None and bias.numel() != 1:
-        return False, f"{kernel}: a bias of one element only (got shape {tuple(bias.shape)})"
-    return True, ""
-
-
 def score_bias_support(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, str]:
-    """(ok, reason) for a bias in the CuTe forward ([Z, H, N, D] operands): one element (``score_offset_support``),
+    """(ok, reason) for a bias in the CuTe forward ([Z, H, N, D] operands): one element (a constant over the scores,
+    such as sigmoid attention's -log n, which each activation form takes into its first product),
     or a tensor over every score's row and column in q's dtype, [Zb, Hb, Nq, Nk] or fewer leading dims, Zb 1 or Z,
     Hb 1 or H, read two neighbouring columns at a time (``score_bias_modes``): its last dim contiguous, Nk and its
     other strides even, 4-byte aligned. Biases broadcast over rows or columns (a key-padding bias) are not in it."""
@@ -158,9 +150,16 @@ def score_bias_support(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tens
     leading = (1,) * (4 - bias.dim()) + tuple(bias.shape[:-2])
     if bias.dim() > 4 or leading[0] not in (1, z) or leading[1] not in (1, h):
         return False, f"the CuTe forward takes a bias's leading dims [1 or {z}, 1 or {h}] (got {leading})"
+    return bias_pairs_support(bias)
+
+
+def bias_pairs_support(bias: torch.Tensor, kernel: str = "the CuTe forward") -> tuple[bool, str]:
+    """(ok, reason) for reading a bias tensor's 16-bit values two neighbouring columns at a time
+    (``score_bias_modes``): its last dim contiguous, that dim's size and its other strides even, 4-byte aligned."""
+    nk = bias.shape[-1]
     strides = [s for n, s in zip(bias.shape[:-1], bias.stride()[:-1]) if n > 1]
     if bias.stride(-1) != 1 or nk % 2 or any(s % 2 for s in strides) or bias.data_ptr() % 4:
-        return False, ("the CuTe forward reads a bias's values in pairs: its last dim contiguous, Nk and its other "
+        return False, (f"{kernel} reads a bias's values in pairs: its last dim contiguous, Nk and its other "
                        f"strides even, 4-byte aligned (got Nk={nk}, strides {bias.stride()})")
     return True, ""
 
@@ -225,7 +224,8 @@ def compile_fwd(
     the keys past Nk, so ``mask_keys`` is dropped). ``band`` (varlen): the mask of a band around each sample's
     diagonal, its bounds the call's arguments after the rows. ``score_offset``: a one-element bias, the call's
     last argument (after Nones for the varlen and band arguments it lacks; ``GdpaFwdSm90``). ``score_bias``: a
-    bias tensor (``score_bias_support``, dense only), the call's argument after the one element's."""
+    bias tensor (``score_bias_support``; varlen: ``varlen_bias_support``), the call's argument after the one
+    element's."""
     if band and not varlen:
         raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")

@@ -126,8 +126,9 @@ class GdpaFwdSm90:
         # a bias over the scores' rows and columns (relative-position or ALiBi-like, one per head and sample or
         # broadcast over either), in the operands' dtype: each thread reads its own scores' values from global
         # memory, two to a 32-bit load, once the step's scores are in (``_load_bias``), and the fp32 forms take each
-        # into their first product as the one-element bias
-        assert not (score_bias and (self.packed or score_offset or varlen)), "a bias tensor: dense, fp32 forms"
+        # into their first product as the one-element bias; in a varlen batch it is indexed by the positions within
+        # each sample (HSTU's relative bias over a jagged or padded batch)
+        assert not (score_bias and (self.packed or score_offset)), "a bias tensor: fp32 forms"
         self.score_bias = score_bias
         # whether a query tile's first step is masked (and so comes first: ``_key_tile_at``)
         self.masks_first_step = mask_keys or causal or band
@@ -681,6 +682,9 @@ class GdpaFwdSm90:
             for i in cutlass.range_constexpr(cute.size(bias_regs)):
                 coord = tScS[2 * i]
                 row, col = cutlass.min(row0 + coord[0], nq_z - 1), col0 + coord[1]
+                if cutlass.const_expr(self.varlen):
+                    # the tile past the last one may be of a sample without queries
+                    row = cutlass.max(row, 0)
                 if cutlass.const_expr(masked):
                     bias_regs[i] = cutlass.Int32(0)
                     if col < nk_z:

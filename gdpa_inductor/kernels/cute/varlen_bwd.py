@@ -15,10 +15,19 @@ from __future__ import annotations
 
 import torch
 
+from ..reference_varlen import varlen_batch
 from ..triton.gdpa_fwd_tma import tma_layout
 from ..triton.varlen_layout import VarlenSide
-from .gdpa_bwd import BWD_HEAD_DIMS, bwd_key_tile, compile_bwd, dq_sums_for, without_bias_grad
-from .kernel_args import offset_args, row_modes
+from .gdpa_bwd import (
+    BWD_HEAD_DIMS,
+    bias_tile_modes,
+    bwd_bias_support,
+    bwd_key_tile,
+    compile_bwd,
+    dbias_of,
+    dq_sums_for,
+)
+from .kernel_args import dense_modes, offset_args, row_modes
 from .varlen_fwd import cute_varlen_fwd_support
 
 
@@ -26,11 +35,12 @@ def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
                             window: tuple[int, int], activation: str, rows: tuple,
                             bias_grad: bool = False) -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen backward: the varlen forward's cases (``rows``: the call's cu_seqlens and
-    seqused, for its causal rule) at the dense backward's head dims (``BWD_HEAD_DIMS``; masks only up to 128),
-    without a bias gradient (``bias_grad``: whether the call wants one)."""
+    seqused, for its causal rule) at the dense backward's head dims (``BWD_HEAD_DIMS``; masks only up to 128), a
+    bias tensor and its gradient (``bias_grad``: whether the call wants one) where the dense backward takes them
+    (``bwd_bias_support``)."""
     check = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows, "the CuTe varlen backward",
                                     BWD_HEAD_DIMS)
-    return without_bias_grad(check, bias_grad)
+    return bwd_bias_support(check, bias, q, v, bias_grad, (varlen_batch(q, k, rows[0], rows[1]), q.shape[-2]))
 
 
 def _shared(side: VarlenSide, t: torch.Tensor) -> bool:
@@ -55,11 +65,13 @@ def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, order: torch.Tensor,
                          activation: str, scale: float, post_scale: float, negative_slope: float,
                          causal: bool = False, band: tuple[int, int] | None = None,
-                         bias: torch.Tensor | None = None):
-    """(dq, dk, dv) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout (the queries'
-    rows, Dv wide). ``causal``: the bottom-right aligned mask in each sample (``varlen_causal_support``'s cases);
-    ``band``: (left, right), the band mask in its place (``varlen_band``); ``bias``: one element, added to every
-    score."""
+                         bias: torch.Tensor | None = None, bias_grad: bool = False):
+    """(dq, dk, dv, dbias or None) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout
+    (the queries' rows, Dv wide). ``causal``: the bottom-right aligned mask in each sample
+    (``varlen_causal_support``'s cases); ``band``: (left, right), the band mask in its place (``varlen_band``);
+    ``bias``: one element, added to every score, or a tensor ``varlen_bias_support`` takes (sample z's query i and
+    key j adding ``bias[z, h, i, j]``); ``bias_grad``: its gradient is wanted (a tensor's only), dbias in its shape
+    and dtype, zero at the positions no sample reaches."""
     q, k = qs.tensor, ks.tensor
     h, d = q.shape[-2:]
     hkv, d_v = v.shape[-2:]
@@ -74,15 +86,26 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
     dq_buf = _grad_buffer(qs, q, q.dtype if dq_sums == "in_place" else torch.float32)
     dk_buf, dv_buf = _grad_buffer(ks, k, k.dtype), _grad_buffer(ks, v, v.dtype)
     num_n = -(-ks.max_len // key_tile)
+    tensor_bias = bias if bias is not None and bias.numel() != 1 else None
+    if bias_grad and tensor_bias is None:
+        raise ValueError("bias_grad=True needs a bias tensor (the CuTe backward's bias gradient is a tensor's)")
+    offset = None if tensor_bias is not None else bias
+    # dS per (sample, query head) at each sample's positions; zeros where no CTA stores (past a sample's ends,
+    # outside its mask)
+    ds = None
+    if bias_grad:
+        ds = torch.zeros((qs.batch, h, *tensor_bias.shape[-2:]), dtype=q.dtype, device=q.device)
     if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
         rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True,
-                         causal=causal and band is None, band=band is not None, score_offset=bias is not None)
+                         causal=causal and band is None, band=band is not None, score_offset=offset is not None,
+                         score_bias=tensor_bias is not None, bias_grad=bias_grad)
         fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
-           rows, num_n, *(band or (None, None)), *offset_args(bias), None, None)
+           rows, num_n, *(band or (None, None)), *offset_args(offset),
+           None if tensor_bias is None else bias_tile_modes(tensor_bias), None if ds is None else dense_modes(ds))
     dq = _finish(dq_buf, qs.tensor)
     dk, dv = _finish(dk_buf, k), _finish(dv_buf, v)
     if group > 1:
         dk = dk.unflatten(-2, (hkv, group)).sum(-2)
         dv = dv.unflatten(-2, (hkv, group)).sum(-2)
-    return dq, dk, dv
+    return dq, dk, dv, None if ds is None else dbias_of(ds, tensor_bias.shape, activation, post_scale)

@@ -5,8 +5,8 @@ sample's first row and length on both sides, samples longest first).
 Each side is a jagged ``[total, H, D]`` tensor or a dense ``[B or 1, N, H, D]`` one (padded batches pass their
 valid lengths); the kernel reads each sample's rows through TMA descriptors bounded at the sample's end, so a
 sample never reads or writes another's rows, and its persistent CTAs skip the query tiles past each sample's
-length. One compile per (dtype, head dims, activation, mask, bias or not), shared with nothing else: the keys are always
-masked (under ``causal`` by the diagonal's mask, as in the dense kernel). The mask is none, the causal mask where
+length. One compile per (dtype, head dims, activation, mask, kind of bias), shared with nothing else: the keys are
+always masked (under ``causal`` by the diagonal's mask, as in the dense kernel). The mask is none, the causal mask where
 every sample's diagonal is known to align with the tiles (``varlen_causal_support``), or else a band around each
 sample's diagonal (``varlen_band``: the causal mask at any Nk - Nq, sliding windows, HSTU's ``max_attn_len``) whose
 bounds the kernels take at run time.
@@ -20,12 +20,13 @@ from ..triton.varlen_bounds import band_limits
 from ..triton.varlen_layout import VarlenSide
 from .gdpa_fwd import (
     CAUSAL_TILE,
+    bias_pairs_support,
     compile_fwd,
     cute_dsl_available,
     on_sm90,
     operand_support,
     persistent_grid,
-    score_offset_support,
+    score_bias_modes,
 )
 from .kernel_args import offset_args, row_modes
 
@@ -47,12 +48,32 @@ def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm90(q.device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
-    ok, reason = score_offset_support(bias, kernel)
+    ok, reason = varlen_bias_support(bias, q, k, kernel)
     if not ok:
         return ok, reason
     if (causal or tuple(window) != (-1, -1)) and max(q.shape[-1], v.shape[-1]) > CAUSAL_TILE:
         return False, f"causal masking and windows in {kernel} need D and Dv of at most {CAUSAL_TILE}"
     return operand_support(q, k, v, activation, head_dims, kernel)
+
+
+def varlen_bias_support(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                        kernel: str = "the CuTe varlen forward") -> tuple[bool, str]:
+    """(ok, reason) for a bias in the CuTe varlen kernels: one element, or a tensor ``gdpa_varlen`` took (in q's
+    dtype, broadcasting to [B, H, max_seqlen_q, max_seqlen_k]) that holds a value for every position of a sample,
+    read at the sample's index and the positions within it: its last two dims not broadcast (more than one along a
+    jagged side, a dense side's N), its values readable in pairs (``bias_pairs_support``)."""
+    if bias is None or bias.numel() == 1:
+        return True, ""
+    if bias.dtype != q.dtype:
+        return False, f"{kernel} reads a bias in the operands' dtype {q.dtype} (got {bias.dtype})"
+    if bias.dim() < 2:
+        return False, f"{kernel} takes a bias over the scores' rows and columns (got shape {tuple(bias.shape)})"
+    for what, n, side in (("query", bias.shape[-2], q), ("key", bias.shape[-1], k)):
+        per_sample = side.shape[1] if side.dim() == 4 else None
+        if n == 1 and per_sample != 1:
+            return False, (f"{kernel} takes a bias with a value for every {what} position of a sample (got shape "
+                           f"{tuple(bias.shape)}, broadcast over them)")
+    return bias_pairs_support(bias, kernel)
 
 
 def varlen_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: tuple[int, int],
@@ -112,7 +133,8 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
     """Writes ``out.tensor`` (the queries' layout, Dv wide; rows past each sample's length untouched) from the
     sides of a ``cute_varlen_fwd_support``-checked call; returns it. ``causal``: the bottom-right aligned mask in
     each sample (``varlen_causal_support``'s cases); ``band``: (left, right), the band mask in its place
-    (``varlen_band``); ``bias``: one element, added to every score."""
+    (``varlen_band``); ``bias``: one element, added to every score, or a tensor ``varlen_bias_support`` takes,
+    sample z's query i and key j adding ``bias[z, h, i, j]`` (broadcast over its dims of one)."""
     q, k, o = qs.tensor, ks.tensor, out.tensor
     num_m = -(-qs.max_len // _TILE_M)
     tiles = num_m * q.shape[-2] * qs.batch
@@ -122,11 +144,14 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
         # no sample has keys (and the descriptors would have no memory to point at)
         return o.zero_()
     rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
+    tensor_bias = bias if bias is not None and bias.numel() != 1 else None
+    offset = bias if tensor_bias is None else None
     fn = compile_fwd(q.dtype, q.shape[-1], activation, head_dim_v=v.shape[-1], varlen=True,
-                     causal=causal and band is None, band=band is not None, score_offset=bias is not None)
+                     causal=causal and band is None, band=band is not None, score_offset=offset is not None,
+                     score_bias=tensor_bias is not None)
     # jagged samples: the later query tile positions exist only in the longer ones (full samples lose one CTA's
     # 0.8%, measured 2%)
     num_ctas = persistent_grid(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count, num_m, True)
     fn(*(row_modes(t) for t in (q, k, v, o)), scale, post_scale, negative_slope, num_ctas, rows, num_m,
-       *(band or (None, None)), *offset_args(bias), None)  # no bias tensor in a varlen batch
+       *(band or (None, None)), *offset_args(offset), None if tensor_bias is None else score_bias_modes(tensor_bias))
     return o
