@@ -71,7 +71,7 @@ def bias_tensor_bwd_support(bias: torch.Tensor, q: torch.Tensor, v: torch.Tensor
 
 def spare_device_bytes(device: torch.device) -> int:
     """Bytes the caching allocator could still hand out on ``device``: the driver's free memory and the blocks the
-    allocator holds unused (no stream sync)."""
+    allocator holds unused."""
     free, _ = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
