@@ -13,6 +13,7 @@ import torch
 
 import gdpa_inductor
 from gdpa_inductor import gdpa
+from gdpa_inductor.kernels.cute import gdpa_bwd
 from gdpa_inductor.kernels.reference import gdpa_reference, gdpa_reference_backward
 from gdpa_inductor.lowering import dispatch
 
@@ -104,6 +105,23 @@ def test_bias_tensor_with_its_gradient(case, auto_backend):
     q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, 128, 128, dtype, 8)
     bias = _bias(kind, z, h, nq, nk, dtype, 9).requires_grad_()
     _check(q, k, v, do, act, bias, causal, dtype)
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_bias_gradient_added_atomically(case, auto_backend, monkeypatch):
+    """dbias added atomically in fp32 (the varlen batches' way for a shared bias; a dense one's where its dS buffer
+    does not fit): every gradient within 2x eager's error, and the atomic build ran."""
+    monkeypatch.setattr(gdpa_bwd, "dbias_sums_for", lambda *args, **kwargs: ("atomic", ""))
+    built = []
+    compile_bwd = gdpa_bwd.compile_bwd
+    monkeypatch.setattr(gdpa_bwd, "compile_bwd", lambda *a, **kw: built.append(kw["dbias_atomic"]) or compile_bwd(
+        *a, **kw))
+    act, z, h, hkv, nq, nk, kind, causal, dtype_name = case
+    dtype = DTYPES[dtype_name]
+    q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, 128, 128, dtype, 8)
+    bias = _bias(kind, z, h, nq, nk, dtype, 9).requires_grad_()
+    _check(q, k, v, do, act, bias, causal, dtype)
+    assert built == [True], built
 
 
 @pytest.mark.parametrize("cols, backward", [(slice(8, 304), "cute"), (slice(6, 306), "triton")])

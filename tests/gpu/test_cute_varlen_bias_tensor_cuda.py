@@ -18,6 +18,7 @@ from varlen_testing import make_case
 
 import gdpa_inductor
 from gdpa_inductor import gdpa_varlen
+from gdpa_inductor.kernels.cute import varlen_bwd
 from gdpa_inductor.kernels.cute.varlen_bwd import cute_varlen_bwd_support
 from gdpa_inductor.kernels.triton import varlen_bwd as triton_varlen_bwd
 from gdpa_inductor.lowering import dispatch
@@ -78,6 +79,24 @@ def test_bias_tensor_matches_float64(case, gen, cute_varlen_only):
     # the bias as the op gets it: rounded to the dtype first, so the oracle's float64 copy holds the same values
     bias = _bias(kind, sample, 7).to(DTYPES[dtype]).double()
     check(sample, DTYPES[dtype], bias=bias, bias_grad=grad, activation=activation, **mask)
+
+
+@pytest.mark.parametrize("way", ["buffer", "atomic"])
+@pytest.mark.parametrize("case", [c for c in CASES if c[7]], ids=lambda c: "-".join(str(x) for x in c[:8]) + (
+    "-" + "-".join(map(str, c[8])) if c[8] else ""))
+def test_bias_gradient_either_way(case, way, gen, cute_varlen_only, monkeypatch):
+    """dbias stored through the [B, H, rows, columns] dS buffer or added atomically in fp32 (by default: the
+    latter for a bias the samples share), either way within 2x the oracle's error, and the build of that way ran."""
+    monkeypatch.setattr(varlen_bwd, "dbias_sums_for", lambda *args, **kwargs: (way, ""))
+    built = []
+    compile_bwd = varlen_bwd.compile_bwd
+    monkeypatch.setattr(varlen_bwd, "compile_bwd", lambda *a, **kw: built.append(kw["dbias_atomic"]) or compile_bwd(
+        *a, **kw))
+    layout, dtype, activation, d, dv, hkv, kind, grad, mask = case
+    sample = _sample(layout, d, dv, hkv, gen)
+    bias = _bias(kind, sample, 7).to(DTYPES[dtype]).double()
+    check(sample, DTYPES[dtype], bias=bias, bias_grad=grad, activation=activation, **mask)
+    assert built == [way == "atomic"], built
 
 
 @pytest.mark.parametrize("mask", [{}, dict(causal=True)], ids=["plain", "causal"])

@@ -17,11 +17,13 @@ from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
     bias_tile_modes,
     bwd_key_tile,
     compile_bwd,
+    dbias_buffer,
     dbias_of,
+    dbias_sums_for,
     dq_late_for,
     dq_sums_for,
-    ds_buffer_support,
     gdpa_bwd_cute,
+    preferred_dbias_sums,
 )
 
 
@@ -80,7 +82,7 @@ def test_dbias_sums_the_ds_buffer_over_the_bias_broadcast_dims(shape, activation
     ds = torch.randn(3, 4, 40, 48, dtype=torch.float64)
     factor = 0.7 * backward_form(activation).grad_factor
     want = (ds * factor).sum_to_size((1,) * (4 - len(shape)) + shape).reshape(shape)
-    got = dbias_of(ds.clone(), torch.Size(shape), activation, 0.7)
+    got = dbias_of(ds.clone(), torch.empty(shape, dtype=torch.float64), "buffer", activation, 0.7)
     assert got.shape == shape
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
@@ -97,16 +99,63 @@ def test_bias_tile_modes_of_fewer_dims(shape):
     assert modes.stride(1) == 1 and all(s * 2 % 16 == 0 for i, s in enumerate(modes.stride()) if i != 1)
 
 
-@pytest.mark.parametrize("samples, heads, spare, ok", [(1152, 4, 2 * 1152 * 4 * 512 * 512 * 2, True),
-                                                     (1152, 4, 2 * 1152 * 4 * 512 * 512 * 2 - 1, False),
-                                                     (1, 4, 2 * 10**6, False), (1, 1, 2 * 10**6, True)])
-def test_ds_buffer_within_half_the_spare_memory(samples, heads, spare, ok):
-    """The CuTe backward takes dbias only where its [Z, H, bias rows, bias columns] dS buffer needs at most half of
-    what the device can still allocate; the reason gives both sizes."""
+@pytest.mark.parametrize("shape", [(3, 4, 40, 48), (1, 4, 40, 48), (3, 1, 40, 48), (4, 40, 48), (40, 48),
+                                   (1, 1, 40, 48)])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "relu"])
+def test_dbias_from_the_atomic_sums(shape, activation):
+    """dbias from the kernel's fp32 sums ([Zb, Hb, columns padded to 128, rows padded to 64], transposed so that two
+    neighbouring queries are one add): the bias's rows and columns cut out of the padding, transposed back, scaled by
+    post_scale and the activation form's constant factor, rounded once to the bias's dtype, in its shape."""
+    bias = torch.empty(shape, dtype=torch.bfloat16)
+    sums = dbias_buffer("atomic", 3, 4, bias, zeros=True)
+    full = (1,) * (4 - len(shape)) + shape
+    assert sums.shape == (*full[:2], 128, 64) and sums.dtype == torch.float32 and not sums.any()
+    sums.normal_()
+    factor = 0.7 * backward_form(activation).grad_factor
+    want = (sums[..., :48, :40].transpose(-1, -2).double() * factor).to(torch.bfloat16).reshape(shape)
+    got = dbias_of(sums, bias, "atomic", activation, 0.7)
+    assert got.shape == shape and got.dtype == torch.bfloat16 and got.is_contiguous()
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("shape, samples, varlen, way", [
+    ((1, 4, 512, 512), 1152, True, "atomic"), ((4, 512, 512), 1152, True, "atomic"), ((512, 512), 8, True, "atomic"),
+    ((1152, 1, 512, 512), 1152, True, "buffer"), ((1152, 4, 512, 512), 1152, True, "buffer"),
+    ((1, 4, 512, 512), 1, True, "buffer"),
+    ((1, 4, 512, 512), 1152, False, "buffer"), ((1152, 1, 512, 512), 1152, False, "buffer"),
+])
+def test_dbias_sums_atomic_for_varlen_biases_shared_by_samples(shape, samples, varlen, way):
+    """dbias is added atomically for a varlen batch's bias shared by its samples (HSTU's relative bias; measured
+    faster), stored into the dS buffer otherwise (a dense batch's: measured level or faster; a bias per sample)."""
+    assert preferred_dbias_sums(torch.Size(shape), samples, varlen) == way
+    bias = torch.zeros(shape, dtype=torch.bfloat16)
+    assert dbias_sums_for(samples, 4, bias, varlen, spare=2**50) == (way, "")
+
+
+BUFFER = 1152 * 4 * 512 * 512 * 2
+ATOMIC = 4 * 512 * 512 * 4
+
+
+@pytest.mark.parametrize("varlen, spare, way", [
+    (False, 2 * BUFFER, "buffer"), (False, 2 * BUFFER - 1, "atomic"), (False, 2 * ATOMIC, "atomic"),
+    (False, 2 * ATOMIC - 1, None),
+    (True, 2 * ATOMIC, "atomic"), (True, 2 * ATOMIC - 1, None),
+])
+def test_dbias_sums_within_half_the_spare_memory(varlen, spare, way):
+    """The CuTe backward takes dbias only where the tensor it sums it in needs at most half of what the device can
+    still allocate: its preferred way, else the other; where neither fits the reason gives every size."""
     bias = torch.zeros(4, 512, 512, dtype=torch.bfloat16)
-    got, why = ds_buffer_support(samples, heads, bias, spare)
-    assert got == ok
-    assert ok or ("dS buffer for dbias" in why and "GiB" in why), why
+    got, why = dbias_sums_for(1152, 4, bias, varlen, spare)
+    assert got == way
+    assert way or ("tensors for dbias" in why and "atomic 0.0 GiB" in why and "buffer 2.2 GiB" in why), why
+
+
+def test_atomic_sums_pad_rows_and_columns_to_whole_tiles():
+    """The kernel adds whole (128 keys x 64 queries) tiles, past the bias's ends too (zeros there): the sums are
+    padded to whole tiles, so that no add lands outside them."""
+    bias = torch.zeros(2, 1, 65, 129, dtype=torch.float16)
+    assert dbias_buffer("atomic", 2, 4, bias, zeros=False).shape == (2, 1, 256, 128)
+    assert dbias_buffer("buffer", 2, 4, bias, zeros=False).shape == (2, 4, 65, 129)
 
 
 def test_bias_gradient_needs_a_bias_tensor():

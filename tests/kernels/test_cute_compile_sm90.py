@@ -128,7 +128,10 @@ BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pair
                "bwd_varlen_band_direct_offset": "in_place", "bwd_bias": "fp32", "bwd_dq_direct_bias": "in_place",
                "bwd_causal_bias": "fp32", "bwd_bias_dbias": "fp32", "bwd_dq_direct_bias_dbias": "in_place",
                "bwd_varlen_bias": "fp32", "bwd_varlen_direct_bias_dbias": "in_place",
-               "bwd_varlen_causal_direct_bias_dbias": "in_place", "bwd_varlen_band_direct_bias_dbias": "in_place"}
+               "bwd_varlen_causal_direct_bias_dbias": "in_place", "bwd_varlen_band_direct_bias_dbias": "in_place",
+               "bwd_dq_direct_bias_dbias_atomic": "in_place", "bwd_varlen_direct_bias_dbias_atomic": "in_place",
+               "bwd_varlen_causal_direct_bias_dbias_atomic": "in_place",
+               "bwd_varlen_band_direct_bias_dbias_atomic": "in_place", "bwd_varlen_causal_bias_dbias_atomic": "fp32"}
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
@@ -180,9 +183,23 @@ BWD_SPILLING |= {("bwd_bias", 128, 128, "gelu_tanh"), ("bwd_causal_bias", 128, 1
 BWD_SPILLING |= {("bwd_varlen_bias", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_causal_direct_bias_dbias", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_band_direct_bias_dbias", 128, 128, "gelu_tanh")}
+# dbias added atomically (each thread's dS pairs by red.global.add.v2.f32 into fp32 sums of the bias's size): the
+# varlen builds "auto" takes for a bias shared by the samples (in-place and fp32 dQ sums; plain, causal, band) and a
+# dense one
+BWD_DBIAS_ATOMIC_CASES = [("bwd_varlen_direct_bias_dbias_atomic", 128, 128, "silu"),
+                          ("bwd_varlen_causal_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
+                          ("bwd_varlen_band_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
+                          ("bwd_varlen_causal_bias_dbias_atomic", 128, 128, "silu"),
+                          ("bwd_dq_direct_bias_dbias_atomic", 128, 128, "gelu_tanh")]
+# measured with cutlass-dsl 4.8.1: the masked builds spill 28-40 bytes (the band, causal gelu_tanh) and the causal one
+# with fp32 dQ sums 156 (still 1.47x the stored dS buffer's forward+backward at HSTU's N <= 2048 on H200); the adds'
+# addresses are two registers a thread, their offsets immediates
+BWD_SPILLING |= {("bwd_varlen_causal_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
+                 ("bwd_varlen_band_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
+                 ("bwd_varlen_causal_bias_dbias_atomic", 128, 128, "silu")}
 BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES + BWD_VARLEN_CASES
                  + BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES + BWD_OFFSET_CASES
-                 + BWD_BIAS_CASES)
+                 + BWD_BIAS_CASES + BWD_DBIAS_ATOMIC_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -397,6 +414,21 @@ def test_cute_bwd_bias_tensor_by_tma_and_ldmatrix(case, reports):
     assert r["wgmma"] == plain["wgmma"]
 
 
+@pytest.mark.parametrize("case", BWD_DBIAS_ATOMIC_CASES, ids=str)
+def test_cute_bwd_dbias_added_atomically(case, reports):
+    """dbias added atomically: 16 red.global.add.v2.f32 a thread in each copy of the loop (its 32 dS values, two
+    neighbouring queries an add), no TMA store of dS tiles (the bias's own build's stores), the bias read as before
+    and the matmuls of the build without a bias."""
+    kind, d, dv, act = case
+    r = reports[case]
+    plain = reports[(kind.removesuffix("_bias_dbias_atomic"), d, dv, act)]
+    loops = 3 if "causal" in kind else 1 if "band" in kind else 2
+    assert r["red_v2_f32"] == 16 * loops and plain["red_v2_f32"] == 0, r["red_v2_f32"]
+    assert r["ldmatrix"] == 4 * loops
+    assert r["tma_stores"] == plain["tma_stores"], (r["tma_stores"], plain["tma_stores"])
+    assert r["wgmma"] == plain["wgmma"]
+
+
 def _compile_all(cases) -> list[dict]:
     import torch
     from triton.backends.nvidia.compiler import get_ptxas
@@ -414,7 +446,8 @@ def _compile_all(cases) -> list[dict]:
             ptx = compile_bwd(
                 torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind],
                 head_dim_v=dv, varlen=kind.startswith("bwd_varlen"), causal="causal" in kind, band="band" in kind,
-                score_offset=kind.endswith("_offset"), score_bias="_bias" in kind, bias_grad=kind.endswith("_dbias"),
+                score_offset=kind.endswith("_offset"), score_bias="_bias" in kind, bias_grad="_dbias" in kind,
+                dbias_atomic=kind.endswith("_atomic"),
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
@@ -431,6 +464,7 @@ def _compile_all(cases) -> list[dict]:
             st_global=len(re.findall(r"\bst\.global\.", ptx)),
             stmatrix=ptx.count("stmatrix"),
             ldmatrix=ptx.count("ldmatrix"),
+            red_v2_f32=len(re.findall(r"red\.global\.add\.v2\.f32", ptx)),
             tma_5d=len(re.findall(r"cp\.(?:reduce\.)?async\.bulk\.tensor\.5d", ptx)),
             ld_global_s32=len(re.findall(r"\bld\.global\.\S*[bsu]32", ptx)),
             setmaxnreg=ptx.count("setmaxnreg."),

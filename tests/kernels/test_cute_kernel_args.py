@@ -147,17 +147,19 @@ def test_dense_calls_with_a_one_element_bias(launch, bias):
     stand_in.check_on_compiled_kernel()
 
 
-@pytest.mark.parametrize("bias_grad", [False, True])
+@pytest.mark.parametrize("bias_grad, sums", [(False, None), (True, None), (True, "atomic")])
 @pytest.mark.parametrize("bias", [torch.randn(2, 1, 200, 136, dtype=DTYPE), torch.randn(4, 200, 136, dtype=DTYPE),
                                   torch.randn(200, 144, dtype=DTYPE)[:, 8:]])
-def test_dense_backward_calls_with_a_bias_tensor(launch, bias, bias_grad):
+def test_dense_backward_calls_with_a_bias_tensor(launch, bias, bias_grad, sums):
     """A bias tensor follows the one element's None in the backward's call, in place (a view) in the kernel's
     (Nq, Nk, Hb, Zb) mode order, its size-1 dims given a stride TMA takes; with its gradient wanted the call ends with
-    a [Z, H, Nq, Nk] dS buffer in the same order (else None), and dbias comes back in the bias's shape."""
+    a [Z, H, Nq, Nk] dS buffer in the same order (else None), or with the atomic sums an fp32 (Nk, Nq, Hb, Zb) tensor
+    padded to whole tiles, and dbias comes back in the bias's shape."""
     q, k, v, do = _randn(2, 4, 200, D), _randn(2, 4, 136, D), _randn(2, 4, 136, D), _randn(2, 4, 200, D)
     bias4 = bias.reshape((1,) * (4 - bias.dim()) + bias.shape)
     stand_in = launch(gdpa_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
-    dbias = gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01, bias=bias4, bias_grad=bias_grad)[3]
+    dbias = gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01, bias=bias4, bias_grad=bias_grad,
+                                   dbias_sums=sums)[3]
     assert stand_in.call_args[10:15] == (None, None, None, None, None)
     modes = stand_in.call_args[15]
     assert modes.shape == (200, 136, bias4.shape[1], bias4.shape[0]) and modes.data_ptr() == bias.data_ptr()
@@ -166,8 +168,37 @@ def test_dense_backward_calls_with_a_bias_tensor(launch, bias, bias_grad):
     ds = stand_in.call_args[16]
     assert (ds is not None) == bias_grad and (dbias is not None) == bias_grad
     if bias_grad:
-        assert ds.shape == (200, 136, 4, 2) and dbias.shape == bias4.shape and dbias.dtype == DTYPE
+        assert dbias.shape == bias4.shape and dbias.dtype == DTYPE
+        if sums == "atomic":
+            assert ds.shape == (256, 256, bias4.shape[1], bias4.shape[0]) and ds.dtype == torch.float32
+            assert ds.stride(1) == 1
+        else:
+            assert ds.shape == (200, 136, 4, 2) and ds.dtype == DTYPE
     assert stand_in.compile_args[1]["score_bias"] and stand_in.compile_args[1]["bias_grad"] == bias_grad
+    assert stand_in.compile_args[1].get("dbias_atomic", False) == (sums == "atomic")
+    stand_in.check_on_compiled_kernel()
+
+
+@pytest.mark.parametrize("bias, atomic", [(torch.randn(1, 4, 300, 304, dtype=DTYPE), True),
+                                          (torch.randn(300, 304, dtype=DTYPE), True),
+                                          (torch.randn(3, 1, 300, 304, dtype=DTYPE), False)])
+def test_varlen_backward_calls_with_a_bias_gradient(launch, bias, atomic):
+    """A varlen batch's bias shared by its samples has its gradient added atomically: the call ends with an fp32
+    (columns, rows, Hb, Zb) tensor padded to whole tiles; a bias per sample gets the [B, H, rows, columns] dS
+    buffer."""
+    qs, ks, v, order = _jagged_sides([5, 300, 129])
+    stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    dout = _randn(qs.tensor.shape[0], 4, D)
+    dbias = varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01, bias=bias,
+                                            bias_grad=True)[3]
+    ds = stand_in.call_args[16]
+    lead = (1,) * (4 - bias.dim()) + tuple(bias.shape[:-2])
+    if atomic:
+        assert ds.shape == (384, 320, lead[1], lead[0]) and ds.dtype == torch.float32 and ds.stride(1) == 1
+    else:
+        assert ds.shape == (300, 304, 4, 3) and ds.dtype == DTYPE
+    assert stand_in.compile_args[1]["dbias_atomic"] == atomic
+    assert dbias.shape == bias.shape and dbias.dtype == DTYPE
     stand_in.check_on_compiled_kernel()
 
 

@@ -79,6 +79,17 @@ def _transposed(t: cute.Tensor) -> cute.Tensor:
     return cute.composition(t, cute.make_ordered_layout(shape, order=order))
 
 
+def _split_offset(crd: tuple, strides: tuple) -> tuple:
+    """A flat coordinate's offset along flat ``strides``, split into (the part along static strides, an int; the
+    coordinate's values along the dynamic ones; the part along those)."""
+    static = sum(c * st for c, st in zip(crd, strides) if isinstance(st, int))
+    dynamic = [(c, st) for c, st in zip(crd, strides) if not isinstance(st, int)]
+    offset = 0
+    for c, st in dynamic:
+        offset = offset + c * st if c else offset
+    return static, tuple(c for c, _ in dynamic), offset
+
+
 class GdpaBwdSm90:
     """Compile-time parameters: element type, head dims of Q/K and of V/dO, and the activation's backward
     form (``activation_math.BackwardForm``)."""
@@ -87,6 +98,7 @@ class GdpaBwdSm90:
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
         q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False, causal: bool = False,
         band: bool = False, score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
+        dbias_atomic: bool = False,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -157,6 +169,13 @@ class GdpaBwdSm90:
         # batch [B, H, bias rows, bias columns], each sample's dS at its positions (zeros past its ends)
         assert not bias_grad or score_bias, "a bias gradient: of a bias tensor"
         self.bias_grad = bias_grad
+        # or (``dbias_atomic``) each consumer thread adds its fp32 dS values, two neighbouring queries a
+        # ``red.global.add.v2.f32``, into a zero-filled fp32 (Nk, Nq, Hb, Zb) tensor of the bias's own size (Nk and Nq
+        # padded to whole tiles, queries contiguous): no dS buffer of every sample and head, no sum over it, and the
+        # adds of the CTAs sharing a bias tile meet in L2
+        assert not dbias_atomic or bias_grad, "dbias added atomically: of a bias gradient"
+        self.dbias_atomic = dbias_atomic
+        self.ds_store = bias_grad and not dbias_atomic
 
     @cute.jit
     def __call__(
@@ -190,7 +209,9 @@ class GdpaBwdSm90:
         keep what they held. ``band_left``, ``band_right``: the band's bounds (``band``). ``offset``: the
         one-element bias (``score_offset``) in fp32. ``mBias``: the bias tensor (``score_bias``), (Nq, Nk, Hb, Zb)
         in the operands' dtype, Nk contiguous, Hb 1 or H and Zb 1 or Z; ``mdBias``: (Nq, Nk, H, Z), receives
-        dS (``bias_grad``) where a CTA computes it (not in the tiles a causal CTA skips)."""
+        dS (``bias_grad``) where a CTA computes it (not in the tiles a causal CTA skips); with ``dbias_atomic`` fp32
+        (Nk, Nq, Hb, Zb), Nq contiguous, both padded to whole tiles, zero-filled, receives the sum of dS over the
+        samples and heads sharing each of its values."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv = self.head_dim, self.head_dim_v
@@ -450,6 +471,9 @@ class GdpaBwdSm90:
             bias = None
             if cutlass.const_expr(self.score_offset):
                 bias = offset[0]
+            gdB = None
+            if cutlass.const_expr(self.dbias_atomic):
+                gdB = mdBias[None, None, h % mdBias.shape[2], z % mdBias.shape[3]]
             ds_threads = self.num_mma_wg * _WG_THREADS
 
             kv_consumer.wait_and_advance()
@@ -557,6 +581,9 @@ class GdpaBwdSm90:
                     stage = m % self.ds_stages
                     cute.copy(ds_copy, ds_copy.retile(cute.make_tensor(r_ds.iterator, acc_dp.layout)),
                               tdSsdS[None, None, None, stage])
+                    if cutlass.const_expr(self.dbias_atomic):
+                        self._add_dbias(cute.make_tensor(r_ds.iterator, acc_dp.layout), sdp.partition_C(
+                            cute.local_tile(gdB, (self.tile_n, self.tile_m), (n_blk, m + m_first))))
 
                     warpgroup.fence()
                     fresh_gemm(dv_mma, acc_dv, r_p, tVrdO[None, None, None, do_handle.index], True)
@@ -654,7 +681,8 @@ class GdpaBwdSm90:
 
     def _bias_tma_atoms(self, mBias, mdBias, bias_smem, ds_smem) -> tuple:
         """(load of bias tiles, its tensor, store of dS tiles into dBias, its tensor), Nones where the kernel has
-        no bias tensor or no bias gradient; sets the bias load's transaction bytes."""
+        no bias tensor or no bias gradient (``dbias_atomic``: no store, dBias itself); sets the bias load's
+        transaction bytes."""
         one = (None, None, 0)
         tile = (self.tile_m, self.tile_n)
         tma_bias, tBias, tma_dbias, tdBias = None, None, None, None
@@ -662,9 +690,11 @@ class GdpaBwdSm90:
             tma_bias, tBias = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileG2SOp(), mBias, cute.slice_(bias_smem, one), tile)
             self.bias_bytes = cute.size_in_bytes(self.dtype, cute.slice_(bias_smem, one))
-        if cutlass.const_expr(self.bias_grad):
+        if cutlass.const_expr(self.ds_store):
             tma_dbias, tdBias = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mdBias, cute.slice_(ds_smem, one), tile)
+        if cutlass.const_expr(self.dbias_atomic):
+            tdBias = mdBias
         return tma_bias, tBias, tma_dbias, tdBias
 
     def _bias_partitions(self, atoms: tuple, sBias: cute.Tensor, sdS: cute.Tensor, h, z) -> tuple:
@@ -678,11 +708,35 @@ class GdpaBwdSm90:
             gBias = cute.local_tile(mBias[None, None, h % mBias.shape[2], z % mBias.shape[3]], tile, (None, None))
             tBsB, tBgB = cpasync.tma_partition(tma_bias, 0, no_cluster, cute.group_modes(sBias, 0, 2),
                                                cute.group_modes(gBias, 0, 2))
-        if cutlass.const_expr(self.bias_grad):
+        if cutlass.const_expr(self.ds_store):
             gdBias = cute.local_tile(mdBias[None, None, h, z], tile, (None, None))
             tDBsdS, tDBgDB = cpasync.tma_partition(tma_dbias, 0, no_cluster, cute.group_modes(sdS, 0, 2),
                                                    cute.group_modes(gdBias, 0, 2))
         return tBsB, tBgB, tDBsdS, tDBgDB
+
+    @cute.jit
+    def _add_dbias(self, ds: cute.Tensor, tdB: cute.Tensor):
+        """The thread's dSᵀ values (``ds``: as rounded for dK's and dQ's matmuls, in the accumulator's layout) added
+        in fp32 into dBias at ``tdB`` (their places, partitioned as the accumulator), the two neighbouring queries of
+        each pair by one ``red.global.add.v2.f32``. The offsets along modes of static stride go into the
+        instruction's immediate, so the thread keeps one address per value of the other modes (two: its rows r and
+        r + 8 of the wgmma accumulator), which ptxas otherwise hoisted and spilled."""
+        words = cute.recast_tensor(ds, cutlass.Int32)
+        # a pair's two 16-bit values (the first in the low half) widened to fp32 registers lo, hi: bf16 by its bits
+        widen = (".reg .b32 lo, hi; shl.b32 lo, {$r1}, 16; and.b32 hi, {$r1}, 0xffff0000; "
+                 if self.dtype is cutlass.BFloat16 else
+                 ".reg .b16 l16, h16; .reg .f32 lo, hi; mov.b32 {l16, h16}, {$r1}; cvt.f32.f16 lo, l16; "
+                 "cvt.f32.f16 hi, h16; ")
+        strides = cute.flatten(tdB.layout.stride)
+        rows = {}
+        for i in cutlass.range_constexpr(0, cute.size(ds), 2):
+            crd = cute.flatten(cute.idx2crd(i, tdB.layout.shape))
+            static, row, offset = _split_offset(crd, strides)
+            rows.setdefault(row, tdB.iterator + offset)
+            cute.arch.inline_ptx(
+                f"{{ {widen}red.global.add.v2.f32 [{{$r0}}+{static * 4}], {{lo, hi}}; }}",
+                read_only_args=[rows[row], words[i // 2]],
+            )
 
     def _score_bias(self, offset, r_bias: cute.Tensor, i: int):
         """The bias of score ``i`` of the thread's Sᵀ: its value of the bias tile (``score_bias``), else the one
@@ -873,14 +927,14 @@ class GdpaBwdSm90:
         halves = 1 if self.dq_pairs else self.num_mma_wg
         for m in cutlass.range(m_first, num_m, unroll=1):
             for w in cutlass.range_constexpr(halves):
-                cute.arch.cp_async_bulk_wait_group(0 if self.bias_grad else halves - 1 - w, read=True)
+                cute.arch.cp_async_bulk_wait_group(0 if self.ds_store else halves - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=self.barrier_dq_empty + w, number_of_threads=dq_threads)
             for w in cutlass.range_constexpr(halves):
                 cute.arch.barrier(barrier_id=self.barrier_dq_full + w, number_of_threads=dq_threads)
                 buf = own_half if self.dq_pairs else w
                 cute.copy(tma_dq, tdQsdQ[(None, buf)], tdQgdQ[(None, m, buf)])
                 cute.arch.cp_async_bulk_commit_group()
-            if cutlass.const_expr(self.bias_grad):
+            if cutlass.const_expr(self.ds_store):
                 cute.copy(tma_dbias, tDBsdS[(None, (m - m_first) % self.ds_stages)], tDBgDB[(None, m, n_blk)])
                 cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)

@@ -20,11 +20,14 @@ from ..triton.gdpa_fwd_tma import tma_layout
 from ..triton.varlen_layout import VarlenSide
 from .gdpa_bwd import (
     BWD_HEAD_DIMS,
+    DBIAS_SUMS,
     bias_tile_modes,
     bwd_bias_support,
     bwd_key_tile,
     compile_bwd,
+    dbias_buffer,
     dbias_of,
+    dbias_sums_for,
     dq_sums_for,
 )
 from .kernel_args import dense_modes, offset_args, row_modes
@@ -40,7 +43,8 @@ def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     (``bwd_bias_support``)."""
     check = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows, "the CuTe varlen backward",
                                     BWD_HEAD_DIMS)
-    return bwd_bias_support(check, bias, q, v, bias_grad, (varlen_batch(q, k, rows[0], rows[1]), q.shape[-2]))
+    return bwd_bias_support(check, bias, q, v, bias_grad, (varlen_batch(q, k, rows[0], rows[1]), q.shape[-2]),
+                            varlen=True)
 
 
 def _shared(side: VarlenSide, t: torch.Tensor) -> bool:
@@ -65,13 +69,14 @@ def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, order: torch.Tensor,
                          activation: str, scale: float, post_scale: float, negative_slope: float,
                          causal: bool = False, band: tuple[int, int] | None = None,
-                         bias: torch.Tensor | None = None, bias_grad: bool = False):
+                         bias: torch.Tensor | None = None, bias_grad: bool = False, dbias_sums: str | None = None):
     """(dq, dk, dv, dbias or None) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout
     (the queries' rows, Dv wide). ``causal``: the bottom-right aligned mask in each sample
     (``varlen_causal_support``'s cases); ``band``: (left, right), the band mask in its place (``varlen_band``);
     ``bias``: one element, added to every score, or a tensor ``varlen_bias_support`` takes (sample z's query i and
     key j adding ``bias[z, h, i, j]``); ``bias_grad``: its gradient is wanted (a tensor's only), dbias in its shape
-    and dtype, zero at the positions no sample reaches."""
+    and dtype, zero at the positions no sample reaches, summed as ``dbias_sums`` says (one of ``DBIAS_SUMS``; None:
+    ``dbias_sums_for``)."""
     q, k = qs.tensor, ks.tensor
     h, d = q.shape[-2:]
     hkv, d_v = v.shape[-2:]
@@ -90,16 +95,19 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
     if bias_grad and tensor_bias is None:
         raise ValueError("bias_grad=True needs a bias tensor (the CuTe backward's bias gradient is a tensor's)")
     offset = None if tensor_bias is not None else bias
-    # dS per (sample, query head) at each sample's positions; zeros where no CTA stores (past a sample's ends,
-    # outside its mask)
-    ds = None
+    # dS at each sample's positions; zeros where no CTA stores (past a sample's ends, outside its mask)
+    ds, sums = None, None
     if bias_grad:
-        ds = torch.zeros((qs.batch, h, *tensor_bias.shape[-2:]), dtype=q.dtype, device=q.device)
+        # the way dispatch checked fits (a direct call that skipped the check: the buffer)
+        sums = dbias_sums or dbias_sums_for(qs.batch, h, tensor_bias, varlen=True)[0] or "buffer"
+        if sums not in DBIAS_SUMS:
+            raise ValueError(f"dbias_sums must be one of {DBIAS_SUMS}, got {dbias_sums!r}")
+        ds = dbias_buffer(sums, qs.batch, h, tensor_bias, zeros=True)
     if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
         rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, varlen=True,
                          causal=causal and band is None, band=band is not None, score_offset=offset is not None,
-                         score_bias=tensor_bias is not None, bias_grad=bias_grad)
+                         score_bias=tensor_bias is not None, bias_grad=bias_grad, dbias_atomic=sums == "atomic")
         fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
            rows, num_n, *(band or (None, None)), *offset_args(offset),
            None if tensor_bias is None else bias_tile_modes(tensor_bias), None if ds is None else dense_modes(ds))
@@ -108,4 +116,4 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
     if group > 1:
         dk = dk.unflatten(-2, (hkv, group)).sum(-2)
         dv = dv.unflatten(-2, (hkv, group)).sum(-2)
-    return dq, dk, dv, None if ds is None else dbias_of(ds, tensor_bias.shape, activation, post_scale)
+    return dq, dk, dv, None if ds is None else dbias_of(ds, tensor_bias, sums, activation, post_scale)
