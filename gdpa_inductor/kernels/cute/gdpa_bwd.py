@@ -206,7 +206,7 @@ def compile_bwd(
     ``score_bias``: a bias tensor (``bias_tensor_bwd_support``; D and Dv at most 128), in the call after the
     one element's place, and ``bias_grad``: dS stored into a [Z, H, Nq, Nk] tensor (varlen: [B, H, the bias's rows
     and columns]), the call's last argument; every call passes those two (Nones where it has none). ``dbias_atomic``:
-    dS added instead into an fp32 tensor of the bias's size (``dbias_atomic_buffer``)."""
+    dS added instead into an fp32 tensor of the bias's size (``dbias_buffer``)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
