@@ -150,6 +150,15 @@ def dbias_buffer(sums: str, num_samples: int, num_heads: int, bias: torch.Tensor
                                                    device=bias.device)
 
 
+def dbias_way(dbias_sums: str | None, num_samples: int, num_heads: int, bias: torch.Tensor, varlen: bool) -> str:
+    """The launchers' way of summing dbias: ``dbias_sums`` (one of ``DBIAS_SUMS``) where given, else the way
+    ``dbias_sums_for`` finds fits (what dispatch checked; a direct call that skipped the check: the buffer)."""
+    sums = dbias_sums or dbias_sums_for(num_samples, num_heads, bias, varlen)[0] or "buffer"
+    if sums not in DBIAS_SUMS:
+        raise ValueError(f"dbias_sums must be one of {DBIAS_SUMS}, got {dbias_sums!r}")
+    return sums
+
+
 def bwd_bias_support(check: tuple[bool, str], bias, q: torch.Tensor, v: torch.Tensor,
                      bias_grad: bool, samples_heads: tuple[int, int] = (1, 1),
                      varlen: bool = False) -> tuple[bool, str]:
@@ -323,10 +332,7 @@ def gdpa_bwd_cute(
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     ds, sums = None, None
     if bias_grad:
-        # the way dispatch checked fits (a direct call that skipped the check: the buffer)
-        sums = dbias_sums or dbias_sums_for(z, h, tensor_bias)[0] or "buffer"
-        if sums not in DBIAS_SUMS:
-            raise ValueError(f"dbias_sums must be one of {DBIAS_SUMS}, got {dbias_sums!r}")
+        sums = dbias_way(dbias_sums, z, h, tensor_bias, varlen=False)
         # a causal CTA skips the query tiles before its diagonal, whose dS is zero
         ds = dbias_buffer(sums, z, h, tensor_bias, zeros=causal)
     if dq_acc.numel() and dk.numel():
@@ -358,8 +364,8 @@ def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, p
     factor = post_scale * activation_math.backward_form(activation).grad_factor
     shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
     if sums == "atomic":
-        sums = ds[..., :shape4[3], :shape4[2]].transpose(-1, -2)
-        return torch.empty(shape4, dtype=bias.dtype, device=ds.device).copy_(sums.mul(factor)).view(bias.shape)
+        totals = ds[..., :shape4[3], :shape4[2]].transpose(-1, -2)
+        return torch.empty(shape4, dtype=bias.dtype, device=ds.device).copy_(totals.mul(factor)).view(bias.shape)
     return _sum_to(ds, shape4).mul_(factor).view(bias.shape)
 
 

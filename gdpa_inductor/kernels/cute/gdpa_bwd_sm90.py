@@ -169,10 +169,10 @@ class GdpaBwdSm90:
         # batch [B, H, bias rows, bias columns], each sample's dS at its positions (zeros past its ends)
         assert not bias_grad or score_bias, "a bias gradient: of a bias tensor"
         self.bias_grad = bias_grad
-        # or (``dbias_atomic``) each consumer thread adds its fp32 dS values, two neighbouring queries a
-        # ``red.global.add.v2.f32``, into a zero-filled fp32 (Nk, Nq, Hb, Zb) tensor of the bias's own size (Nk and Nq
-        # padded to whole tiles, queries contiguous): no dS buffer of every sample and head, no sum over it, and the
-        # adds of the CTAs sharing a bias tile meet in L2
+        # or (``dbias_atomic``) each consumer thread adds its dS values (as rounded for the matmuls) in fp32, two
+        # neighbouring queries a ``red.global.add.v2.f32``, into a zero-filled fp32 (Nk, Nq, Hb, Zb) tensor of the
+        # bias's own size (Nk and Nq padded to whole tiles, queries contiguous): no dS buffer of every sample and head,
+        # no sum over it, and the adds of the CTAs sharing a bias tile meet in L2
         assert not dbias_atomic or bias_grad, "dbias added atomically: of a bias gradient"
         self.dbias_atomic = dbias_atomic
         self.ds_store = bias_grad and not dbias_atomic
@@ -728,6 +728,7 @@ class GdpaBwdSm90:
                  ".reg .b16 l16, h16; .reg .f32 lo, hi; mov.b32 {l16, h16}, {$r1}; cvt.f32.f16 lo, l16; "
                  "cvt.f32.f16 hi, h16; ")
         strides = cute.flatten(tdB.layout.stride)
+        assert strides[0] == 1, "a pair's two queries must be neighbours in dBias (its queries contiguous)"
         rows = {}
         for i in cutlass.range_constexpr(0, cute.size(ds), 2):
             crd = cute.flatten(cute.idx2crd(i, tdB.layout.shape))

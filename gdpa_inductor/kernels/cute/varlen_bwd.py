@@ -20,14 +20,13 @@ from ..triton.gdpa_fwd_tma import tma_layout
 from ..triton.varlen_layout import VarlenSide
 from .gdpa_bwd import (
     BWD_HEAD_DIMS,
-    DBIAS_SUMS,
     bias_tile_modes,
     bwd_bias_support,
     bwd_key_tile,
     compile_bwd,
     dbias_buffer,
     dbias_of,
-    dbias_sums_for,
+    dbias_way,
     dq_sums_for,
 )
 from .kernel_args import dense_modes, offset_args, row_modes
@@ -98,10 +97,7 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
     # dS at each sample's positions; zeros where no CTA stores (past a sample's ends, outside its mask)
     ds, sums = None, None
     if bias_grad:
-        # the way dispatch checked fits (a direct call that skipped the check: the buffer)
-        sums = dbias_sums or dbias_sums_for(qs.batch, h, tensor_bias, varlen=True)[0] or "buffer"
-        if sums not in DBIAS_SUMS:
-            raise ValueError(f"dbias_sums must be one of {DBIAS_SUMS}, got {dbias_sums!r}")
+        sums = dbias_way(dbias_sums, qs.batch, h, tensor_bias, varlen=True)
         ds = dbias_buffer(sums, qs.batch, h, tensor_bias, zeros=True)
     if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
         rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
