@@ -21,6 +21,7 @@ from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
     dbias_of,
     dbias_sums_for,
     dq_late_for,
+    dq_of_sums,
     dq_sums_for,
     gdpa_bwd_cute,
     preferred_dbias_sums,
@@ -117,6 +118,25 @@ def test_dbias_from_the_atomic_sums(shape, activation):
     got = dbias_of(sums, bias, "atomic", activation, 0.7)
     assert got.shape == shape and got.dtype == torch.bfloat16 and got.is_contiguous()
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "sigmoid", "relu"])
+def test_dq_from_its_fp32_sums(dtype, activation):
+    """dQ from the kernel's fp32 sums, which it leaves unscaled: times dS's scale (scale, post_scale and the activation
+    form's constant factor, multiplied in fp32 as the kernel multiplies them for dK), rounded once to the operands'
+    dtype: within one unit in the last place of the exact product (half of one, plus the fp32 product's rounding)."""
+    sums = torch.randn(2, 3, 50, 64, generator=torch.Generator().manual_seed(5))
+    scale, post = 96**-0.5, 1 / 777
+    f32 = torch.float32
+    factor = torch.tensor(scale, dtype=f32) * torch.tensor(post, dtype=f32) * backward_form(activation).grad_factor
+    got = dq_of_sums(sums, dtype, activation, scale, post)
+    assert got.dtype == dtype and got.shape == sums.shape
+    assert torch.equal(got, (sums * factor).to(dtype))
+    exact = sums.double() * scale * post * backward_form(activation).grad_factor
+    info = torch.finfo(dtype)
+    ulp = (2.0 ** torch.floor(torch.log2(exact.abs())) * info.eps).clamp(min=info.smallest_normal * info.eps)
+    assert ((got.double() - exact).abs() <= ulp).all()
 
 
 @pytest.mark.parametrize("shape, samples, varlen, way", [

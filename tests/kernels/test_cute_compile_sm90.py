@@ -109,14 +109,10 @@ FWD_SPILLING = {("fwd_varlen_band", 128, 128, "relu")}
 FWD_SPILLING |= {("fwd_bias", 128, 128, "gelu_tanh"), ("fwd_bias", 128, 128, "sigmoid"),
                  ("fwd_causal_bias", 128, 128, "gelu_tanh")}
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
-# measured with cutlass-dsl 4.8.1: a few words of spills in the consumers' (value, derivative) pass (since the
-# dQ warp and the one-tile-late dQ, measured faster than the unspilled kernel before them); gelu_tanh and sigmoid
-# stopped spilling with the backward forms of activation_math.backward_form, except by pairs (gelu_tanh)
-BWD_SPILLING = {
-    ("bwd", 128, 128, act) for act in ("relu_square", "leaky_relu", "gelu", "silu", "hardswish")
-} | {("bwd_dq_direct", 128, 128, "hardswish")} | {
-    ("bwd_dq_pairs", 128, 128, act) for act in ("relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish")
-}
+# measured with cutlass-dsl 4.8.1: hardswish's (value, derivative) pass spills 140-160 bytes in each dQ sum. Every
+# other activation compiles without spills since the shared-memory operands' descriptors stay in uniform registers
+# and fp32 dQ sums leave their scale to the cast (thirty-fifth session; before, a few words in five of them)
+BWD_SPILLING = {(kind, 128, 128, "hardswish") for kind in ("bwd", "bwd_dq_direct", "bwd_dq_pairs")}
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 # the dQ sums: in an fp32 buffer, in place in bf16 (short key ranges), or by pairs of key tiles
 BWD_KINDS = ("bwd", "bwd_dq_direct", "bwd_dq_pairs")
@@ -136,27 +132,18 @@ BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pair
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
                     ("bwd_varlen", 96, 128, "sigmoid"), ("bwd_varlen", 256, 256, "gelu_tanh")]
-# measured with cutlass-dsl 4.8.1: 8 bytes of spills, as the dense kernel's forms above
-BWD_SPILLING |= {("bwd_varlen", 128, 128, "gelu_tanh")}
 # the causal backward in its two dQ sums: a third copy of the loop, masked, for the diagonal's query tiles
 BWD_CAUSAL_CASES = [("bwd_causal", 128, 128, "gelu_tanh"), ("bwd_causal", 128, 128, "sigmoid"),
                     ("bwd_causal", 64, 64, "gelu_tanh"), ("bwd_causal_direct", 128, 128, "gelu_tanh"),
                     ("bwd_causal_direct", 128, 128, "silu"), ("bwd_causal_direct", 96, 128, "sigmoid")]
-# measured with cutlass-dsl 4.8.1: 16 bytes stored, 44 loaded (a few loads per query tile, none in the activation)
-BWD_SPILLING |= {("bwd_causal", 128, 128, "gelu_tanh")}
-# the causal mask in the varlen backward (per-sample rows through ragged descriptors); its fp32-sum builds spill as
-# the dense ones do (cutlass-dsl 4.8.1: gelu_tanh as the causal one, 16 bytes stored and 44 loaded; silu as the
-# unmasked one, 16 bytes)
+# the causal mask in the varlen backward (per-sample rows through ragged descriptors)
 BWD_VARLEN_CAUSAL_CASES = [("bwd_varlen_causal", 128, 128, "gelu_tanh"), ("bwd_varlen_causal", 128, 128, "silu"),
                            ("bwd_varlen_causal_direct", 128, 128, "gelu_tanh"),
                            ("bwd_varlen_causal_direct", 64, 64, "gelu_tanh"), ("bwd_varlen_causal", 96, 128, "sigmoid")]
-BWD_SPILLING |= {("bwd_varlen_causal", 128, 128, "gelu_tanh"), ("bwd_varlen_causal", 128, 128, "silu")}
-# the band mask in the varlen backward: one copy of the loop, every query tile masked; its fp32-sum gelu_tanh build
-# spills as the unmasked varlen one does (cutlass-dsl 4.8.1: 8 bytes)
+# the band mask in the varlen backward: one copy of the loop, every query tile masked
 BWD_VARLEN_BAND_CASES = [("bwd_varlen_band", 128, 128, "gelu_tanh"), ("bwd_varlen_band", 128, 128, "relu"),
                          ("bwd_varlen_band_direct", 128, 128, "gelu_tanh"),
                          ("bwd_varlen_band_direct", 64, 64, "gelu_tanh"), ("bwd_varlen_band", 96, 128, "sigmoid")]
-BWD_SPILLING |= {("bwd_varlen_band", 128, 128, "gelu_tanh")}
 # the wide-head backward (GdpaBwdWideSm90, D or Dv of 256): dQ in two chunks a warpgroup at D = 256, one below
 BWD_WIDE_CASES = [("bwd", 256, 256, "gelu_tanh"), ("bwd", 256, 256, "relu"), ("bwd_dq_direct", 256, 256, "silu"),
                   ("bwd", 256, 128, "gelu"), ("bwd", 128, 256, "sigmoid"), ("bwd", 256, 96, "relu_square"),
@@ -166,8 +153,6 @@ BWD_OFFSET_CASES = [("bwd_offset", 128, 128, "gelu_tanh"), ("bwd_dq_direct_offse
                     ("bwd_dq_direct_offset", 64, 64, "gelu_tanh"), ("bwd_offset", 256, 256, "gelu_tanh"),
                     ("bwd_causal_offset", 128, 128, "sigmoid"), ("bwd_varlen_offset", 96, 128, "sigmoid"),
                     ("bwd_varlen_band_direct_offset", 128, 128, "gelu_tanh")]
-# measured with cutlass-dsl 4.8.1: 4 bytes stored and loaded, outside the activation
-BWD_SPILLING |= {("bwd_offset", 128, 128, "gelu_tanh")}
 # a bias tensor (its tiles by TMA, read by ldmatrix.trans) and its gradient (dS tiles stored by TMA): fp32 and in-place
 # dQ sums, D=64, causal; in the varlen backward (at each sample's positions), plain, causal and with the band
 BWD_BIAS_CASES = [("bwd_bias", 128, 128, "gelu_tanh"), ("bwd_dq_direct_bias", 128, 128, "gelu_tanh"),
@@ -176,12 +161,9 @@ BWD_BIAS_CASES = [("bwd_bias", 128, 128, "gelu_tanh"), ("bwd_dq_direct_bias", 12
                   ("bwd_varlen_bias", 128, 128, "gelu_tanh"), ("bwd_varlen_direct_bias_dbias", 128, 128, "silu"),
                   ("bwd_varlen_causal_direct_bias_dbias", 128, 128, "gelu_tanh"),
                   ("bwd_varlen_band_direct_bias_dbias", 128, 128, "gelu_tanh")]
-# measured with cutlass-dsl 4.8.1: with fp32 dQ sums the bias's 16 registers cost 12-60 bytes of spills
-BWD_SPILLING |= {("bwd_bias", 128, 128, "gelu_tanh"), ("bwd_causal_bias", 128, 128, "gelu_tanh"),
-                 ("bwd_bias_dbias", 128, 128, "gelu_tanh")}
-# and in the varlen backward 4-36 bytes with gelu_tanh (silu's in-place build with dbias spills none)
-BWD_SPILLING |= {("bwd_varlen_bias", 128, 128, "gelu_tanh"),
-                 ("bwd_varlen_causal_direct_bias_dbias", 128, 128, "gelu_tanh"),
+# measured with cutlass-dsl 4.8.1: the varlen builds with the bias's gradient and a mask spill 4 bytes with gelu_tanh
+# (the others none since the thirty-fifth session; before, 4-60 bytes with fp32 dQ sums or a mask)
+BWD_SPILLING |= {("bwd_varlen_causal_direct_bias_dbias", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_band_direct_bias_dbias", 128, 128, "gelu_tanh")}
 # dbias added atomically (each thread's dS pairs by red.global.add.v2.f32 into fp32 sums of the bias's size): the
 # varlen builds "auto" takes for a bias shared by the samples (in-place and fp32 dQ sums; plain, causal, band) and a
@@ -191,9 +173,9 @@ BWD_DBIAS_ATOMIC_CASES = [("bwd_varlen_direct_bias_dbias_atomic", 128, 128, "sil
                           ("bwd_varlen_band_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
                           ("bwd_varlen_causal_bias_dbias_atomic", 128, 128, "silu"),
                           ("bwd_dq_direct_bias_dbias_atomic", 128, 128, "gelu_tanh")]
-# measured with cutlass-dsl 4.8.1: the masked builds spill 28-40 bytes (the band, causal gelu_tanh) and the causal one
-# with fp32 dQ sums 156 (still 1.47x the stored dS buffer's forward+backward at HSTU's N <= 2048 on H200); the adds'
-# addresses are two registers a thread, their offsets immediates
+# measured with cutlass-dsl 4.8.1: the masked builds spill 24 bytes stored, 36-80 loaded (the band, causal gelu_tanh),
+# the causal one with fp32 dQ sums 12 stored, 44 loaded (156 before the thirty-fifth session); the adds' addresses are
+# two registers a thread, their offsets immediates
 BWD_SPILLING |= {("bwd_varlen_causal_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_band_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_causal_bias_dbias_atomic", 128, 128, "silu")}
@@ -320,6 +302,29 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     assert (r["st_async"] > 0) == pairs and (r["cluster_arrives"] > 0) == pairs, r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
+
+
+# measured with cutlass-dsl 4.8.1: the forward at D = 256, Dv = 64 still moves 81 registers for 56 wgmmas (not
+# looked into: its other wide-head builds pass)
+NOT_UNIFORM = {("fwd", 256, 64, "gelu")}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="descriptors built per k-block"))
+     if c in NOT_UNIFORM else c
+     for c in [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES]
+     + [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES],
+    ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}",
+)
+def test_cute_wgmma_descriptors_stay_in_uniform_registers(case, reports):
+    """The shared-memory operands are partitioned through each warpgroup's first thread, so ptxas keeps the wgmma
+    descriptors in uniform registers: fewer moves from ordinary registers into uniform ones (R2UR) than wgmmas in the
+    whole kernel. Partitioned through each thread's own index, they were built per k-block in ordinary registers
+    and moved over, about two per wgmma (the D = 128 gelu_tanh backward: 123 R2UR, now 10; the D = 256 one 204,
+    now 11)."""
+    r = reports[case]
+    assert r["sass_r2ur"] < r["wgmma"], r
 
 
 @pytest.mark.parametrize("case", BWD_VARLEN_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES, ids=str)
@@ -454,6 +459,8 @@ def _compile_all(cases) -> list[dict]:
         log = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", "k.ptx", "-o", "k.cubin"],
                              capture_output=True, text=True, check=True).stderr
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "nvdisasm"), "-c", "k.cubin"],
+                              capture_output=True, text=True, check=True).stdout
         out.append(dict(
             case=[kind, d, dv, act],
             target=re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1),
@@ -483,6 +490,7 @@ def _compile_all(cases) -> list[dict]:
             st_async=len(re.findall(r"\bst\.async\.shared::cluster\.mbarrier::complete_tx::bytes", ptx)),
             cluster_arrives=len(re.findall(r"\bmbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)),
             named_barrier_arrives=len(re.findall(r"\bbarrier\.(?:cta\.)?arrive|\bbar\.arrive", ptx)),
+            sass_r2ur=len(re.findall(r"\bR2UR\b", sass)),
         ))
     return out
 

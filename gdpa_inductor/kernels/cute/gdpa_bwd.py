@@ -1,6 +1,6 @@
 """Launcher of the CuTe-DSL Hopper backward: which calls it takes, one compile per (dtype, head dims D and Dv,
 activation, way of summing dQ), and the call itself (dQ summed in place in the operands' dtype over short key
-ranges, otherwise in fp32 by the kernel and cast here; by pairs of key tiles in clusters of two CTAs on
+ranges, otherwise in fp32 by the kernel and scaled and cast here; by pairs of key tiles in clusters of two CTAs on
 request)."""
 
 from __future__ import annotations
@@ -349,12 +349,21 @@ def gdpa_bwd_cute(
         dv.zero_()
         if ds is not None:
             ds.zero_()
-    dq = dq_acc if direct else dq_acc.to(q.dtype)
+    dq = dq_acc if direct else dq_of_sums(dq_acc, q.dtype, activation, scale, post_scale)
     if group > 1:
         dk = dk.view(z, hkv, group, nk, d).sum(2)
         dv = dv.view(z, hkv, group, nk, d_v).sum(2)
     dbias = None if ds is None else dbias_of(ds, tensor_bias, sums, activation, post_scale)
     return dq, dk, dv, dbias
+
+
+def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: str, scale: float,
+               post_scale: float) -> torch.Tensor:
+    """dQ in ``dtype`` from the kernel's fp32 sums, which it leaves unscaled: times dS's scale (scale, post_scale and
+    act''s constant factor, multiplied in fp32 as the kernel multiplies them for dK), rounded once, in one pass."""
+    factor = torch.tensor(scale, dtype=torch.float32) * torch.tensor(post_scale, dtype=torch.float32)
+    factor = factor * activation_math.backward_form(activation).grad_factor
+    return torch.mul(sums, factor.item(), out=torch.empty(sums.shape, dtype=dtype, device=sums.device))
 
 
 def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, post_scale: float) -> torch.Tensor:

@@ -55,7 +55,7 @@ from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from .ragged_rows import ragged, sample_rows
-from .wgmma import fresh_gemm, operand_a_like, store_operand_a
+from .wgmma import fresh_gemm, operand_a_like, pack_operand_a, store_operand_a
 
 _WG_ROWS = 64
 _WG_THREADS = 128
@@ -432,14 +432,21 @@ class GdpaBwdSm90:
             dq = dq_mma.get_slice((ctid + _WG_THREADS * rank) % (self.num_mma_wg * _WG_THREADS))
             sK0 = sK[None, None, 0]
             sV0 = sV[None, None, 0]
-            tSrK = sdp.make_fragment_A(sdp.partition_A(sK0))
-            tSrQ = sdp.make_fragment_B(sdp.partition_B(sQ))
-            tPrV = sdp.make_fragment_A(sdp.partition_A(sV0))
-            tPrdO = sdp.make_fragment_B(sdp.partition_B(sdO))
-            tVrdO = dv_thr.make_fragment_B(dv_thr.partition_B(_transposed(sdO)))
-            tKrQ = dk_thr.make_fragment_B(dk_thr.partition_B(_transposed(sQ)))
-            tQrdS = dq.make_fragment_A(dq.partition_A(sdS))
-            tQrK = dq.make_fragment_B(dq.partition_B(_transposed(sK0)))
+            # A shared-memory operand depends on the thread's warpgroup only: partitioned through its first thread,
+            # a warp-uniform index, ptxas keeps each k-block's descriptor in uniform registers. Through the thread's
+            # own index it built them in ordinary registers, 64-bit adds and two moves to uniform registers per
+            # wgmma: 130 of the loop's 804 instructions per query tile (2048², gelu_tanh)
+            wg_tid = (wg_idx - 1) * _WG_THREADS
+            sdp_wg, dk_wg, dv_wg = sdp_mma.get_slice(wg_tid), dk_mma.get_slice(wg_tid), dv_mma.get_slice(wg_tid)
+            dq_wg = dq_mma.get_slice((wg_tid + _WG_THREADS * rank) % (self.num_mma_wg * _WG_THREADS))
+            tSrK = sdp_wg.make_fragment_A(sdp_wg.partition_A(sK0))
+            tSrQ = sdp_wg.make_fragment_B(sdp_wg.partition_B(sQ))
+            tPrV = sdp_wg.make_fragment_A(sdp_wg.partition_A(sV0))
+            tPrdO = sdp_wg.make_fragment_B(sdp_wg.partition_B(sdO))
+            tVrdO = dv_wg.make_fragment_B(dv_wg.partition_B(_transposed(sdO)))
+            tKrQ = dk_wg.make_fragment_B(dk_wg.partition_B(_transposed(sQ)))
+            tQrdS = dq_wg.make_fragment_A(dq_wg.partition_A(sdS))
+            tQrK = dq_wg.make_fragment_B(dq_wg.partition_B(_transposed(sK0)))
             # dSᵀ registers to dS in shared memory by stmatrix.trans (8x8 blocks, transposed on the way)
             ds_copy = cute.make_tiled_copy_C(
                 cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), sdp_mma
@@ -577,7 +584,7 @@ class GdpaBwdSm90:
                         else:
                             acc_dp[i] = acc_dp[i] * acc_s[i]
                     r_ds = operand_a_like(acc_dp, dk_mma, self.dtype)
-                    store_operand_a(acc_dp, r_ds)
+                    pack_operand_a(acc_dp, r_ds)
                     stage = m % self.ds_stages
                     cute.copy(ds_copy, ds_copy.retile(cute.make_tensor(r_ds.iterator, acc_dp.layout)),
                               tdSsdS[None, None, None, stage])
@@ -902,11 +909,15 @@ class GdpaBwdSm90:
 
     @cute.jit
     def _hand_dq(self, acc_dq: cute.Tensor, tQsdQ: cute.Tensor, ds_scale: cutlass.Float32, slot: cutlass.Int32):
-        """A half of a dQ tile, scaled, into sdQ buffer ``slot`` once the dQ warp has freed it; then signalled
-        full."""
+        """A half of a dQ tile into sdQ buffer ``slot`` once the dQ warp has freed it; then signalled full. Scaled
+        here where dQ is summed in its own dtype; fp32 sums are scaled by the cast that rounds them
+        (``gdpa_bwd.dq_of_sums``), which spares the loop a multiply per score (32 of its ~720 instructions per
+        query tile at D = 128)."""
         dq_threads = _WG_THREADS + 32
-        r_dq = cute.make_fragment_like(acc_dq, self.dq_dtype)
-        r_dq.store((acc_dq.load() * ds_scale).to(self.dq_dtype))
+        r_dq = acc_dq
+        if cutlass.const_expr(self.dq_dtype != cutlass.Float32):
+            r_dq = cute.make_fragment_like(acc_dq, self.dq_dtype)
+            r_dq.store((acc_dq.load() * ds_scale).to(self.dq_dtype))
         cute.arch.barrier(barrier_id=self.barrier_dq_empty + slot, number_of_threads=dq_threads)
         cute.autovec_copy(r_dq, tQsdQ)
         cute.arch.fence_proxy("async.shared", space="cta")

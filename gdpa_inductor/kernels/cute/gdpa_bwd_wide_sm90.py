@@ -203,19 +203,23 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
             dq = dq_mma.get_slice(ctid)
             sK0 = sK[None, None, 0]
             sV0 = sV[None, None, 0]
-            tSrK = sdp.make_fragment_A(sdp.partition_A(sK0))
-            tSrQ = sdp.make_fragment_B(sdp.partition_B(sQ))
-            tPrV = sdp.make_fragment_A(sdp.partition_A(sV0))
-            tPrdO = sdp.make_fragment_B(sdp.partition_B(sdO))
-            tVrP = dv_thr.make_fragment_A(dv_thr.partition_A(sPdS))
-            tVrdO = dv_thr.make_fragment_B(dv_thr.partition_B(_transposed(sdO)))
-            tKrdS = dk_thr.make_fragment_A(dk_thr.partition_A(sPdS))
-            tKrQ = dk_thr.make_fragment_B(dk_thr.partition_B(_transposed(sQ)))
+            # shared-memory operands through the warpgroup's first thread (uniform descriptors: GdpaBwdSm90._cta)
+            wg_tid = cwg * _WG_THREADS
+            sdp_wg, dk_wg, dv_wg, dq_wg = (mma.get_slice(wg_tid) for mma in (sdp_mma, dk_mma, dv_mma, dq_mma))
+            tSrK = sdp_wg.make_fragment_A(sdp_wg.partition_A(sK0))
+            tSrQ = sdp_wg.make_fragment_B(sdp_wg.partition_B(sQ))
+            tPrV = sdp_wg.make_fragment_A(sdp_wg.partition_A(sV0))
+            tPrdO = sdp_wg.make_fragment_B(sdp_wg.partition_B(sdO))
+            tVrP = dv_wg.make_fragment_A(dv_wg.partition_A(sPdS))
+            tVrdO = dv_wg.make_fragment_B(dv_wg.partition_B(_transposed(sdO)))
+            tKrdS = dk_wg.make_fragment_A(dk_wg.partition_A(sPdS))
+            tKrQ = dk_wg.make_fragment_B(dk_wg.partition_B(_transposed(sQ)))
             # dS as dQ's A operand: the (queries, keys) view of the same bytes, M-major
-            tQrdS = dq.make_fragment_A(dq.partition_A(_transposed(sPdS)))
+            tQrdS = dq_wg.make_fragment_A(dq_wg.partition_A(_transposed(sPdS)))
             chunk_cols = self.num_mma_wg * plan.dq_width
             tQrK = [
-                dq.make_fragment_B(dq.partition_B(cute.local_tile(_transposed(sK0), (chunk_cols, self.tile_n), (c, 0))))
+                dq_wg.make_fragment_B(
+                    dq_wg.partition_B(cute.local_tile(_transposed(sK0), (chunk_cols, self.tile_n), (c, 0))))
                 for c in range(plan.dq_chunks)
             ]
             # Pᵀ and dSᵀ registers to shared memory by stmatrix, in the (keys, queries) layout they were computed in

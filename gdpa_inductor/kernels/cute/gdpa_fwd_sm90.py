@@ -331,9 +331,13 @@ class GdpaFwdSm90:
             ctid = tidx - _WG_THREADS
             qk_thr = qk_mma.get_slice(ctid)
             pv_thr = pv_mma.get_slice(ctid)
-            tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
-            tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))
-            tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))
+            # shared-memory operands through the warpgroup's first thread (a warp-uniform index: their descriptors
+            # stay in uniform registers, as in the backward)
+            wg_tid = (wg_idx - 1) * _WG_THREADS
+            qk_wg, pv_wg = qk_mma.get_slice(wg_tid), pv_mma.get_slice(wg_tid)
+            tSrQ = qk_wg.make_fragment_A(qk_wg.partition_A(sQ))
+            tSrK = qk_wg.make_fragment_B(qk_wg.partition_B(sK))
+            tOrV = pv_wg.make_fragment_B(pv_wg.partition_B(sV))
             acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((self.tile_m, dv)))
             s_shape = qk_thr.partition_shape_C((self.tile_m, self.tile_n))
             tScS = qk_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))

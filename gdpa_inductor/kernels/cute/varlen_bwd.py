@@ -27,6 +27,7 @@ from .gdpa_bwd import (
     dbias_buffer,
     dbias_of,
     dbias_way,
+    dq_of_sums,
     dq_sums_for,
 )
 from .kernel_args import dense_modes, offset_args, row_modes
@@ -58,11 +59,9 @@ def _grad_buffer(side: VarlenSide, like: torch.Tensor, dtype: torch.dtype) -> to
     return torch.zeros(shape, dtype=dtype, device=like.device)
 
 
-def _finish(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A gradient buffer as the gradient of ``like``: per-sample slices summed in fp32."""
-    if buf.shape[0] != like.shape[0]:
-        return buf.sum(0, keepdim=True, dtype=torch.float32).to(like.dtype)
-    return buf.to(like.dtype)
+def _summed(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A gradient buffer in ``like``'s shape: per-sample slices summed in fp32."""
+    return buf.sum(0, keepdim=True, dtype=torch.float32) if buf.shape[0] != like.shape[0] else buf
 
 
 def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, order: torch.Tensor,
@@ -107,8 +106,9 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
         fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
            rows, num_n, *(band or (None, None)), *offset_args(offset),
            None if tensor_bias is None else bias_tile_modes(tensor_bias), None if ds is None else dense_modes(ds))
-    dq = _finish(dq_buf, qs.tensor)
-    dk, dv = _finish(dk_buf, k), _finish(dv_buf, v)
+    dq = _summed(dq_buf, q)
+    dq = dq.to(q.dtype) if dq_sums == "in_place" else dq_of_sums(dq, q.dtype, activation, scale, post_scale)
+    dk, dv = _summed(dk_buf, k).to(k.dtype), _summed(dv_buf, v).to(v.dtype)
     if group > 1:
         dk = dk.unflatten(-2, (hkv, group)).sum(-2)
         dv = dv.unflatten(-2, (hkv, group)).sum(-2)
