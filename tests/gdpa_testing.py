@@ -139,3 +139,24 @@ def poison_empty(monkeypatch):
         return t
 
     monkeypatch.setattr(torch, "empty", nan_empty)
+
+
+def wgmma_fragments_of(dq: torch.Tensor, query_tile: int) -> torch.Tensor:
+    """dQ [Z, H, rows, D] (rows a whole number of ``query_tile``-row tiles) laid out as the 80-row CuTe backward leaves
+    its fp32 sums, built from the PTX ISA's wgmma accumulator layout one (thread, value) at a time rather than from
+    the launcher's permute: per tile, per warpgroup's 64 rows of dQᵀ (a half of D), per group of four values, per
+    thread, its four values; thread 32 w + 4 g + t holds value c + 2 r + 4 j at row 16 w + 8 r + g (of D's half),
+    column 8 j + 2 t + c (the tile's query)."""
+    z, h, rows, d = dq.shape
+    out = torch.empty(z, h, rows * d, dtype=dq.dtype)
+    per_thread = query_tile * 64 // 128
+    for tile in range(rows // query_tile):
+        for half in range(d // 64):
+            block = (tile * d // 64 + half) * query_tile * 64
+            for thread in range(128):
+                w, g, t = thread // 32, thread % 32 // 4, thread % 4
+                for value in range(per_thread):
+                    c, r, j = value % 2, value // 2 % 2, value // 4
+                    out[:, :, block + (j * 128 + thread) * 4 + value % 4] = dq[
+                        :, :, tile * query_tile + 8 * j + 2 * t + c, half * 64 + 16 * w + 8 * r + g]
+    return out.view(z, h, rows, d)

@@ -84,3 +84,44 @@ def test_dq_sums_each_within_eager_error(act, nk, dtype):
         assert rel_error(dq, ref) <= 2 * base + FLOOR, (how, rel_error(dq, ref), base)
     if "pairs" in grads:
         assert all(torch.equal(a, b) for a, b in zip(grads["pairs"][1:3], grads["fp32"][1:3]))
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh", "sigmoid", "hardswish"])
+@pytest.mark.parametrize("nq, nk", [(80, 1025), (1000, 2045), (2048, 1300)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_80_row_query_tiles_within_eager_error(act, nq, nk, dtype):
+    """80-row query tiles (dQᵀ's fp32 sums in the accumulators' order, turned into dQ by the Triton pass): dq, dk and
+    dv each within 2x eager's error, with queries past the last whole tile and keys past the last 128."""
+    gen = torch.Generator(device="cuda").manual_seed(nq + nk)
+    q, do = (torch.randn(2, 4, nq, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    k, v = (torch.randn(2, 4, nk, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    scale, post = 128**-0.5, 1.0 / nk
+    ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[:3]
+    eager = eager_grads(q, k, v, do, act, scale, post)
+    got = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_sums="fp32", query_tile=80)[:3]
+    for name, g, e, r in zip(("dq", "dk", "dv"), got, eager, ref):
+        assert g.dtype == dtype and g.shape == r.shape, name
+        assert rel_error(g, r) <= 2 * rel_error(e, r) + FLOOR, (name, rel_error(g, r), rel_error(e, r))
+
+
+def test_80_row_query_tiles_with_one_element_bias():
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, do = (torch.randn(2, 4, 999, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    k, v = (torch.randn(2, 4, 1300, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    bias = torch.tensor(-0.7, device="cuda")
+    ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), bias.double(), "silu", 0.1, 0.01)
+    got = gdpa_bwd_cute(q, k, v, do, "silu", 0.1, 0.01, 0.01, dq_sums="fp32", bias=bias, query_tile=80)
+    base = gdpa_bwd_cute(q, k, v, do, "silu", 0.1, 0.01, 0.01, dq_sums="fp32", bias=bias, query_tile=64)
+    for g, b, r in zip(got[:3], base[:3], ref[:3]):
+        assert rel_error(g, r) <= 1.1 * rel_error(b, r) + FLOOR
+
+
+def test_80_row_query_tiles_nonfinite_like_eager():
+    """A non-finite key reaches the 80-row backward's gradients as in eager: the queries past the last whole tile
+    (zeros, masked) add nothing, not NaN."""
+    q, do = (torch.randn(1, 2, 130, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, 2, 1300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k[0, 1, 7, 3] = float("inf")
+    got = gdpa_bwd_cute(q, k, v, do, "sigmoid", 1.0, 1.0, 0.01, dq_sums="fp32", query_tile=80)[:3]
+    for g, e in zip(got, eager_grads(q, k, v, do, "sigmoid", 1.0, 1.0)):
+        assert torch.equal(g.isnan(), e.isnan()) and torch.equal(g.isinf(), e.isinf())

@@ -10,17 +10,23 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 import torch  # noqa: E402
+from gdpa_testing import wgmma_fragments_of  # noqa: E402
 
 from gdpa_inductor.kernels.cute.activation_math import backward_form  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
+    QUERY_TILE_ENV,
     WIDE_KEY_TILE,
+    WIDE_QUERY_TILE,
     bias_tile_modes,
     bwd_key_tile,
+    bwd_query_tile,
     compile_bwd,
     dbias_buffer,
     dbias_of,
     dbias_sums_for,
+    dq_fragments_as_rows,
     dq_late_for,
+    dq_of_fragments,
     dq_of_sums,
     dq_sums_for,
     gdpa_bwd_cute,
@@ -223,3 +229,55 @@ def test_pairs_need_the_one_tile_late_dq():
     bf16 = cutlass.BFloat16
     with pytest.raises(AssertionError, match="one tile late"):
         GdpaBwdSm90(bf16, 128, 128, backward_form("silu"), bf16, dq_pairs=True, dq_late=False)
+
+
+@pytest.mark.parametrize("num_queries", [80, 170, 240])
+def test_dq_fragments_as_rows_undoes_the_accumulator_order(num_queries):
+    """The 80-row backward's fp32 sums, in its accumulators' order (built one thread and value at a time from the
+    wgmma layout), viewed back as rows of D: every value in its place, the padded rows included."""
+    rows = -(-num_queries // WIDE_QUERY_TILE) * WIDE_QUERY_TILE
+    dq = torch.randn(2, 3, rows, 128, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(dq_fragments_as_rows(wgmma_fragments_of(dq, WIDE_QUERY_TILE)), dq)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dq_of_fragments_scales_and_rounds_once(dtype):
+    dq = torch.randn(1, 2, 240, 128, generator=torch.Generator().manual_seed(8))
+    got = dq_of_fragments(wgmma_fragments_of(dq, WIDE_QUERY_TILE), 170, dtype, "gelu_tanh", 0.125, 1 / 777)
+    factor = torch.tensor(0.125) * torch.tensor(1 / 777) * backward_form("gelu_tanh").grad_factor
+    assert got.shape == (1, 2, 170, 128) and got.dtype == dtype
+    assert torch.equal(got, (dq[:, :, :170] * factor).to(dtype))
+
+
+@pytest.mark.parametrize("change, activation", [
+    (dict(dq_sums="in_place"), "silu"), (dict(dq_sums="pairs"), "silu"), (dict(causal=True), "silu"),
+    (dict(varlen=True), "silu"), (dict(score_bias=True), "silu"), (dict(head_dim_v=64), "silu"), ({}, "gelu"),
+])
+def test_80_row_query_tiles_refuse_what_they_lack(change, activation):
+    with pytest.raises(ValueError, match="query_tile=80 needs dq_sums='fp32', D = Dv = 128, no mask"):
+        compile_bwd(torch.bfloat16, 128, activation, query_tile=80, **(dict(dq_sums="fp32") | change))
+
+
+def test_query_tile_named():
+    with pytest.raises(ValueError, match=r"query_tile must be one of \(64, 80\), got 96"):
+        compile_bwd(torch.bfloat16, 128, "silu", query_tile=96)
+
+
+@pytest.mark.parametrize("env, case, tile", [
+    (None, ("fp32", 128, 128, False, False, "silu"), 64), ("80", ("fp32", 128, 128, False, False, "silu"), 80),
+    ("80", ("in_place", 128, 128, False, False, "silu"), 64), ("80", ("fp32", 64, 64, False, False, "silu"), 64),
+    ("80", ("fp32", 128, 128, True, False, "silu"), 64), ("80", ("fp32", 128, 128, False, True, "silu"), 64),
+    ("80", ("fp32", 128, 128, False, False, "gelu"), 64), ("64", ("fp32", 128, 128, False, False, "silu"), 64),
+])
+def test_query_tile_of_80_rows_on_request_in_its_cases(monkeypatch, env, case, tile):
+    if env is None:
+        monkeypatch.delenv(QUERY_TILE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(QUERY_TILE_ENV, env)
+    assert bwd_query_tile(*case) == tile
+
+
+def test_query_tile_environment_variable_named(monkeypatch):
+    monkeypatch.setenv(QUERY_TILE_ENV, "128")
+    with pytest.raises(ValueError, match=r"GDPA_CUTE_BWD_QUERY_TILE must be one of \(64, 80\), got '128'"):
+        bwd_query_tile("fp32", 128, 128, False, False, "silu")

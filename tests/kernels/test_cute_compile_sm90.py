@@ -127,7 +127,8 @@ BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pair
                "bwd_varlen_causal_direct_bias_dbias": "in_place", "bwd_varlen_band_direct_bias_dbias": "in_place",
                "bwd_dq_direct_bias_dbias_atomic": "in_place", "bwd_varlen_direct_bias_dbias_atomic": "in_place",
                "bwd_varlen_causal_direct_bias_dbias_atomic": "in_place",
-               "bwd_varlen_band_direct_bias_dbias_atomic": "in_place", "bwd_varlen_causal_bias_dbias_atomic": "fp32"}
+               "bwd_varlen_band_direct_bias_dbias_atomic": "in_place", "bwd_varlen_causal_bias_dbias_atomic": "fp32",
+               "bwd_q80": "fp32"}
 # the varlen backward (per-sample rows through ragged descriptors) in its two dQ sums
 BWD_VARLEN_CASES = [("bwd_varlen", 128, 128, "gelu_tanh"), ("bwd_varlen_direct", 128, 128, "gelu_tanh"),
                     ("bwd_varlen_direct", 128, 128, "silu"), ("bwd_varlen_direct", 64, 64, "gelu_tanh"),
@@ -179,9 +180,13 @@ BWD_DBIAS_ATOMIC_CASES = [("bwd_varlen_direct_bias_dbias_atomic", 128, 128, "sil
 BWD_SPILLING |= {("bwd_varlen_causal_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_band_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_causal_bias_dbias_atomic", 128, 128, "silu")}
+# 80-row query tiles (dQᵀ by swapped operands, its fp32 halves added by a 1-D bulk reduce in the accumulators' order)
+BWD_Q80_CASES = [("bwd_q80", 128, 128, act) for act in ("gelu_tanh", "silu", "relu", "sigmoid")]
+# measured with cutlass-dsl 4.8.1: 16-20 bytes (a few loop-carried words); relu none
+BWD_SPILLING |= {("bwd_q80", 128, 128, act) for act in ("gelu_tanh", "silu", "sigmoid")}
 BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES + BWD_VARLEN_CASES
                  + BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES + BWD_OFFSET_CASES
-                 + BWD_BIAS_CASES + BWD_DBIAS_ATOMIC_CASES)
+                 + BWD_BIAS_CASES + BWD_DBIAS_ATOMIC_CASES + BWD_Q80_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -286,12 +291,13 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
         per_tile = d // 16 + dv // 16 + 2 * (64 // 16) + WideBwdPlan.for_head_dims(d, dv, 4).dq_chunks * 64 // 16
         late = False
     else:
-        per_tile = d // 16 + dv // 16 + 2 * (64 // 16) + 128 // 16
+        queries = 80 if case[0] == "bwd_q80" else 64
+        per_tile = d // 16 + dv // 16 + 2 * (queries // 16) + 128 // 16
         late = dq_late_for(BWD_DQ_SUMS[case[0]], d, dv)
     loops = 3 if "causal" in case[0] else 1 if "band" in case[0] else 2
     assert r["wgmma"] == loops * per_tile + (128 // 16 if late else 0), r
     assert r["tma_loads"] > 0 and r["tma_stores"] > 0, "Q/dO/K/V loads and the dK/dV stores go through TMA"
-    assert r["tma_reduce"] > 0, "dQ tiles are added by TMA reduce-add"
+    assert r["tma_reduce"] > 0 or r["bulk_reduce"] > 0, "dQ tiles are added by TMA reduce-add"
     assert r["stmatrix"] > 0, "dS goes to shared memory by stmatrix"
     assert r["named_barrier_arrives"] > 0, "the consumers signal their dS and dQ without waiting for each other"
     assert r["setmaxnreg"] == 2
@@ -325,6 +331,16 @@ def test_cute_wgmma_descriptors_stay_in_uniform_registers(case, reports):
     now 11)."""
     r = reports[case]
     assert r["sass_r2ur"] < r["wgmma"], r
+
+
+@pytest.mark.parametrize("case", BWD_Q80_CASES, ids=str)
+def test_cute_80_row_bwd_adds_dq_fragments_by_bulk_reduce(case, reports):
+    """80-row query tiles: the scores and dQᵀ in m64n80 wgmmas, each warpgroup's half of dQᵀ stored in 16-byte
+    groups and added by one 1-D bulk reduce-add per warpgroup and tile (the dQ warp's two, unrolled), no TMA tensor
+    reduce."""
+    r = reports[case]
+    assert r["wgmma_n80"] > 0 and r["bulk_reduce"] == 2 and r["tma_reduce"] == 0, r
+    assert r["sass_sts128"] >= 3 * 10, r
 
 
 @pytest.mark.parametrize("case", BWD_VARLEN_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES, ids=str)
@@ -452,7 +468,7 @@ def _compile_all(cases) -> list[dict]:
                 torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind],
                 head_dim_v=dv, varlen=kind.startswith("bwd_varlen"), causal="causal" in kind, band="band" in kind,
                 score_offset=kind.endswith("_offset"), score_bias="_bias" in kind, bias_grad="_dbias" in kind,
-                dbias_atomic=kind.endswith("_atomic"),
+                dbias_atomic=kind.endswith("_atomic"), query_tile=80 if kind == "bwd_q80" else 64,
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
@@ -468,6 +484,8 @@ def _compile_all(cases) -> list[dict]:
             tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cta\.global", ptx)),
             tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx)),
             tma_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
+            bulk_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.global", ptx)),
+            wgmma_n80=len(re.findall(r"wgmma\.mma_async\S*m64n80k16", ptx)),
             st_global=len(re.findall(r"\bst\.global\.", ptx)),
             stmatrix=ptx.count("stmatrix"),
             ldmatrix=ptx.count("ldmatrix"),
@@ -491,6 +509,7 @@ def _compile_all(cases) -> list[dict]:
             cluster_arrives=len(re.findall(r"\bmbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)),
             named_barrier_arrives=len(re.findall(r"\bbarrier\.(?:cta\.)?arrive|\bbar\.arrive", ptx)),
             sass_r2ur=len(re.findall(r"\bR2UR\b", sass)),
+            sass_sts128=len(re.findall(r"\bSTS\.128\b", sass)),
         ))
     return out
 

@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from ..triton import dq_fragments
 from ..triton.gdpa_fwd_tma import tma_layout
 from . import activation_math
 from .compile_cache import cached_compile
@@ -81,6 +82,25 @@ def spare_device_bytes(device: torch.device) -> int:
 # ("atomic", ``GdpaBwdSm90``'s ``dbias_atomic``).
 DBIAS_SUMS = ("buffer", "atomic")
 QUERY_TILE = 64
+
+# Queries per step of GdpaBwdSm90: 64, or 80 (flash-attn's tile at D = 128: a fifth fewer steps, K and V read a fifth
+# less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch. Not
+# taken by default: on H200 (thirty-sixth session, 2048², B = 288, H = 4) the 80-row kernel ran 15-20% faster than
+# the 64-row one with its dQ adds left out, but with them level to 4% faster (gelu_tanh level, silu +4%; 1024²:
+# -1%, +2.5%): its fp32 reduce-adds, the same bytes as the 64-row kernel's in less time, are what bounds it
+QUERY_TILES = (64, 80)
+WIDE_QUERY_TILE = 80
+WIDE_QUERY_TILE_HEAD_DIM = 128
+QUERY_TILE_ENV = "GDPA_CUTE_BWD_QUERY_TILE"
+# gelu's erf polynomial beside the 80-row tiles' accumulators: ptxas serializes every wgmma of the build (72 bytes
+# spilled); the other activations spill 0-20 bytes (hardswish 112), none serializes
+WIDE_QUERY_TILE_EXCLUDED = ("gelu",)
+
+
+def _wide_query_tile_case(dq_sums: str, head_dim: int, head_dim_v: int, masked: bool, score_bias: bool,
+                          activation: str) -> bool:
+    return (dq_sums == "fp32" and head_dim == head_dim_v == WIDE_QUERY_TILE_HEAD_DIM and not (masked or score_bias)
+            and activation not in WIDE_QUERY_TILE_EXCLUDED)
 
 
 def _leading(bias_shape) -> tuple[int, int]:
@@ -202,7 +222,7 @@ def compile_bwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False, causal: bool = False,
     band: bool = False, score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
-    dbias_atomic: bool = False,
+    dbias_atomic: bool = False, query_tile: int = QUERY_TILE,
 ):
     """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``, varlen or
     not, causal or not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values.
@@ -215,7 +235,8 @@ def compile_bwd(
     ``score_bias``: a bias tensor (``bias_tensor_bwd_support``; D and Dv at most 128), in the call after the
     one element's place, and ``bias_grad``: dS stored into a [Z, H, Nq, Nk] tensor (varlen: [B, H, the bias's rows
     and columns]), the call's last argument; every call passes those two (Nones where it has none). ``dbias_atomic``:
-    dS added instead into an fp32 tensor of the bias's size (``dbias_buffer``)."""
+    dS added instead into an fp32 tensor of the bias's size (``dbias_buffer``). ``query_tile``: queries per step, one of
+    ``QUERY_TILES`` (80: ``bwd_query_tile``'s cases, dQ's fp32 sums in ``dq_of_fragments``' order)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
@@ -232,6 +253,12 @@ def compile_bwd(
         raise ValueError("score_bias=True: no one-element bias, dq_sums other than 'pairs'")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    if query_tile not in QUERY_TILES:
+        raise ValueError(f"query_tile must be one of {QUERY_TILES}, got {query_tile!r}")
+    if query_tile != QUERY_TILE and not _wide_query_tile_case(dq_sums, head_dim, head_dim_v, varlen or causal or band,
+                                                              score_bias, activation):
+        raise ValueError(f"query_tile={query_tile} needs dq_sums='fp32', D = Dv = {WIDE_QUERY_TILE_HEAD_DIM}, no "
+                         f"mask, no bias tensor, a dense batch and an activation other than {WIDE_QUERY_TILE_EXCLUDED}")
     wide = max(head_dim, head_dim_v) > NARROW_MAX_HEAD_DIM
     if wide and (causal or band or dq_sums == "pairs" or score_bias):
         raise ValueError(f"the wide-head backward (D={head_dim}, Dv={head_dim_v}) takes no mask, no dQ pairs and no "
@@ -245,6 +272,8 @@ def compile_bwd(
         key = (*key, "offset")
     if score_bias:
         key = (*key, ("dbias_atomic" if dbias_atomic else "bias_grad") if bias_grad else "bias")
+    if query_tile != QUERY_TILE:
+        key = (*key, f"query_tile{query_tile}")
 
     def build():
         import cutlass
@@ -273,6 +302,7 @@ def compile_bwd(
                 element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
                 dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen, causal=causal, band=band,
                 score_offset=score_offset, score_bias=score_bias, bias_grad=bias_grad, dbias_atomic=dbias_atomic,
+                tile_m=query_tile,
             )
         return cute.compile(kernel, *args, one, one, one, fake_stream(), *extra, options=compile_options(keep_ptx))
 
@@ -301,7 +331,7 @@ def dq_sums_for(num_keys: int, key_tile: int = KEY_TILE) -> str:
 def gdpa_bwd_cute(
     q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float,
     dq_sums: str | None = None, causal: bool = False, bias: torch.Tensor | None = None, bias_grad: bool = False,
-    dbias_sums: str | None = None,
+    dbias_sums: str | None = None, query_tile: int | None = None,
 ):
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv], grad_out [Z, H, Nq, Dv] (``bwd_supported``
     checked) -> (dq, dk, dv, dbias or None).
@@ -310,7 +340,7 @@ def gdpa_bwd_cute(
     element (any float dtype), added to every score (no gradient), or a tensor ``bias_tensor_bwd_support`` takes
     ([Zb, Hb, Nq, Nk], Zb 1 or Z, Hb 1 or H), added to each; ``bias_grad``: its gradient is wanted (a tensor's
     only), dbias in its shape and dtype, summed as ``dbias_sums`` says (one of ``DBIAS_SUMS``; None:
-    ``dbias_sums_for``)."""
+    ``dbias_sums_for``). ``query_tile``: one of ``QUERY_TILES`` (None: ``bwd_query_tile``)."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     group = h // hkv
@@ -327,7 +357,11 @@ def gdpa_bwd_cute(
         raise ValueError("bias_grad=True needs a bias tensor (the CuTe backward's bias gradient is a tensor's)")
     offset = None if tensor_bias is not None else bias
     direct = dq_sums != "fp32"
-    dq_acc = torch.zeros((z, h, nq, d), dtype=q.dtype if direct else torch.float32, device=q.device)
+    if query_tile is None:
+        query_tile = bwd_query_tile(dq_sums, d, d_v, causal, tensor_bias is not None, activation)
+    # 80-row tiles: the fp32 sums in whole tiles, in the kernel's order (``dq_of_fragments``)
+    dq_rows = nq if query_tile == QUERY_TILE else _padded(nq, query_tile)
+    dq_acc = torch.zeros((z, h, dq_rows, d), dtype=q.dtype if direct else torch.float32, device=q.device)
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     ds, sums = None, None
@@ -338,7 +372,7 @@ def gdpa_bwd_cute(
     if dq_acc.numel() and dk.numel():
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, causal=causal,
                          score_offset=offset is not None, score_bias=tensor_bias is not None, bias_grad=bias_grad,
-                         dbias_atomic=sums == "atomic")
+                         dbias_atomic=sums == "atomic", query_tile=query_tile)
         # no rows, no key-tile count, no band: a dense batch; then the one-element bias, the bias tensor and dS, or
         # Nones (a function loaded from the disk cache fills in no defaults)
         fn(*(dense_modes(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)), scale, post_scale, negative_slope, None,
@@ -349,7 +383,12 @@ def gdpa_bwd_cute(
         dv.zero_()
         if ds is not None:
             ds.zero_()
-    dq = dq_acc if direct else dq_of_sums(dq_acc, q.dtype, activation, scale, post_scale)
+    if direct:
+        dq = dq_acc
+    elif query_tile == QUERY_TILE:
+        dq = dq_of_sums(dq_acc, q.dtype, activation, scale, post_scale)
+    else:
+        dq = dq_of_fragments(dq_acc, nq, q.dtype, activation, scale, post_scale, query_tile)
     if group > 1:
         dk = dk.view(z, hkv, group, nk, d).sum(2)
         dv = dv.view(z, hkv, group, nk, d_v).sum(2)
@@ -357,13 +396,58 @@ def gdpa_bwd_cute(
     return dq, dk, dv, dbias
 
 
+def _ds_factor(activation: str, scale: float, post_scale: float) -> float:
+    """dS's scale: scale, post_scale and act''s constant factor, multiplied in fp32 as the kernel multiplies them for
+    dK."""
+    factor = torch.tensor(scale, dtype=torch.float32) * torch.tensor(post_scale, dtype=torch.float32)
+    return (factor * activation_math.backward_form(activation).grad_factor).item()
+
+
 def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: str, scale: float,
                post_scale: float) -> torch.Tensor:
-    """dQ in ``dtype`` from the kernel's fp32 sums, which it leaves unscaled: times dS's scale (scale, post_scale and
-    act''s constant factor, multiplied in fp32 as the kernel multiplies them for dK), rounded once, in one pass."""
-    factor = torch.tensor(scale, dtype=torch.float32) * torch.tensor(post_scale, dtype=torch.float32)
-    factor = factor * activation_math.backward_form(activation).grad_factor
-    return torch.mul(sums, factor.item(), out=torch.empty(sums.shape, dtype=dtype, device=sums.device))
+    """dQ in ``dtype`` from the kernel's fp32 sums, which it leaves unscaled: times dS's scale (``_ds_factor``),
+    rounded once, in one pass."""
+    factor = _ds_factor(activation, scale, post_scale)
+    return torch.mul(sums, factor, out=torch.empty(sums.shape, dtype=dtype, device=sums.device))
+
+
+def dq_fragments_as_rows(sums: torch.Tensor, query_tile: int = WIDE_QUERY_TILE) -> torch.Tensor:
+    """The [Z, H, rows, D] view of the fp32 sums of the backward with ``query_tile``-row tiles (``GdpaBwdSm90``'s
+    ``dq_flat``), which hold each tile's dQᵀ in the accumulators' order (``dq_fragments``' comment): per tile, per
+    warpgroup's half of D, per group of four values (j), per thread, its four values (c + 2 r)."""
+    z, h, rows, d = sums.shape
+    halves, js = d // dq_fragments.ACC_ROWS, query_tile // dq_fragments.ACC_COLUMNS_PER_J
+    # (tile, half, j, w, g, t, r, c) -> (tile, j, t, c | half, w, r, g): query 8 j + 2 t + c of the tile, D's
+    # 64 half + 16 w + 8 r + g
+    frags = sums.view(z, h, rows // query_tile, halves, js, dq_fragments.ACC_WARPS, dq_fragments.ACC_ROW_GROUPS,
+                      dq_fragments.ACC_COL_PAIRS, 2, 2)
+    return frags.permute(0, 1, 2, 4, 7, 9, 3, 5, 8, 6).reshape(z, h, rows, d)
+
+
+def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, activation: str, scale: float,
+                    post_scale: float, query_tile: int = WIDE_QUERY_TILE) -> torch.Tensor:
+    """dQ [Z, H, Nq, D] in ``dtype`` from the fp32 sums of the backward with ``query_tile``-row tiles
+    (``dq_fragments_as_rows``), scaled by dS's scale (``_ds_factor``) and rounded once: one Triton pass on a GPU
+    (``dq_fragments``), the torch permute elsewhere."""
+    z, h, _, d = sums.shape
+    factor = _ds_factor(activation, scale, post_scale)
+    out = torch.empty((z, h, num_queries, d), dtype=dtype, device=sums.device)
+    if sums.is_cuda:
+        return dq_fragments.dq_of_fragments_triton(sums, out, factor, query_tile)
+    return torch.mul(dq_fragments_as_rows(sums, query_tile)[:, :, :num_queries], factor, out=out)
+
+
+def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, score_bias: bool,
+                   activation: str) -> int:
+    """Queries per step of the backward (one of ``QUERY_TILES``) for a dense batch: 64, or where the environment
+    variable ``GDPA_CUTE_BWD_QUERY_TILE`` asks for 80, 80 in its cases (``QUERY_TILES``' comment)."""
+    wanted = os.environ.get(QUERY_TILE_ENV, str(QUERY_TILE))
+    if wanted not in {str(t) for t in QUERY_TILES}:
+        raise ValueError(f"{QUERY_TILE_ENV} must be one of {QUERY_TILES}, got {wanted!r}")
+    if int(wanted) != QUERY_TILE and _wide_query_tile_case(dq_sums, head_dim, head_dim_v, causal, score_bias,
+                                                           activation):
+        return int(wanted)
+    return QUERY_TILE
 
 
 def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, post_scale: float) -> torch.Tensor:

@@ -55,7 +55,7 @@ from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from .ragged_rows import ragged, sample_rows
-from .wgmma import fresh_gemm, operand_a_like, pack_operand_a, store_operand_a
+from .wgmma import fresh_gemm, operand_a_like, operand_pairs, pack_operand_a, pack_pair, store_operand_a
 
 _WG_ROWS = 64
 _WG_THREADS = 128
@@ -98,7 +98,7 @@ class GdpaBwdSm90:
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
         q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False, causal: bool = False,
         band: bool = False, score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
-        dbias_atomic: bool = False,
+        dbias_atomic: bool = False, tile_m: int = 64,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -107,7 +107,20 @@ class GdpaBwdSm90:
         self.act_form = act_form
         self.num_mma_wg = 2
         self.tile_n = _WG_ROWS * self.num_mma_wg  # keys per CTA
-        self.tile_m = 64  # queries per step
+        # queries per step: 64, or 80 (flash-attn's tile at D = 128: a fifth more work per step for the K and V
+        # operands each matmul reads again from shared memory, and a fifth fewer steps)
+        assert tile_m in (64, 80), "query tiles of 64 or 80 rows"
+        self.tile_m = tile_m
+        # 80 rows make no whole number of 64-row wgmma tiles, so dQ is computed transposed (dQᵀ = Kᵀ dSᵀ, each
+        # warpgroup half of D) and each warpgroup stores its fp32 half, in the accumulator's own order (16-byte
+        # stores, no bank conflicts), into one shared-memory buffer the two fill in turn, which the dQ warp adds by
+        # one 1-D bulk reduce-add into a buffer that ``gdpa_bwd.dq_of_fragments`` permutes, scales and casts. One
+        # buffer of half a tile leaves room for three dS stages. Each thread's own red.global.add.v4.f32 of its
+        # values, with no buffer at all, made the backward 25% slower (H200, 2048², thirty-sixth session)
+        self.dq_flat = tile_m % _WG_ROWS != 0
+        assert not self.dq_flat or (head_dim == self.num_mma_wg * _WG_ROWS and dq_dtype is cutlass.Float32 and dq_late
+                                    and not (dq_pairs or varlen or causal or band or score_bias)), \
+            "80-row query tiles: D = 128, fp32 dQ sums one tile late of a dense batch, no mask, no bias tensor"
         self.q_stages = q_stages
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
         self.regs_producer = 24
@@ -235,6 +248,11 @@ class GdpaBwdSm90:
         # sender's thread of the same index wrote (the same places of the tile), four values at a time
         recv_words = self.pair_stages * self.tile_m * d // self.num_mma_wg if self.dq_pairs else 4
         bias_words = cute.cosize(bias_smem) if self.score_bias else 8
+        # the swizzled stages 1024-byte aligned; those a build does not use 16 (80-row tiles leave 2 KB spare)
+        recv_align = 1024 if self.dq_pairs else 16
+        bias_align = 1024 if self.score_bias else 16
+        # dq_flat: one half-tile in the accumulators' order, which the warpgroups fill in turn
+        dq_words = self.tile_m * d // self.num_mma_wg if self.dq_flat else cute.cosize(dq_smem)
 
         @cute.struct
         class SharedStorage:
@@ -247,10 +265,10 @@ class GdpaBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(ds_smem)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[self.dq_dtype, cute.cosize(dq_smem)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[self.dq_dtype, dq_words], 1024]
             pair_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.pair_stages]
-            sRecv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, recv_words], 1024]
-            sBias: cute.struct.Align[cute.struct.MemRange[self.dtype, bias_words], 1024]
+            sRecv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, recv_words], recv_align]
+            sBias: cute.struct.Align[cute.struct.MemRange[self.dtype, bias_words], bias_align]
 
         self.shared_storage = SharedStorage
         samples = mQ.shape[3]
@@ -419,8 +437,12 @@ class GdpaBwdSm90:
                                  (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, tBsB, tBgB),
                                  (kv_producer, q_producer, do_producer, bias_producer), n_blk, m_first, m_end)
             if warp_idx == self.dq_warp:
-                self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, m_end, own_half, (tma_dbias, tDBsdS, tDBgDB),
-                                   n_blk)
+                if cutlass.const_expr(self.dq_flat):
+                    self._add_dq_fragments(cute.local_tile(mdQ[None, None, h, z], (self.tile_m, d), (None, 0)),
+                                           storage.sdQ.data_ptr(), m_first, m_end)
+                else:
+                    self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, m_end, own_half,
+                                       (tma_dbias, tDBsdS, tDBgDB), n_blk)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             ctid = tidx - _WG_THREADS
@@ -445,8 +467,12 @@ class GdpaBwdSm90:
             tPrdO = sdp_wg.make_fragment_B(sdp_wg.partition_B(sdO))
             tVrdO = dv_wg.make_fragment_B(dv_wg.partition_B(_transposed(sdO)))
             tKrQ = dk_wg.make_fragment_B(dk_wg.partition_B(_transposed(sQ)))
-            tQrdS = dq_wg.make_fragment_A(dq_wg.partition_A(sdS))
-            tQrK = dq_wg.make_fragment_B(dq_wg.partition_B(_transposed(sK0)))
+            if cutlass.const_expr(self.dq_flat):
+                tQrK = dq_wg.make_fragment_A(dq_wg.partition_A(_transposed(sK0)))
+                tQrdS = dq_wg.make_fragment_B(dq_wg.partition_B(sdS))
+            else:
+                tQrdS = dq_wg.make_fragment_A(dq_wg.partition_A(sdS))
+                tQrK = dq_wg.make_fragment_B(dq_wg.partition_B(_transposed(sK0)))
             # dSᵀ registers to dS in shared memory by stmatrix.trans (8x8 blocks, transposed on the way)
             ds_copy = cute.make_tiled_copy_C(
                 cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), sdp_mma
@@ -457,7 +483,16 @@ class GdpaBwdSm90:
                 cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), sdp_mma
             )
             tBsB_ld = bias_copy.get_slice(ctid).partition_S(_transposed(sBias))
-            tQsdQ = dq.partition_C(sdQ_tile[None, None, 0])
+            if cutlass.const_expr(self.dq_flat):
+                # this thread's groups of four values in the buffer: 16 bytes each, a group's 128 threads in a row
+                groups = self.tile_m * d // self.num_mma_wg // _WG_THREADS // 4
+                tQsdQ = cute.make_tensor(
+                    cute.make_ptr(cutlass.Float32, (storage.sdQ.data_ptr() + ctid % _WG_THREADS * 4).toint(),
+                                  cute.AddressSpace.smem, assumed_align=16),
+                    cute.make_layout((4, groups), stride=(1, 4 * _WG_THREADS)),
+                )
+            else:
+                tQsdQ = dq.partition_C(sdQ_tile[None, None, 0])
             cwg = wg_idx - 1
             # with dq_pairs: this thread's four-value groups in a receive stage, 512 bytes apart
             recv_slot = storage.sRecv.data_ptr() + ctid % _WG_THREADS * 4
@@ -537,9 +572,13 @@ class GdpaBwdSm90:
                         cute.arch.fence_proxy("async.shared", space="cta")
                         bias_handle.release()
 
-                    # Pᵀ into the dV operand; act' kept in acc_s for dS
+                    # Pᵀ into the dV operand; act' kept in acc_s for dS. With 80-row tiles each pair is rounded as
+                    # soon as computed: fp32 Pᵀ beside Sᵀ and dPᵀ does not fit beside their accumulators (in the
+                    # 64-row builds that made ptxas spill in five of them)
                     r_p = operand_a_like(acc_s, dv_mma, self.dtype)
-                    p_acc = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
+                    p_pairs = operand_pairs(acc_s, r_p)
+                    p_layout = cute.make_layout(2) if self.dq_flat else acc_s.layout
+                    p_acc = cute.make_rmem_tensor(p_layout, cutlass.Float32)
                     if cutlass.const_expr(masked):
                         # keys past Nk (last key tile) and queries past Nq (last query tile) read as zeros:
                         # masked so a non-finite input cannot reach the sums through them, by a select per score
@@ -559,6 +598,11 @@ class GdpaBwdSm90:
                             # key c of this CTA is kept for query row r of this tile iff c <= r + diag; for rows
                             # before Nq that also keeps c before Nk (the last key tile is always a diagonal one)
                             diag = m * self.tile_m + diag0
+                        if cutlass.const_expr(self.dq_flat):
+                            # 80-row tiles: the masked tile (one per CTA) waits for dPᵀ and turns each act' into dS
+                            # at once; act' of every score beside dPᵀ, Pᵀ and the mask's compares did not fit the
+                            # registers (ptxas spilled and serialized every wgmma of the kernel)
+                            warpgroup.wait_group(0)
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
                             y, g = self.act_form.fn(acc_s[i], scale, slope, self._score_bias(bias, r_bias, i))
                             if cutlass.const_expr(self.band):
@@ -569,20 +613,25 @@ class GdpaBwdSm90:
                                 keep = tScS[i][1] < valid_rows and tScS[i][0] <= tScS[i][1] + diag
                             else:
                                 keep = tScS[i][0] < valid_keys and tScS[i][1] < valid_rows
-                            p_acc[i] = y if keep else cutlass.Float32(0.0)
+                            p_acc[self._p_slot(i)] = y if keep else cutlass.Float32(0.0)
                             acc_s[i] = g if keep else cutlass.Float32(0.0 - act_grad_offset)
+                            if cutlass.const_expr(self.dq_flat):
+                                acc_dp[i] = self._ds(acc_dp[i], acc_s[i])
+                                if cutlass.const_expr(i % 2 == 1):
+                                    p_pairs[i // 2] = pack_pair(p_acc[0], p_acc[1], self.dtype)
                     else:
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            p_acc[i], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope,
-                                                                  self._score_bias(bias, r_bias, i))
-                    store_operand_a(p_acc, r_p)
+                            p_acc[self._p_slot(i)], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope,
+                                                                                self._score_bias(bias, r_bias, i))
+                            if cutlass.const_expr(self.dq_flat and i % 2 == 1):
+                                p_pairs[i // 2] = pack_pair(p_acc[0], p_acc[1], self.dtype)
+                    if cutlass.const_expr(not self.dq_flat):
+                        store_operand_a(p_acc, r_p)
 
-                    warpgroup.wait_group(0)
-                    for i in cutlass.range_constexpr(cute.size(acc_dp)):
-                        if cutlass.const_expr(act_grad_offset == 1.0):
-                            acc_dp[i] = cute.math.fma(acc_dp[i], acc_s[i], acc_dp[i])
-                        else:
-                            acc_dp[i] = acc_dp[i] * acc_s[i]
+                    if cutlass.const_expr(not (masked and self.dq_flat)):
+                        warpgroup.wait_group(0)
+                        for i in cutlass.range_constexpr(cute.size(acc_dp)):
+                            acc_dp[i] = self._ds(acc_dp[i], acc_s[i])
                     r_ds = operand_a_like(acc_dp, dk_mma, self.dtype)
                     pack_operand_a(acc_dp, r_ds)
                     stage = m % self.ds_stages
@@ -617,8 +666,7 @@ class GdpaBwdSm90:
                         # a stage is written again two tiles on, after both warpgroups passed this barrier once more,
                         # each having waited for its dQ matmul of this tile
                         cute.arch.barrier(barrier_id=self.barrier_ds, number_of_threads=ds_threads)
-                    acc_dq = dq.make_fragment_C(dq.partition_shape_C((self.tile_m, d)))
-                    fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, dq_stage], tQrK, False)
+                    acc_dq = self._dq_gemm(dq_mma, dq, tQrdS[None, None, None, dq_stage], tQrK)
                     warpgroup.commit_group()
                     fresh_gemm(dk_mma, acc_dk, r_ds, tKrQ[None, None, None, q_handle.index], True)
                     warpgroup.commit_group()
@@ -638,9 +686,8 @@ class GdpaBwdSm90:
                 cute.arch.barrier(
                     barrier_id=self.barrier_ds + self.ds_stages * (1 - cwg) + last, number_of_threads=ds_threads
                 )
-                acc_dq = dq.make_fragment_C(dq.partition_shape_C((self.tile_m, d)))
                 warpgroup.fence()
-                fresh_gemm(dq_mma, acc_dq, tQrdS[None, None, None, last], tQrK, False)
+                acc_dq = self._dq_gemm(dq_mma, dq, tQrdS[None, None, None, last], tQrK)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, num_rel - 1, recv_slot, recv_full, peer_free)
@@ -675,10 +722,13 @@ class GdpaBwdSm90:
         tma_v, tv = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(v_smem, one), (self.tile_n, dv))
         tma_dk, tdk = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(k_smem, one), (self.tile_n, d))
         tma_dv, tdv = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(v_smem, one), (self.tile_n, dv))
-        tma_dq, tdq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(cpasync.ReductionOp.ADD), mdQ, cute.slice_(dq_smem, one),
-            (self.tile_m, dq_cols),
-        )
+        # dq_flat: the dQ warp adds into dQ's buffer by 1-D bulk reduces, through its own tensor
+        tma_dq, tdq = None, mdQ
+        if cutlass.const_expr(not self.dq_flat):
+            tma_dq, tdq = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(cpasync.ReductionOp.ADD), mdQ, cute.slice_(dq_smem, one),
+                (self.tile_m, dq_cols),
+            )
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(q_smem, one))
         self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(do_smem, one))
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_smem, one)) + cute.size_in_bytes(
@@ -746,6 +796,16 @@ class GdpaBwdSm90:
                 read_only_args=[rows[row], words[i // 2]],
             )
 
+    def _p_slot(self, i: int) -> int:
+        """Where score ``i``'s P waits to be rounded: its own register, or (``dq_flat``) one of a pair's two."""
+        return i % 2 if self.dq_flat else i
+
+    def _ds(self, dp: cutlass.Float32, grad: cutlass.Float32) -> cutlass.Float32:
+        """dSᵀ (without act''s constant factor) of a score from its dPᵀ and the m of its act' (``BackwardForm``)."""
+        if cutlass.const_expr(self.act_form.grad_offset == 1.0):
+            return cute.math.fma(dp, grad, dp)
+        return dp * grad
+
     def _score_bias(self, offset, r_bias: cute.Tensor, i: int):
         """The bias of score ``i`` of the thread's Sᵀ: its value of the bias tile (``score_bias``), else the one
         element (or None)."""
@@ -790,14 +850,17 @@ class GdpaBwdSm90:
         gV = cute.local_tile(self._rows_of(mV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
         gdK = cute.local_tile(self._rows_of(mdK, h, z, k0, nk), (self.tile_n, d), (None, 0))
         gdV = cute.local_tile(self._rows_of(mdV, h, z, k0, nk), (self.tile_n, dv), (None, 0))
-        gdQ = cute.local_tile(self._rows_of(mdQ, h, z, q0, nq), (self.tile_m, dq_cols), (None, None))
         no_cluster = cute.make_layout(1)
 
         def part(atom, s, g):
             return cpasync.tma_partition(atom, 0, no_cluster, cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
 
+        dq_parts = (None, None)
+        if cutlass.const_expr(not self.dq_flat):
+            gdQ = cute.local_tile(self._rows_of(mdQ, h, z, q0, nq), (self.tile_m, dq_cols), (None, None))
+            dq_parts = part(tma_dq, sdQ, gdQ)
         return (*part(tma_q, sQ, gQ), *part(tma_do, sdO, gdO), *part(tma_k, sK, gK), *part(tma_v, sV, gV),
-                *part(tma_dk, sK, gdK), *part(tma_dv, sV, gdV), *part(tma_dq, sdQ, gdQ))
+                *part(tma_dk, sK, gdK), *part(tma_dv, sV, gdV), *dq_parts)
 
     @cute.jit
     def _load_tiles(self, atoms: tuple, parts: tuple, producers: tuple, n_blk: cutlass.Int32, m_first: cutlass.Int32,
@@ -871,7 +934,7 @@ class GdpaBwdSm90:
         """A consumer warpgroup's half of dQ tile ``tile`` into its sdQ buffer, once the dQ warp has freed it.
         With dq_pairs the first warpgroup sends its unscaled fp32 half to the peer instead (``st.async`` into
         the peer's receive stage, counted by the peer's mbarrier), and the second adds the peer's half to its
-        own first."""
+        own first. With dq_flat (80-row tiles) the warpgroups' halves of dQᵀ take turns in the one buffer."""
         if cutlass.const_expr(self.dq_pairs):
             stage = tile % self.pair_stages
             use = tile // self.pair_stages
@@ -919,9 +982,36 @@ class GdpaBwdSm90:
             r_dq = cute.make_fragment_like(acc_dq, self.dq_dtype)
             r_dq.store((acc_dq.load() * ds_scale).to(self.dq_dtype))
         cute.arch.barrier(barrier_id=self.barrier_dq_empty + slot, number_of_threads=dq_threads)
+        if cutlass.const_expr(self.dq_flat):
+            # the accumulator's values in their register order, four to a group (``tQsdQ``'s layout)
+            r_dq = cute.make_tensor(acc_dq.iterator, cute.make_layout(tQsdQ.shape))
         cute.autovec_copy(r_dq, tQsdQ)
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier_arrive(barrier_id=self.barrier_dq_full + slot, number_of_threads=dq_threads)
+
+    @cute.jit
+    def _add_dq_fragments(self, gdQ: cute.Tensor, sdQ: cute.Pointer, m_first: cutlass.Int32, m_end: cutlass.Int32):
+        """The dQ warp with ``dq_flat``: per query tile from ``m_first``, per warpgroup in turn, frees the one buffer
+        once the previous add has read it, then, once the warpgroup has filled it, adds it into its half of the
+        tile's block of dQ's buffer (``gdQ``: its (rows, D) tiles; rows of D values in a row, so a tile is one
+        block of words) by one 1-D bulk reduce-add (``cp.reduce.async.bulk``, issued by one lane)."""
+        dq_threads = _WG_THREADS + 32
+        half = self.tile_m * self.head_dim // self.num_mma_wg
+        lane = cute.arch.lane_idx()
+        for m in cutlass.range(m_first, m_end, unroll=1):
+            for w in cutlass.range_constexpr(self.num_mma_wg):
+                if lane == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.barrier_arrive(barrier_id=self.barrier_dq_empty + w, number_of_threads=dq_threads)
+                cute.arch.barrier(barrier_id=self.barrier_dq_full + w, number_of_threads=dq_threads)
+                if lane == 0:
+                    cute.arch.inline_ptx(
+                        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{$r0}], [{$r1}], {$r2};",
+                        read_only_args=[gdQ[None, None, m].iterator + w * half, sdQ, cutlass.Int32(half * 4)],
+                    )
+                    cute.arch.cp_async_bulk_commit_group()
+        if lane == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _add_dq_tiles(
@@ -951,6 +1041,18 @@ class GdpaBwdSm90:
                 cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
+    @cute.jit
+    def _dq_gemm(self, dq_mma: cute.TiledMma, dq: cute.ThrMma, ds: cute.Tensor, k: cute.Tensor) -> cute.Tensor:
+        """A fresh dQ accumulator of the thread (``dq``: its slice of ``dq_mma``) with the dQ matmul of dS stage
+        ``ds`` and K (``k``) issued: dQ = dS K, or with ``dq_flat`` dQᵀ = Kᵀ dSᵀ (queries as the columns)."""
+        if cutlass.const_expr(self.dq_flat):
+            acc = dq.make_fragment_C(dq.partition_shape_C((self.head_dim, self.tile_m)))
+            fresh_gemm(dq_mma, acc, k, ds, False)
+        else:
+            acc = dq.make_fragment_C(dq.partition_shape_C((self.tile_m, self.head_dim)))
+            fresh_gemm(dq_mma, acc, ds, k, False)
+        return acc
+
     def _tiled_mmas(self):
         """Sᵀ/dPᵀ (keys x queries, both operands from shared memory), dK (keys x D) and dV (keys x Dv), A
         from registers, dQ (queries x D, D split between the warpgroups)."""
@@ -966,8 +1068,14 @@ class GdpaBwdSm90:
             )
             for width in (self.head_dim, self.head_dim_v)
         )
-        dq_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, mn_major, cutlass.Float32, (1, self.num_mma_wg, 1),
-            (self.tile_m, self.head_dim // self.num_mma_wg),
-        )
+        if self.dq_flat:
+            dq_mma = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, mn_major, k_major, cutlass.Float32, (self.num_mma_wg, 1, 1),
+                (self.head_dim // self.num_mma_wg, self.tile_m),
+            )
+        else:
+            dq_mma = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, k_major, mn_major, cutlass.Float32, (1, self.num_mma_wg, 1),
+                (self.tile_m, self.head_dim // self.num_mma_wg),
+            )
         return sdp_mma, dk_mma, dv_mma, dq_mma

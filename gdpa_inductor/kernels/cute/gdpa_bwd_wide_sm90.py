@@ -74,6 +74,8 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         self.causal = False
         self.band = False
         self.dq_pairs = False
+        # 64-row query tiles: dQ tiles added by TMA from their shared-memory tiles (``GdpaBwdSm90``'s ``dq_flat``)
+        self.dq_flat = False
         self.score_offset = score_offset
 
     @cute.jit

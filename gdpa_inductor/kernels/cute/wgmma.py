@@ -37,13 +37,24 @@ def pack_operand_a(acc: cute.Tensor, operand: cute.Tensor):
     """``store_operand_a`` by one ``cvt.rn`` per pair of values in inline PTX: a register tensor written once and
     read by two consumers (the stmatrix store of dS, then the dK matmul) had its conversion repeated for the second,
     which the compiler cannot do to inline PTX (16 instructions per query tile of the backward at D = 128)."""
-    pairs = cute.recast_tensor(cute.make_tensor(operand.iterator, acc.layout), cutlass.Int32)
-    kind = "bf16x2" if cutlass.const_expr(operand.element_type == cutlass.BFloat16) else "f16x2"
+    pairs = operand_pairs(acc, operand)
     for i in cutlass.range_constexpr(cute.size(acc) // 2):
-        pairs[i] = cute.arch.inline_ptx(
-            f"cvt.rn.{kind}.f32 {{$w0}}, {{$r0}}, {{$r1}};", write_only_types=[cutlass.Int32],
-            read_only_args=[acc[2 * i + 1], acc[2 * i]],
-        )
+        pairs[i] = pack_pair(acc[2 * i], acc[2 * i + 1], operand.element_type)
+
+
+def operand_pairs(acc: cute.Tensor, operand: cute.Tensor) -> cute.Tensor:
+    """The operand registers seen through the accumulator's layout as 32-bit words: word i holds its values 2 i
+    (low half) and 2 i + 1."""
+    return cute.recast_tensor(cute.make_tensor(operand.iterator, acc.layout), cutlass.Int32)
+
+
+@cute.jit
+def pack_pair(lo: cutlass.Float32, hi: cutlass.Float32, dtype: cutlass.Constexpr) -> cutlass.Int32:
+    """Two fp32 values rounded to 16 bits by one ``cvt.rn``, ``lo`` in the low half."""
+    kind = "bf16x2" if cutlass.const_expr(dtype == cutlass.BFloat16) else "f16x2"
+    return cute.arch.inline_ptx(
+        f"cvt.rn.{kind}.f32 {{$w0}}, {{$r0}}, {{$r1}};", write_only_types=[cutlass.Int32], read_only_args=[hi, lo],
+    )
 
 
 @cute.jit
