@@ -87,8 +87,8 @@ QUERY_TILE = 64
 # less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch. Not
 # taken by default: on H200 (thirty-sixth session, 2048², B = 288, H = 4) the 80-row kernel ran 15-20% faster than
 # the 64-row one with its dQ adds left out, but with them level to 4% faster (gelu_tanh level, silu +4%; 1024²:
-# -1%, +2.5%): the reduce itself costs both the same, the 80-row kernel's one shared dQ buffer (which the
-# warpgroups take in turn) about 1.4 ms more (docs/benchmarks.md)
+# -1%, +2.5%): the reduce itself costs both the same, storing the 80-row kernel's dQᵀ halves about 1.4 ms more
+# (docs/benchmarks.md, thirty-sixth session)
 QUERY_TILES = (64, 80)
 WIDE_QUERY_TILE = 80
 WIDE_QUERY_TILE_HEAD_DIM = 128
