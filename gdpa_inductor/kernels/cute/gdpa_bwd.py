@@ -413,9 +413,10 @@ def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: str, scale: f
 
 
 def dq_fragments_as_rows(sums: torch.Tensor, query_tile: int = WIDE_QUERY_TILE) -> torch.Tensor:
-    """The [Z, H, rows, D] view of the fp32 sums of the backward with ``query_tile``-row tiles (``GdpaBwdSm90``'s
-    ``dq_flat``), which hold each tile's dQᵀ in the accumulators' order (``dq_fragments``' comment): per tile, per
-    warpgroup's half of D, per group of four values (j), per thread, its four values (c + 2 r)."""
+    """A copy as [Z, H, rows, D] rows of D of the fp32 sums of the backward with ``query_tile``-row tiles
+    (``GdpaBwdSm90``'s ``dq_flat``), which hold each tile's dQᵀ in the accumulators' order (``dq_fragments``'
+    comment): per tile, per warpgroup's half of D, per group of four values (j), per thread, its four values
+    (c + 2 r)."""
     z, h, rows, d = sums.shape
     halves, js = d // dq_fragments.ACC_ROWS, query_tile // dq_fragments.ACC_COLUMNS_PER_J
     # (tile, half, j, w, g, t, r, c) -> (tile, j, t, c | half, w, r, g): query 8 j + 2 t + c of the tile, D's
