@@ -14,9 +14,9 @@ from gdpa_testing import wgmma_fragments_of  # noqa: E402
 
 from gdpa_inductor.kernels.cute.activation_math import backward_form  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
+    LONG_QUERY_TILE,
     QUERY_TILE_ENV,
     WIDE_KEY_TILE,
-    WIDE_QUERY_TILE,
     bias_tile_modes,
     bwd_key_tile,
     bwd_query_tile,
@@ -235,15 +235,15 @@ def test_pairs_need_the_one_tile_late_dq():
 def test_dq_fragments_as_rows_undoes_the_accumulator_order(num_queries):
     """The 80-row backward's fp32 sums, in its accumulators' order (built one thread and value at a time from the
     wgmma layout), viewed back as rows of D: every value in its place, the padded rows included."""
-    rows = -(-num_queries // WIDE_QUERY_TILE) * WIDE_QUERY_TILE
+    rows = -(-num_queries // LONG_QUERY_TILE) * LONG_QUERY_TILE
     dq = torch.randn(2, 3, rows, 128, generator=torch.Generator().manual_seed(7))
-    assert torch.equal(dq_fragments_as_rows(wgmma_fragments_of(dq, WIDE_QUERY_TILE)), dq)
+    assert torch.equal(dq_fragments_as_rows(wgmma_fragments_of(dq, LONG_QUERY_TILE)), dq)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_dq_of_fragments_scales_and_rounds_once(dtype):
     dq = torch.randn(1, 2, 240, 128, generator=torch.Generator().manual_seed(8))
-    got = dq_of_fragments(wgmma_fragments_of(dq, WIDE_QUERY_TILE), 170, dtype, "gelu_tanh", 0.125, 1 / 777)
+    got = dq_of_fragments(wgmma_fragments_of(dq, LONG_QUERY_TILE), 170, dtype, "gelu_tanh", 0.125, 1 / 777)
     factor = torch.tensor(0.125) * torch.tensor(1 / 777) * backward_form("gelu_tanh").grad_factor
     assert got.shape == (1, 2, 170, 128) and got.dtype == dtype
     assert torch.equal(got, (dq[:, :, :170] * factor).to(dtype))

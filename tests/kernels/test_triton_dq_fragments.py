@@ -8,7 +8,7 @@ import pytest
 import torch
 from gdpa_testing import requires_interpreter, wgmma_fragments_of
 
-from gdpa_inductor.kernels.cute.gdpa_bwd import WIDE_QUERY_TILE, dq_fragments_as_rows
+from gdpa_inductor.kernels.cute.gdpa_bwd import LONG_QUERY_TILE, dq_fragments_as_rows
 from gdpa_inductor.kernels.triton.dq_fragments import dq_of_fragments_triton
 
 pytestmark = requires_interpreter
@@ -17,11 +17,11 @@ pytestmark = requires_interpreter
 @pytest.mark.parametrize("num_queries", [1, 80, 170])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_dq_of_fragments_matches_the_torch_permute(num_queries, dtype):
-    rows = -(-num_queries // WIDE_QUERY_TILE) * WIDE_QUERY_TILE
+    rows = -(-num_queries // LONG_QUERY_TILE) * LONG_QUERY_TILE
     dq = torch.randn(2, 2, rows, 128, generator=torch.Generator().manual_seed(num_queries))
-    sums = wgmma_fragments_of(dq, WIDE_QUERY_TILE)
+    sums = wgmma_fragments_of(dq, LONG_QUERY_TILE)
     out = torch.full((2, 2, num_queries, 128), float("nan"), dtype=dtype)
-    dq_of_fragments_triton(sums, out, 0.375, WIDE_QUERY_TILE)
+    dq_of_fragments_triton(sums, out, 0.375, LONG_QUERY_TILE)
     assert torch.equal(out, (dq_fragments_as_rows(sums)[:, :, :num_queries] * 0.375).to(dtype))
 
 
@@ -30,5 +30,5 @@ def test_dq_of_fragments_writes_through_the_output_strides():
     dq = torch.randn(1, 3, 80, 128, generator=torch.Generator().manual_seed(3))
     base = torch.full((1, 80, 3, 128), float("nan"), dtype=torch.float16)
     out = base.transpose(1, 2)
-    dq_of_fragments_triton(wgmma_fragments_of(dq, WIDE_QUERY_TILE), out, 2.0, WIDE_QUERY_TILE)
+    dq_of_fragments_triton(wgmma_fragments_of(dq, LONG_QUERY_TILE), out, 2.0, LONG_QUERY_TILE)
     assert torch.equal(out, (dq * 2.0).half())

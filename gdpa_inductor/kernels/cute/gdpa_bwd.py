@@ -90,18 +90,18 @@ QUERY_TILE = 64
 # -1%, +2.5%): the reduce itself costs both the same, storing the 80-row kernel's dQᵀ halves about 1.4 ms more
 # (docs/benchmarks.md, thirty-sixth session)
 QUERY_TILES = (64, 80)
-WIDE_QUERY_TILE = 80
-WIDE_QUERY_TILE_HEAD_DIM = 128
+LONG_QUERY_TILE = 80
+LONG_QUERY_TILE_HEAD_DIM = 128
 QUERY_TILE_ENV = "GDPA_CUTE_BWD_QUERY_TILE"
 # gelu's erf polynomial beside the 80-row tiles' accumulators: ptxas serializes every wgmma of the build (72 bytes
 # spilled); the other activations spill 0-20 bytes (hardswish 112), none serializes
-WIDE_QUERY_TILE_EXCLUDED = ("gelu",)
+LONG_QUERY_TILE_EXCLUDED = ("gelu",)
 
 
-def _wide_query_tile_case(dq_sums: str, head_dim: int, head_dim_v: int, masked: bool, score_bias: bool,
+def _long_query_tile_case(dq_sums: str, head_dim: int, head_dim_v: int, masked: bool, score_bias: bool,
                           activation: str) -> bool:
-    return (dq_sums == "fp32" and head_dim == head_dim_v == WIDE_QUERY_TILE_HEAD_DIM and not (masked or score_bias)
-            and activation not in WIDE_QUERY_TILE_EXCLUDED)
+    return (dq_sums == "fp32" and head_dim == head_dim_v == LONG_QUERY_TILE_HEAD_DIM and not (masked or score_bias)
+            and activation not in LONG_QUERY_TILE_EXCLUDED)
 
 
 def _leading(bias_shape) -> tuple[int, int]:
@@ -256,10 +256,10 @@ def compile_bwd(
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     if query_tile not in QUERY_TILES:
         raise ValueError(f"query_tile must be one of {QUERY_TILES}, got {query_tile!r}")
-    if query_tile != QUERY_TILE and not _wide_query_tile_case(dq_sums, head_dim, head_dim_v, varlen or causal or band,
+    if query_tile != QUERY_TILE and not _long_query_tile_case(dq_sums, head_dim, head_dim_v, varlen or causal or band,
                                                               score_bias, activation):
-        raise ValueError(f"query_tile={query_tile} needs dq_sums='fp32', D = Dv = {WIDE_QUERY_TILE_HEAD_DIM}, no "
-                         f"mask, no bias tensor, a dense batch and an activation other than {WIDE_QUERY_TILE_EXCLUDED}")
+        raise ValueError(f"query_tile={query_tile} needs dq_sums='fp32', D = Dv = {LONG_QUERY_TILE_HEAD_DIM}, no "
+                         f"mask, no bias tensor, a dense batch and an activation other than {LONG_QUERY_TILE_EXCLUDED}")
     wide = max(head_dim, head_dim_v) > NARROW_MAX_HEAD_DIM
     if wide and (causal or band or dq_sums == "pairs" or score_bias):
         raise ValueError(f"the wide-head backward (D={head_dim}, Dv={head_dim_v}) takes no mask, no dQ pairs and no "
@@ -412,7 +412,7 @@ def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: str, scale: f
     return torch.mul(sums, factor, out=torch.empty(sums.shape, dtype=dtype, device=sums.device))
 
 
-def dq_fragments_as_rows(sums: torch.Tensor, query_tile: int = WIDE_QUERY_TILE) -> torch.Tensor:
+def dq_fragments_as_rows(sums: torch.Tensor, query_tile: int = LONG_QUERY_TILE) -> torch.Tensor:
     """A copy as [Z, H, rows, D] rows of D of the fp32 sums of the backward with ``query_tile``-row tiles
     (``GdpaBwdSm90``'s ``dq_flat``), which hold each tile's dQᵀ in the accumulators' order (``dq_fragments``'
     comment): per tile, per warpgroup's half of D, per group of four values (j), per thread, its four values
@@ -427,7 +427,7 @@ def dq_fragments_as_rows(sums: torch.Tensor, query_tile: int = WIDE_QUERY_TILE) 
 
 
 def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, activation: str, scale: float,
-                    post_scale: float, query_tile: int = WIDE_QUERY_TILE) -> torch.Tensor:
+                    post_scale: float, query_tile: int = LONG_QUERY_TILE) -> torch.Tensor:
     """dQ [Z, H, Nq, D] in ``dtype`` from the fp32 sums of the backward with ``query_tile``-row tiles
     (``dq_fragments_as_rows``), scaled by dS's scale (``_ds_factor``) and rounded once: one Triton pass on a GPU
     (``dq_fragments``), the torch permute elsewhere."""
@@ -446,7 +446,7 @@ def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, s
     wanted = os.environ.get(QUERY_TILE_ENV, str(QUERY_TILE))
     if wanted not in {str(t) for t in QUERY_TILES}:
         raise ValueError(f"{QUERY_TILE_ENV} must be one of {QUERY_TILES}, got {wanted!r}")
-    if int(wanted) != QUERY_TILE and _wide_query_tile_case(dq_sums, head_dim, head_dim_v, causal, score_bias,
+    if int(wanted) != QUERY_TILE and _long_query_tile_case(dq_sums, head_dim, head_dim_v, causal, score_bias,
                                                            activation):
         return int(wanted)
     return QUERY_TILE
