@@ -125,3 +125,31 @@ def test_80_row_query_tiles_nonfinite_like_eager():
     got = gdpa_bwd_cute(q, k, v, do, "sigmoid", 1.0, 1.0, 0.01, dq_sums="fp32", query_tile=80)[:3]
     for g, e in zip(got, eager_grads(q, k, v, do, "sigmoid", 1.0, 1.0)):
         assert torch.equal(g.isnan(), e.isnan()) and torch.equal(g.isinf(), e.isinf())
+
+
+
+@pytest.mark.parametrize("dq_sums", ["fp32", "in_place", "pairs"])
+def test_hardswish_derivative_at_its_kinks_like_eager(dq_sums):
+    """Scores exactly at hardswish's kinks (±3, where eager's derivative is 0 and 1, not the middle piece's -0.5 and
+    1.5: about a third of the scores here) beside scores on every piece: dq, dk and dv within 2x eager's error
+    against float64. Q and K hold one nonzero column each, so that every score is an exact product of two bf16
+    values. Then a NaN key: NaN reaches the gradients where it does in eager (derivative 1 at a NaN score, so dS
+    stays finite and only dQ's column of that key's NaN and dV's row of it are NaN)."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.zeros(1, 2, 200, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16)
+    q[..., 0] = torch.tensor([3.0, -3.0, 1.5, -1.5, 6.0, -6.0, 0.25, 0.5], device="cuda", dtype=torch.bfloat16)[
+        torch.randint(0, 8, (1, 2, 200), device="cuda", generator=gen)]
+    k[..., 0] = torch.tensor([1.0, -1.0, 2.0, -2.0, 0.5], device="cuda", dtype=torch.bfloat16)[
+        torch.randint(0, 5, (1, 2, 256), device="cuda", generator=gen)]
+    v, do = (torch.randn(1, 2, n, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for n in (256, 200))
+    ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, "hardswish", 1.0, 1.0)[:3]
+    eager = eager_grads(q, k, v, do, "hardswish", 1.0, 1.0)
+    got = gdpa_bwd_cute(q, k, v, do, "hardswish", 1.0, 1.0, 0.01, dq_sums=dq_sums)[:3]
+    for name, g, e, r in zip(("dq", "dk", "dv"), got, eager, ref):
+        assert rel_error(g, r) <= 2 * rel_error(e, r) + FLOOR, (name, rel_error(g, r), rel_error(e, r))
+    k[0, 1, 9, 0] = float("nan")
+    got = gdpa_bwd_cute(q, k, v, do, "hardswish", 1.0, 1.0, 0.01, dq_sums=dq_sums)[:3]
+    for name, g, e in zip(("dq", "dk", "dv"), got, eager_grads(q, k, v, do, "hardswish", 1.0, 1.0)):
+        assert e.isnan().any() or name == "dk", name
+        assert torch.equal(g.isnan(), e.isnan()) and torch.equal(g.isinf(), e.isinf()), name

@@ -109,9 +109,10 @@ FWD_SPILLING = {("fwd_varlen_band", 128, 128, "relu")}
 FWD_SPILLING |= {("fwd_bias", 128, 128, "gelu_tanh"), ("fwd_bias", 128, 128, "sigmoid"),
                  ("fwd_causal_bias", 128, 128, "gelu_tanh")}
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
-# measured with cutlass-dsl 4.8.1: hardswish's (value, derivative) pass spills 140-160 bytes in each dQ sum. Every
-# other activation compiles without spills since the shared-memory operands' descriptors stay in uniform registers
-# and fp32 dQ sums leave their scale to the cast (thirty-fifth session; before, a few words in five of them)
+# measured with cutlass-dsl 4.8.1: hardswish's (value, derivative) pass spills 24-48 bytes in each dQ sum (140-160
+# before its form took three compares, thirty-seventh session). Every other activation compiles without spills
+# since the shared-memory operands' descriptors stay in uniform registers and fp32 dQ sums leave their scale to the
+# cast (thirty-fifth session; before, a few words in five of them)
 BWD_SPILLING = {(kind, 128, 128, "hardswish") for kind in ("bwd", "bwd_dq_direct", "bwd_dq_pairs")}
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 # the dQ sums: in an fp32 buffer, in place in bf16 (short key ranges), or by pairs of key tiles

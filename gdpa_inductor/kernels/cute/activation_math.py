@@ -316,15 +316,16 @@ def gelu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
 
 @cute.jit
 def hardswish_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
-    r = x + 3.0
-    r = cutlass.Float32(0.0) if r < 0.0 else r
-    r = cutlass.Float32(6.0) if r > 6.0 else r
-    g = cutlass.Float32(1.0)
-    if x < 3.0:
-        g = x * (1.0 / 3.0) + 0.5
-    if x <= -3.0:
-        g = cutlass.Float32(0.0)
-    return x * r * (1.0 / 6.0), g
+    # hardswish(x) = x c with c = s clamped to [0, 1], s = x / 6 + 1/2, and act' = 2 s - 1/2 where s is inside
+    # (c == s), c outside: three compares where two clamps and two tests of x made ptxas spill 140-160 bytes in
+    # the backward (now 24-48). Rounding s upwards keeps eager's derivative at the kinks: no float x gives
+    # x / 6 + 1/2 exactly 0, and from x = 3 on it lies above 1 (rounded to nearest, x = 3 gave s = 1 and 1.5, not
+    # eager's 1). NaN: c = 1 and act' = 1, as eager's derivative at NaN.
+    s = cute.math.fma(x, 1.0 / 6.0, 0.5, rounding=cute.math.RoundingMode.UP)
+    c = cutlass.Float32(0.0) if s < 0.0 else s
+    c = c if s <= 1.0 else cutlass.Float32(1.0)
+    g = cute.math.fma(s, 2.0, -0.5) if c == s else c
+    return x * c, g
 
 
 def backward_form(name: str) -> BackwardForm:

@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from ..triton import dq_fragments
+from ..triton import dq_fragments, dq_round
 from ..triton.gdpa_fwd_tma import tma_layout
 from . import activation_math
 from .compile_cache import cached_compile
@@ -85,16 +85,15 @@ QUERY_TILE = 64
 
 # Queries per step of GdpaBwdSm90: 64, or 80 (flash-attn's tile at D = 128: a fifth fewer steps, K and V read a fifth
 # less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch. Not
-# taken by default: on H200 (thirty-sixth session, 2048², B = 288, H = 4) the 80-row kernel ran 15-20% faster than
-# the 64-row one with its dQ adds left out, but with them level to 4% faster (gelu_tanh level, silu +4%; 1024²:
-# -1%, +2.5%): the reduce itself costs both the same, storing the 80-row kernel's dQᵀ halves about 1.4 ms more
-# (docs/benchmarks.md, thirty-sixth session)
+# taken by default: on H200 (2048², B = 288, H = 4, each kernel timed alone) the 80-row kernel ran level with the
+# 64-row one with gelu_tanh, 4% faster with silu and 5% slower at 1024², and its own work (without the dQ stores and
+# adds, the dQ matmul kept) is no faster (docs/benchmarks.md, thirty-seventh session)
 QUERY_TILES = (64, 80)
 LONG_QUERY_TILE = 80
 LONG_QUERY_TILE_HEAD_DIM = 128
 QUERY_TILE_ENV = "GDPA_CUTE_BWD_QUERY_TILE"
 # gelu's erf polynomial beside the 80-row tiles' accumulators: ptxas serializes every wgmma of the build (72 bytes
-# spilled); the other activations spill 0-20 bytes (hardswish 112), none serializes
+# spilled); the other activations spill 0-56 bytes (hardswish the most), none serializes
 LONG_QUERY_TILE_EXCLUDED = ("gelu",)
 
 
@@ -407,9 +406,12 @@ def _ds_factor(activation: str, scale: float, post_scale: float) -> float:
 def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: str, scale: float,
                post_scale: float) -> torch.Tensor:
     """dQ in ``dtype`` from the kernel's fp32 sums, which it leaves unscaled: times dS's scale (``_ds_factor``),
-    rounded once, in one pass."""
+    rounded once, in one pass (``dq_round``'s Triton pass on a GPU, torch elsewhere: the same arithmetic)."""
     factor = _ds_factor(activation, scale, post_scale)
-    return torch.mul(sums, factor, out=torch.empty(sums.shape, dtype=dtype, device=sums.device))
+    out = torch.empty(sums.shape, dtype=dtype, device=sums.device)
+    if sums.is_cuda and sums.is_contiguous():
+        return dq_round.scale_round_triton(sums, out, factor)
+    return torch.mul(sums, factor, out=out)
 
 
 def dq_fragments_as_rows(sums: torch.Tensor, query_tile: int = LONG_QUERY_TILE) -> torch.Tensor:
