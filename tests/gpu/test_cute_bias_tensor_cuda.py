@@ -3,8 +3,8 @@ skipped without an sm_90 GPU and nvidia-cutlass-dsl): under "auto" the forward r
 backward too where it loads the bias's tiles by TMA (Nk a multiple of 8, D and Dv up to 128; else Triton's), dbias
 included; the output and dq, dk, dv (and dbias where the bias wants it) against float64, each within 2x eager's own
 error, over biases per sample, per head, per both or shared, in bf16 and fp16, ragged and exact key counts, dQ
-summed in place and in fp32, the causal mask, GQA, D = 64 to 256, biases that are strided views; non-finite bias
-values give eager's NaN/Inf pattern."""
+summed in place and in fp32, the causal mask, GQA, D = 64 to 256, biases that are strided views, key-padding biases
+of one row for every query; non-finite bias values give eager's NaN/Inf pattern."""
 
 from __future__ import annotations
 
@@ -153,6 +153,31 @@ def test_tensor_bias_reaches_the_cute_kernels(auto_backend, monkeypatch):
     dbias = gdpa_reference_backward(do.double(), *(t.double() for t in (q, k, v, bias)), "silu", 0.1, 1.0,
                                     bias_requires_grad=True)[3]
     assert rel_error(out, ref) < 1e-2 and rel_error(bias.grad, dbias.reshape(bias.shape)) < 1e-2
+
+
+# a key-padding bias, one row for every query: (dtype, activation, Z, H, Nq, Nk, the bias's dims before its row, causal,
+# whether it wants its gradient); dQ in place and in fp32, shared by the samples, per head, 2-D, causal, fp16
+KEY_PADDING_CASES = [
+    ("bf16", "silu", 2, 4, 300, 1000, (2, 1), False, False),
+    ("bf16", "relu", 2, 4, 200, 2048, (2, 4), False, True),
+    ("fp16", "sigmoid", 3, 2, 130, 256, (), False, True),
+    ("bf16", "silu", 2, 4, 384, 384, (2, 1), True, True),
+    ("bf16", "gelu", 2, 4, 257, 1152, (1, 4), False, False),
+]
+
+
+@pytest.mark.parametrize("case", KEY_PADDING_CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_key_padding_bias_on_the_cute_kernels(case, auto_backend):
+    """A bias of one row for every query ([..., 1, Nk]: padded keys at -finfo.max, the others random) runs on the
+    CuTe forward and backward (read as Nq rows of stride 0, no copy), dbias summed over the queries too: the
+    output and every gradient within 2x eager's error."""
+    dtype_name, act, z, h, nq, nk, lead, causal, grad = case
+    dtype = DTYPES[dtype_name]
+    q, k, v, do = bwd_inputs(z, h, h, nq, nk, 128, 128, dtype, 18)
+    gen = torch.Generator(device="cuda").manual_seed(19)
+    bias = torch.randn(*lead, 1, nk, device="cuda", generator=gen).mul(2.0).to(dtype)
+    bias[..., nk - nk // 5:] = -torch.finfo(dtype).max
+    _check(q, k, v, do, act, bias.requires_grad_(grad), causal, dtype)
 
 
 def test_odd_key_count_takes_triton(auto_backend):

@@ -126,6 +126,27 @@ def test_dbias_from_the_atomic_sums(shape, activation):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("sums", ["buffer", "atomic"])
+@pytest.mark.parametrize("zb, hb", [(3, 4), (1, 4), (3, 1), (1, 1)])
+def test_dbias_of_one_row_bias_sums_its_rows(sums, zb, hb):
+    """A bias of one row for every query seen as Nq rows of stride 0 (``_bias_4d``) gets its one row's gradient: the
+    scaled dS summed over the queries too (over the broadcast dims as any bias), in its [Zb, Hb, 1, Nk] shape."""
+    bias = torch.randn(zb, hb, 1, 48, dtype=torch.float64).expand(zb, hb, 40, 48)
+    gen = torch.Generator().manual_seed(zb * 10 + hb)
+    factor = 0.7 * backward_form("silu").grad_factor
+    if sums == "buffer":
+        ds = torch.randn(3, 4, 40, 48, dtype=torch.float64, generator=gen)
+        want = (ds * factor).sum_to_size(zb, hb, 1, 48)
+    else:
+        ds = dbias_buffer("atomic", 3, 4, bias, zeros=True)
+        ds[..., :48, :40] = torch.randn(zb, hb, 48, 40, generator=gen)
+        ds[..., 48:, :] = float("nan")
+        want = ds[..., :48, :40].transpose(-1, -2).sum(-2, keepdim=True) * factor
+    got = dbias_of(ds, bias, sums, "silu", 0.7)
+    assert got.shape == (zb, hb, 1, 48) and got.is_contiguous()
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "sigmoid", "relu"])
 def test_dq_from_its_fp32_sums(dtype, activation):

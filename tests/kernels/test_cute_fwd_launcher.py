@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-from gdpa_inductor.kernels.cute.gdpa_fwd import persistent_grid
+from gdpa_inductor.kernels.cute.gdpa_fwd import _bias_4d, persistent_grid, score_bias_support
 
 
 def _key_tiles_per_cta(grid: int, heads: int, num_m: int, offset_tiles: int = 0) -> list[int]:
@@ -52,3 +53,32 @@ def test_causal_grid_evens_out_the_key_tiles(num_m, offset_tiles):
     if math.gcd(132, num_m) != 1:
         old = _key_tiles_per_cta(132, heads, num_m, offset_tiles)
         assert max(old) / (sum(old) / len(old)) > 1.1
+
+
+@pytest.mark.parametrize("shape, batch", [((6, 1, 1, 64), (6,)), ((2, 3, 4, 1, 64), (2, 3)), ((1, 64), (5,)),
+                                          ((64,), (2,)), ((6, 4, 1, 64), (6,))])
+def test_one_row_bias_seen_as_every_query_row(shape, batch):
+    """A bias of one row for every query (a key-padding bias) reaches the kernels as Nq rows of stride 0 over its own
+    storage (no copy), [Zb, Hb, Nq, Nk] with Zb 1 or the batch, and the forward's bias check takes it."""
+    nq, heads = 40, 4
+    bias = torch.randn(shape, dtype=torch.bfloat16)
+    got = _bias_4d(bias, batch, nq)
+    full = torch.broadcast_to(bias, (*batch, heads, nq, 64)).reshape(-1, heads, nq, 64)
+    assert got.shape[2:] == (nq, 64) and got.stride(2) == 0
+    assert got.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr()
+    assert torch.equal(got.expand(full.shape[0], heads, nq, 64), full)
+    q = torch.empty(full.shape[0], heads, nq, 128, dtype=torch.bfloat16)
+    assert score_bias_support(got, q, torch.empty(full.shape[0], heads, 64, 128, dtype=torch.bfloat16)) == (True, "")
+
+
+@pytest.mark.parametrize("shape, nq", [((6, 4, 40, 64), 40), ((6, 1, 1, 64), 1), ((6, 4, 40, 1), 40)])
+def test_other_biases_keep_their_rows(shape, nq):
+    """A bias over every row, and one row where there is one query, stay as they are; one broadcast over the columns
+    (a value per query) too, which the forward's check then refuses, naming the shape it takes."""
+    bias = torch.randn(shape, dtype=torch.bfloat16)
+    got = _bias_4d(bias, (6,), nq)
+    assert got.shape == shape and got.stride() == bias.stride()
+    if shape[-1] == 1:
+        q, k = torch.empty(6, 4, nq, 128, dtype=torch.bfloat16), torch.empty(6, 4, 64, 128, dtype=torch.bfloat16)
+        ok, reason = score_bias_support(got, q, k)
+        assert not ok and "(Nq, Nk) = (40, 64)" in reason

@@ -215,7 +215,7 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
     if not check[0] or bias is None:
         return bwd_bias_support(check, bias, q, v, bias_grad)
     (q4, _, v4), batch = _as_4d(q, k, v)
-    return bwd_bias_support(check, _bias_4d(bias, batch), q4, v4, bias_grad, q4.shape[:2])
+    return bwd_bias_support(check, _bias_4d(bias, batch, q4.shape[2]), q4, v4, bias_grad, q4.shape[:2])
 
 
 def compile_bwd(
@@ -457,11 +457,17 @@ def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, s
 def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, post_scale: float) -> torch.Tensor:
     """dBias of ``bias`` ([Zb, Hb, Nq, Nk] or fewer leading dims) from ``dbias_buffer``'s tensor for ``sums``, filled
     by the kernel without act''s constant factor and post_scale (dK and dQ take them at the end): the fp32 sums
-    transposed back, scaled and rounded once, or the [Z, H, Nq, Nk] dS buffer summed (``_sum_to``) and scaled."""
+    transposed back, scaled and rounded once, or the [Z, H, Nq, Nk] dS buffer summed (``_sum_to``) and scaled. A
+    bias of one row seen as Nq rows of stride 0 (``_bias_4d``) gets its one row's gradient, summed over the rows."""
     factor = post_scale * activation_math.backward_form(activation).grad_factor
+    rows, cols = bias.shape[-2:]
+    rows_broadcast = rows > 1 and bias.stride(-2) == 0
+    if rows_broadcast:
+        bias = bias[..., :1, :]
     shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
     if sums == "atomic":
-        totals = ds[..., :shape4[3], :shape4[2]].transpose(-1, -2)
+        totals = ds[..., :cols, :rows].transpose(-1, -2)
+        totals = totals.sum(-2, keepdim=True) if rows_broadcast else totals
         return torch.empty(shape4, dtype=bias.dtype, device=ds.device).copy_(totals.mul(factor)).view(bias.shape)
     return _sum_to(ds, shape4).mul_(factor).view(bias.shape)
 
@@ -492,7 +498,7 @@ def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: str, scale: float, post
     (q4, k4, v4), batch = _as_4d(q, k, v)
     do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])
     dq, dk, dv, dbias = gdpa_bwd_cute(q4, k4, v4, do4, activation, scale, post_scale, negative_slope, causal=causal,
-                                      bias=_bias_4d(bias, batch), bias_grad=bias_grad)
+                                      bias=_bias_4d(bias, batch, q4.shape[2]), bias_grad=bias_grad)
     if dbias is not None:
         # a bias whose batch dims flattened only by a copy (``_bias_4d``) got one gradient per sample
         dbias = dbias.view(bias.shape) if dbias.numel() == bias.numel() else dbias.reshape(

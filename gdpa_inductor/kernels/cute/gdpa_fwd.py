@@ -113,7 +113,7 @@ def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
         scores = (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
         if bias.dim() > len(scores) or any(n not in (1, m) for n, m in zip(bias.shape[::-1], scores[::-1])):
             return False, f"a bias of shape {tuple(bias.shape)} does not broadcast to the scores' {scores}"
-    return fwd_supported(q4, k4, v4, _bias_4d(bias, batch), causal, activation)
+    return fwd_supported(q4, k4, v4, _bias_4d(bias, batch, q4.shape[2]), causal, activation)
 
 
 def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
@@ -137,7 +137,8 @@ def score_bias_support(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tens
     such as sigmoid attention's -log n, which each activation form takes into its first product),
     or a tensor over every score's row and column in q's dtype, [Zb, Hb, Nq, Nk] or fewer leading dims, Zb 1 or Z,
     Hb 1 or H, read two neighbouring columns at a time (``score_bias_modes``): its last dim contiguous, Nk and its
-    other strides even, 4-byte aligned. Biases broadcast over rows or columns (a key-padding bias) are not in it."""
+    other strides even, 4-byte aligned. A bias of one row for every query (a key-padding bias) comes here as Nq rows
+    of stride 0 (``_bias_4d``); one broadcast over the columns (a value per query) is not in it."""
     if bias is None or bias.numel() == 1:
         return True, ""
     z, h, nq = q.shape[:3]
@@ -326,15 +327,18 @@ def gdpa_fwd_cute(
 
 
 
-def _bias_4d(bias: torch.Tensor | None, batch: tuple) -> torch.Tensor | None:
-    """The op's bias ([..., Hb, Nq, Nk] broadcasting to [*batch, H, Nq, Nk]) with its batch dims flattened as
-    the operands' (``as_4d``): Zb is 1 where it broadcasts over the whole batch; one element stays as it is."""
+def _bias_4d(bias: torch.Tensor | None, batch: tuple, num_queries: int) -> torch.Tensor | None:
+    """The op's bias ([..., Hb, Nq or 1, Nk] broadcasting to [*batch, H, Nq, Nk]) with its batch dims flattened as
+    the operands' (``as_4d``): Zb is 1 where it broadcasts over the whole batch; one element stays as it is. A bias
+    of one row for every query (a key-padding bias) is seen as ``num_queries`` rows of stride 0: the kernels read
+    it as any other (the backward's TMA takes the zero stride), and its gradient sums over them (``dbias_of``)."""
     if bias is None or bias.numel() == 1:
         return bias
     b = bias.reshape((1,) * (len(batch) + 3 - bias.dim()) + tuple(bias.shape))
-    if all(n == 1 for n in b.shape[:-3]):
-        return b.reshape(1, *b.shape[-3:])
-    return as_4d(b, batch)
+    b = b.reshape(1, *b.shape[-3:]) if all(n == 1 for n in b.shape[:-3]) else as_4d(b, batch)
+    if b.shape[-2] == 1 and num_queries > 1:
+        b = b.expand(*b.shape[:-2], num_queries, b.shape[-1])
+    return b
 
 
 def gdpa_fwd_cute_batched(q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
@@ -343,5 +347,5 @@ def gdpa_fwd_cute_batched(q, k, v, activation: str, scale: float, post_scale: fl
     [*batch, H, Nq, Dv]."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
     out = gdpa_fwd_cute(q4, k4, v4, activation, scale, post_scale, negative_slope, causal=causal,
-                        bias=_bias_4d(bias, batch))
+                        bias=_bias_4d(bias, batch, q4.shape[2]))
     return out.view(*batch, *out.shape[1:])
