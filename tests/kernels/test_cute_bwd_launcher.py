@@ -31,6 +31,7 @@ from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
     dq_sums_for,
     gdpa_bwd_cute,
     preferred_dbias_sums,
+    tma_bias,
 )
 
 
@@ -203,7 +204,33 @@ def test_atomic_sums_pad_rows_and_columns_to_whole_tiles():
     padded to whole tiles, so that no add lands outside them."""
     bias = torch.zeros(2, 1, 65, 129, dtype=torch.float16)
     assert dbias_buffer("atomic", 2, 4, bias, zeros=False).shape == (2, 1, 256, 128)
-    assert dbias_buffer("buffer", 2, 4, bias, zeros=False).shape == (2, 4, 65, 129)
+    ds = dbias_buffer("buffer", 2, 4, bias, zeros=False)
+    assert ds.shape == (2, 4, 65, 129) and ds.stride(-2) == 136
+
+
+@pytest.mark.parametrize("shape, view, copied", [
+    ((2, 4, 40, 48), None, False), ((2, 4, 40, 300), None, True), ((1, 1, 40, 512), (slice(None), slice(6, 306)), True),
+    ((1, 1, 40, 512), (slice(None), slice(8, 304)), False), ((2, 1, 1, 300), "rows", True),
+    ((2, 1, 1, 296), "rows", False)])
+def test_tma_bias_copies_only_what_tma_cannot_read(shape, view, copied):
+    """A bias TMA can load in place (Nk and its strides multiples of 8 values, 16-byte aligned) is itself; another is
+    copied into rows padded to a multiple of 8, seen as its columns: the same values, strides TMA takes. A bias of one
+    row seen as every query's (stride 0) copies its one row and stays a stride-0 view."""
+    base = torch.randn(shape, dtype=torch.bfloat16)
+    if view == "rows":
+        bias = base.expand(*shape[:2], 40, shape[-1])
+    elif view is not None:
+        bias = base[:, :, :, view[1]]
+    else:
+        bias = base
+    got = tma_bias(bias)
+    assert torch.equal(got, bias)
+    assert (got.data_ptr() != bias.data_ptr()) == copied
+    strides = [s for n, s in zip(got.shape[:-1], got.stride()[:-1]) if n > 1]
+    assert got.stride(-1) == 1 and all(s % 8 == 0 for s in strides) and got.data_ptr() % 16 == 0
+    if view == "rows":
+        assert got.stride(-2) == 0
+        assert got.untyped_storage().nbytes() <= 2 * shape[0] * -(-shape[-1] // 8) * 8 * 2
 
 
 def test_bias_gradient_needs_a_bias_tensor():

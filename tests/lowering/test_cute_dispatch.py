@@ -86,8 +86,10 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
         (dict(bias=(2, 4, 64, 80), causal=True), "non-negative multiple"),
         (dict(bias=(2, 4, 80, 80), causal=True, nq=80, nk=80), ""),
         (dict(bias=(4, 1, 1)), "a bias of one element or one over the scores' rows and columns, its last two dims "
-                               "(Nq, Nk) = (64, 80) (got (1, 1))"),
-        (dict(bias=(2, 1, 1, 80)), "(Nq, Nk) = (64, 80) (got (1, 80))"),
+                               "(Nq, Nk) = (64, 80) (got (64, 1))"),
+        (dict(bias=(2, 1, 1, 80)), ""),
+        (dict(bias=(1, 80)), ""),
+        (dict(bias=(2, 4, 64, 1)), "(Nq, Nk) = (64, 80) (got (64, 1))"),
         (dict(bias=(3, 1, 64, 80)), "does not broadcast to the scores' (2, 4, 64, 80)"),
         (dict(bias=(64, 80), bias_dtype=torch.float32), "a bias in the operands' dtype torch.bfloat16"),
         (dict(bias=(64, 80), transpose_bias=True), "a bias's values in pairs: its last dim contiguous"),
@@ -136,13 +138,14 @@ def test_support_reasons(monkeypatch, change, reason):
     ((), True, 80, "reference", "the CuTe backward computes the gradient of a bias tensor only"),
     ((64, 80), False, 80, "cute", ""),
     ((2, 1, 64, 80), True, 80, "cute", ""),
-    ((2, 4, 64, 84), True, 84, "reference", "loads a bias tensor's tiles by TMA: Nk and its strides a multiple of 8"),
+    ((2, 4, 64, 84), True, 84, "cute", ""),
+    ((2, 4, 64, 84), False, 84, "cute", ""),
 ])
 def test_biases_in_the_cute_backward(monkeypatch, backend, bias_shape, bias_grad, nk, backward, reason):
     """A one-element bias (sigmoid attention's -log n, a 0-d tensor after the backend's rewrite) runs on the CuTe
     kernels, added to each score in the activation's first product, without its gradient; a bias tensor runs on both
-    CuTe kernels, with its gradient or without, where the backward can load its tiles by TMA (Nk a multiple of 8);
-    otherwise the CuTe forward and the usual backward (the reference on CPU tensors), the reason said."""
+    CuTe kernels, with its gradient or without, Nk a multiple of 8 or not (the backward's TMA then reads a padded
+    copy); otherwise the CuTe forward and the usual backward (the reference on CPU tensors), the reason said."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend("auto")

@@ -58,16 +58,32 @@ def _is_tensor_bias(bias) -> bool:
 
 def bias_tensor_bwd_support(bias: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
     """(ok, reason) for a bias tensor the forward takes (``score_bias_support``, in its 4-D form) in the CuTe
-    backward: the 128-key kernel (D and Dv at most 128), which loads each (64 queries x 128 keys) tile of it by
-    TMA: Nk and every stride but the last (of dims above one) a multiple of 8, 16-byte aligned."""
+    backward: the 128-key kernel (D and Dv at most 128), which loads each (64 queries x 128 keys) tile of it by TMA
+    (from a padded copy where TMA cannot read it in place, ``tma_bias``)."""
     d, dv = q.shape[-1], v.shape[-1]
     if max(d, dv) > NARROW_MAX_HEAD_DIM:
         return False, f"the CuTe backward reads a bias tensor at D and Dv up to {NARROW_MAX_HEAD_DIM} (got {d}, {dv})"
-    strides = [s for n, s in zip(bias.shape[:-1], bias.stride()[:-1]) if n > 1]
-    if bias.shape[-1] % 8 or any(s % 8 for s in strides) or bias.data_ptr() % 16:
-        return False, ("the CuTe backward loads a bias tensor's tiles by TMA: Nk and its strides a multiple of 8, "
-                       f"16-byte aligned (got Nk={bias.shape[-1]}, strides {bias.stride()})")
     return True, ""
+
+
+# TMA reads and writes rows that start 16 bytes apart: the bias's and dS's columns padded to 8 16-bit values
+TMA_COLUMNS = 8
+
+
+def tma_bias(bias: torch.Tensor) -> torch.Tensor:
+    """``bias`` ([Zb, Hb, Nq, Nk]) itself where TMA can load its tiles in place (Nk and every stride of a dim above
+    one a multiple of ``TMA_COLUMNS``, 16-byte aligned), else a copy with its rows padded to a multiple of
+    ``TMA_COLUMNS`` columns, seen as the bias's columns (Nk = 300, a sliced position table: the backward stays on the
+    CuTe kernel for one copy of the bias). A bias of one row seen as Nq rows of stride 0 copies its one row."""
+    strides = [s for n, s in zip(bias.shape[:-1], bias.stride()[:-1]) if n > 1]
+    if not (bias.shape[-1] % TMA_COLUMNS or any(s % TMA_COLUMNS for s in strides) or bias.data_ptr() % 16):
+        return bias
+    one_row = bias.shape[-2] > 1 and bias.stride(-2) == 0
+    stored = bias[..., :1, :] if one_row else bias
+    cols = bias.shape[-1]
+    padded = torch.empty((*stored.shape[:-1], _padded(cols, TMA_COLUMNS)), dtype=bias.dtype, device=bias.device)
+    copy = padded[..., :cols].copy_(stored)
+    return copy.expand(bias.shape) if one_row else copy
 
 
 def spare_device_bytes(device: torch.device) -> int:
@@ -129,7 +145,7 @@ def dbias_buffer_bytes(sums: str, num_samples: int, num_heads: int, bias: torch.
     if sums == "atomic":
         zb, hb = _leading(bias.shape)
         return zb * hb * _padded(cols, KEY_TILE) * _padded(rows, QUERY_TILE) * 4
-    return num_samples * num_heads * rows * cols * bias.element_size()
+    return num_samples * num_heads * rows * _padded(cols, TMA_COLUMNS) * bias.element_size()
 
 
 def dbias_sums_for(num_samples: int, num_heads: int, bias: torch.Tensor, varlen: bool = False,
@@ -166,8 +182,10 @@ def dbias_buffer(sums: str, num_samples: int, num_heads: int, bias: torch.Tensor
         zb, hb = _leading(bias.shape)
         return torch.zeros((zb, hb, _padded(cols, KEY_TILE), _padded(rows, QUERY_TILE)), dtype=torch.float32,
                            device=bias.device)
-    return (torch.zeros if zeros else torch.empty)((num_samples, num_heads, rows, cols), dtype=bias.dtype,
-                                                   device=bias.device)
+    # rows padded for the TMA stores, seen as the bias's columns
+    buffer = (torch.zeros if zeros else torch.empty)((num_samples, num_heads, rows, _padded(cols, TMA_COLUMNS)),
+                                                     dtype=bias.dtype, device=bias.device)
+    return buffer[..., :cols]
 
 
 def dbias_way(dbias_sums: str | None, num_samples: int, num_heads: int, bias: torch.Tensor, varlen: bool) -> str:
@@ -469,15 +487,16 @@ def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, p
         totals = ds[..., :cols, :rows].transpose(-1, -2)
         totals = totals.sum(-2, keepdim=True) if rows_broadcast else totals
         return torch.empty(shape4, dtype=bias.dtype, device=ds.device).copy_(totals.mul(factor)).view(bias.shape)
-    return _sum_to(ds, shape4).mul_(factor).view(bias.shape)
+    return _sum_to(ds, shape4).mul_(factor).reshape(bias.shape).contiguous()
 
 
 def bias_tile_modes(bias: torch.Tensor) -> torch.Tensor:
     """A [Zb, Hb, Nq, Nk] bias (or fewer leading dims) ``bias_tensor_bwd_support`` takes -> the kernel's
-    (Nq, Nk, Hb, Zb) mode order (a view), its size-1 dims given a stride TMA takes (never stepped along: any multiple
-    of 16 bytes does)."""
-    bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
-    b = torch.as_strided(bias, bias.shape, [s if n > 1 else bias.shape[-1] for n, s in
+    (Nq, Nk, Hb, Zb) mode order (a view of it, or of ``tma_bias``' padded copy), its size-1 dims given a stride TMA
+    takes (never stepped along: any multiple of 16 bytes does)."""
+    bias = tma_bias(bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)))
+    placeholder = _padded(bias.shape[-1], TMA_COLUMNS)
+    b = torch.as_strided(bias, bias.shape, [s if n > 1 else placeholder for n, s in
                                             zip(bias.shape[:-1], bias.stride()[:-1])] + [1])
     return dense_modes(b)
 
