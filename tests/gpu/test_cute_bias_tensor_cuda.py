@@ -182,6 +182,16 @@ def test_key_padding_bias_on_the_cute_kernels(case, auto_backend):
     _check(q, k, v, do, act, bias.requires_grad_(grad), causal, dtype)
 
 
+def test_bias_expanded_by_its_caller_gets_a_gradient_per_row(auto_backend):
+    """A key-padding row the caller expanded to every query itself ([Z, 1, Nq, Nk], stride 0 along Nq) is a bias of
+    Nq rows to the op: its gradient has one value per row (autograd sums them into the row), not their sum."""
+    q, k, v, do = bwd_inputs(2, 4, 4, 200, 384, 128, 128, torch.bfloat16, 20)
+    row = torch.randn(2, 1, 1, 384, device="cuda", generator=torch.Generator(device="cuda").manual_seed(21))
+    bias = row.bfloat16().expand(2, 1, 200, 384)
+    assert bias.stride(2) == 0
+    _check(q, k, v, do, "silu", bias.detach().requires_grad_(), False, torch.bfloat16)
+
+
 def test_odd_key_count_takes_triton(auto_backend):
     """An odd Nk (the bias's pairs of columns would straddle its rows) keeps the Triton forward, which is still
     within 2x eager's error."""

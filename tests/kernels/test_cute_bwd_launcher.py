@@ -129,22 +129,25 @@ def test_dbias_from_the_atomic_sums(shape, activation):
 
 @pytest.mark.parametrize("sums", ["buffer", "atomic"])
 @pytest.mark.parametrize("zb, hb", [(3, 4), (1, 4), (3, 1), (1, 1)])
-def test_dbias_of_one_row_bias_sums_its_rows(sums, zb, hb):
+@pytest.mark.parametrize("one_row", [True, False])
+def test_dbias_of_one_row_bias_sums_its_rows(sums, zb, hb, one_row):
     """A bias of one row for every query seen as Nq rows of stride 0 (``_bias_4d``) gets its one row's gradient: the
-    scaled dS summed over the queries too (over the broadcast dims as any bias), in its [Zb, Hb, 1, Nk] shape."""
+    scaled dS summed over the queries too (over the broadcast dims as any bias), in its [Zb, Hb, 1, Nk] shape. A
+    bias its caller expanded to Nq rows itself (the same stride-0 view) gets a gradient per row."""
     bias = torch.randn(zb, hb, 1, 48, dtype=torch.float64).expand(zb, hb, 40, 48)
     gen = torch.Generator().manual_seed(zb * 10 + hb)
     factor = 0.7 * backward_form("silu").grad_factor
     if sums == "buffer":
         ds = torch.randn(3, 4, 40, 48, dtype=torch.float64, generator=gen)
-        want = (ds * factor).sum_to_size(zb, hb, 1, 48)
+        want = (ds * factor).sum_to_size(zb, hb, 1 if one_row else 40, 48)
     else:
         ds = dbias_buffer("atomic", 3, 4, bias, zeros=True)
         ds[..., :48, :40] = torch.randn(zb, hb, 48, 40, generator=gen)
         ds[..., 48:, :] = float("nan")
-        want = ds[..., :48, :40].transpose(-1, -2).sum(-2, keepdim=True) * factor
-    got = dbias_of(ds, bias, sums, "silu", 0.7)
-    assert got.shape == (zb, hb, 1, 48) and got.is_contiguous()
+        want = ds[..., :48, :40].transpose(-1, -2) * factor
+        want = want.sum(-2, keepdim=True) if one_row else want
+    got = dbias_of(ds, bias, sums, "silu", 0.7, one_row)
+    assert got.shape == (zb, hb, 1 if one_row else 40, 48) and got.is_contiguous()
     torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-6, atol=1e-6)
 
 

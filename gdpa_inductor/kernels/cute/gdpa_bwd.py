@@ -349,7 +349,7 @@ def dq_sums_for(num_keys: int, key_tile: int = KEY_TILE) -> str:
 def gdpa_bwd_cute(
     q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float,
     dq_sums: str | None = None, causal: bool = False, bias: torch.Tensor | None = None, bias_grad: bool = False,
-    dbias_sums: str | None = None, query_tile: int | None = None,
+    dbias_sums: str | None = None, query_tile: int | None = None, one_row_bias: bool = False,
 ):
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv], grad_out [Z, H, Nq, Dv] (``bwd_supported``
     checked) -> (dq, dk, dv, dbias or None).
@@ -358,7 +358,9 @@ def gdpa_bwd_cute(
     element (any float dtype), added to every score (no gradient), or a tensor ``bias_tensor_bwd_support`` takes
     ([Zb, Hb, Nq, Nk], Zb 1 or Z, Hb 1 or H), added to each; ``bias_grad``: its gradient is wanted (a tensor's
     only), dbias in its shape and dtype, summed as ``dbias_sums`` says (one of ``DBIAS_SUMS``; None:
-    ``dbias_sums_for``). ``query_tile``: one of ``QUERY_TILES`` (None: ``bwd_query_tile``)."""
+    ``dbias_sums_for``). ``query_tile``: one of ``QUERY_TILES`` (None: ``bwd_query_tile``). ``one_row_bias``: the
+    bias is one row seen as Nq rows of stride 0 (``_bias_4d``), dbias that row's, summed over the queries (a bias
+    tensor the caller expanded itself gets one gradient per row)."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     group = h // hkv
@@ -410,7 +412,7 @@ def gdpa_bwd_cute(
     if group > 1:
         dk = dk.view(z, hkv, group, nk, d).sum(2)
         dv = dv.view(z, hkv, group, nk, d_v).sum(2)
-    dbias = None if ds is None else dbias_of(ds, tensor_bias, sums, activation, post_scale)
+    dbias = None if ds is None else dbias_of(ds, tensor_bias, sums, activation, post_scale, one_row_bias)
     return dq, dk, dv, dbias
 
 
@@ -472,20 +474,21 @@ def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, s
     return QUERY_TILE
 
 
-def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, post_scale: float) -> torch.Tensor:
+def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, post_scale: float,
+             one_row: bool = False) -> torch.Tensor:
     """dBias of ``bias`` ([Zb, Hb, Nq, Nk] or fewer leading dims) from ``dbias_buffer``'s tensor for ``sums``, filled
     by the kernel without act''s constant factor and post_scale (dK and dQ take them at the end): the fp32 sums
-    transposed back, scaled and rounded once, or the [Z, H, Nq, Nk] dS buffer summed (``_sum_to``) and scaled. A
-    bias of one row seen as Nq rows of stride 0 (``_bias_4d``) gets its one row's gradient, summed over the rows."""
+    transposed back, scaled and rounded once, or the [Z, H, Nq, Nk] dS buffer summed (``_sum_to``) and scaled.
+    ``one_row``: the bias is one row seen as Nq rows (``_bias_4d``): its one row's gradient, summed over the queries
+    before the one rounding."""
     factor = post_scale * activation_math.backward_form(activation).grad_factor
     rows, cols = bias.shape[-2:]
-    rows_broadcast = rows > 1 and bias.stride(-2) == 0
-    if rows_broadcast:
+    if one_row:
         bias = bias[..., :1, :]
     shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
     if sums == "atomic":
         totals = ds[..., :cols, :rows].transpose(-1, -2)
-        totals = totals.sum(-2, keepdim=True) if rows_broadcast else totals
+        totals = totals.sum(-2, keepdim=True) if one_row else totals
         return torch.empty(shape4, dtype=bias.dtype, device=ds.device).copy_(totals.mul(factor)).view(bias.shape)
     return _sum_to(ds, shape4).mul_(factor).reshape(bias.shape).contiguous()
 
@@ -516,8 +519,10 @@ def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: str, scale: float, post
     checked: no broadcast dims) -> (dq, dk, dv, dbias or None) in the inputs' shapes."""
     (q4, k4, v4), batch = _as_4d(q, k, v)
     do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])
+    bias4 = _bias_4d(bias, batch, q4.shape[2])
+    one_row = _is_tensor_bias(bias) and (bias.dim() < 2 or bias.shape[-2] == 1) and q4.shape[2] > 1
     dq, dk, dv, dbias = gdpa_bwd_cute(q4, k4, v4, do4, activation, scale, post_scale, negative_slope, causal=causal,
-                                      bias=_bias_4d(bias, batch, q4.shape[2]), bias_grad=bias_grad)
+                                      bias=bias4, bias_grad=bias_grad, one_row_bias=one_row)
     if dbias is not None:
         # a bias whose batch dims flattened only by a copy (``_bias_4d``) got one gradient per sample
         dbias = dbias.view(bias.shape) if dbias.numel() == bias.numel() else dbias.reshape(

@@ -331,7 +331,8 @@ def _bias_4d(bias: torch.Tensor | None, batch: tuple, num_queries: int) -> torch
     """The op's bias ([..., Hb, Nq or 1, Nk] broadcasting to [*batch, H, Nq, Nk]) with its batch dims flattened as
     the operands' (``as_4d``): Zb is 1 where it broadcasts over the whole batch; one element stays as it is. A bias
     of one row for every query (a key-padding bias) is seen as ``num_queries`` rows of stride 0: the kernels read
-    it as any other (the backward's TMA takes the zero stride), and its gradient sums over them (``dbias_of``)."""
+    it as any other (the backward's TMA takes the zero stride), and its gradient sums over them (``gdpa_bwd_cute``'s
+    ``one_row_bias``)."""
     if bias is None or bias.numel() == 1:
         return bias
     b = bias.reshape((1,) * (len(batch) + 3 - bias.dim()) + tuple(bias.shape))
