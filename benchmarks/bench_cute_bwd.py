@@ -128,6 +128,7 @@ def main():
     ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
     ap.add_argument("--batch", type=int, default=1152)
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--activation", default="gelu_tanh", help="the GDPA providers' activation (Meta's: gelu_tanh)")
     args = ap.parse_args()
     if args.plot_from:
         with open(args.plot_from) as f:
@@ -142,10 +143,10 @@ def main():
     print("correct:", ok, flush=True)
     if ok:
         warm_up_gpu(3.0)
-        timing(rows, 128, args.batch)
-        timing(rows, 64, args.batch)
+        timing(rows, 128, args.batch, args.activation)
+        timing(rows, 64, args.batch, args.activation)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=time.strftime("%Y-%m-%d"))
+                date=time.strftime("%Y-%m-%d"), activation=args.activation)
     if args.out:
         with open(args.out + ".json", "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -14,7 +14,14 @@ import pytest
 import torch
 
 import gdpa_inductor
-from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_DIRECT_MAX_KEY_TILES, dq_sums_for, gdpa_bwd_cute
+from gdpa_inductor.kernels.cute.gdpa_bwd import (
+    DQ_DIRECT_MAX_KEY_TILES,
+    LONG_QUERY_TILE,
+    QUERY_TILE_ENV,
+    bwd_query_tile,
+    dq_sums_for,
+    gdpa_bwd_cute,
+)
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl
 
@@ -102,6 +109,19 @@ def test_80_row_query_tiles_within_eager_error(act, nq, nk, dtype):
     for name, g, e, r in zip(("dq", "dk", "dv"), got, eager, ref):
         assert g.dtype == dtype and g.shape == r.shape, name
         assert rel_error(g, r) <= 2 * rel_error(e, r) + FLOOR, (name, rel_error(g, r), rel_error(e, r))
+
+
+@pytest.mark.parametrize("case", [
+    ("bf16", "silu", 1, 4, 2, 2048, 1300, 128, 128), ("fp16", "relu", 1, 4, 1, 2050, 1153, 128, 128),
+    ("bf16", "hardswish", 2, 2, 2, 2100, 2048, 128, 128),
+], ids=lambda c: "-".join(map(str, c)))
+def test_80_row_query_tiles_by_default_through_the_op(case, cute_backend, monkeypatch):
+    """From 2048 queries the op's backward takes 80-row tiles for relu, silu and hardswish by itself (GQA, ragged
+    lengths, fp16): dq, dk and dv within 2x eager's error."""
+    monkeypatch.delenv(QUERY_TILE_ENV, raising=False)
+    _, act, _, _, _, nq, nk, d, dv = case
+    assert bwd_query_tile(dq_sums_for(nk), d, dv, False, False, act, nq) == LONG_QUERY_TILE
+    assert_backward_case_within_eager(case)
 
 
 def test_80_row_query_tiles_with_one_element_bias():

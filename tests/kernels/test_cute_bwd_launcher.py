@@ -313,13 +313,22 @@ def test_query_tile_named():
         compile_bwd(torch.bfloat16, 128, "silu", query_tile=96)
 
 
+def _tile_case(activation, num_queries, dq_sums="fp32", head_dim=128, causal=False, score_bias=False):
+    return (dq_sums, head_dim, head_dim, causal, score_bias, activation, num_queries)
+
+
 @pytest.mark.parametrize("env, case, tile", [
-    (None, ("fp32", 128, 128, False, False, "silu"), 64), ("80", ("fp32", 128, 128, False, False, "silu"), 80),
-    ("80", ("in_place", 128, 128, False, False, "silu"), 64), ("80", ("fp32", 64, 64, False, False, "silu"), 64),
-    ("80", ("fp32", 128, 128, True, False, "silu"), 64), ("80", ("fp32", 128, 128, False, True, "silu"), 64),
-    ("80", ("fp32", 128, 128, False, False, "gelu"), 64), ("64", ("fp32", 128, 128, False, False, "silu"), 64),
+    (None, _tile_case("silu", 2048), 80), (None, _tile_case("relu", 4096), 80),
+    (None, _tile_case("hardswish", 2048), 80), (None, _tile_case("silu", 2047), 64),
+    (None, _tile_case("gelu_tanh", 2048), 64), (None, _tile_case("sigmoid", 4096), 64),
+    (None, _tile_case("silu", 2048, dq_sums="in_place"), 64), (None, _tile_case("silu", 2048, causal=True), 64),
+    (None, _tile_case("relu", 2048, score_bias=True), 64), (None, _tile_case("silu", 2048, head_dim=96), 64),
+    ("80", _tile_case("silu", 100), 80), ("80", _tile_case("gelu_tanh", 100), 80),
+    ("80", _tile_case("silu", 100, dq_sums="in_place"), 64), ("80", _tile_case("silu", 100, head_dim=64), 64),
+    ("80", _tile_case("silu", 100, causal=True), 64), ("80", _tile_case("silu", 100, score_bias=True), 64),
+    ("80", _tile_case("gelu", 100), 64), ("64", _tile_case("silu", 2048), 64),
 ])
-def test_query_tile_of_80_rows_on_request_in_its_cases(monkeypatch, env, case, tile):
+def test_query_tile_of_80_rows_by_default_in_its_measured_cases_or_on_request(monkeypatch, env, case, tile):
     if env is None:
         monkeypatch.delenv(QUERY_TILE_ENV, raising=False)
     else:
@@ -330,4 +339,4 @@ def test_query_tile_of_80_rows_on_request_in_its_cases(monkeypatch, env, case, t
 def test_query_tile_environment_variable_named(monkeypatch):
     monkeypatch.setenv(QUERY_TILE_ENV, "128")
     with pytest.raises(ValueError, match=r"GDPA_CUTE_BWD_QUERY_TILE must be one of \(64, 80\), got '128'"):
-        bwd_query_tile("fp32", 128, 128, False, False, "silu")
+        bwd_query_tile("fp32", 128, 128, False, False, "silu", 2048)

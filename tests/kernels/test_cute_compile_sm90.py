@@ -182,9 +182,9 @@ BWD_SPILLING |= {("bwd_varlen_causal_direct_bias_dbias_atomic", 128, 128, "gelu_
                  ("bwd_varlen_band_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_causal_bias_dbias_atomic", 128, 128, "silu")}
 # 80-row query tiles (dQᵀ by swapped operands, its fp32 halves added by a 1-D bulk reduce in the accumulators' order)
-BWD_Q80_CASES = [("bwd_q80", 128, 128, act) for act in ("gelu_tanh", "silu", "relu", "sigmoid")]
-# measured with cutlass-dsl 4.8.1: 16-20 bytes (a few loop-carried words); relu none
-BWD_SPILLING |= {("bwd_q80", 128, 128, act) for act in ("gelu_tanh", "silu", "sigmoid")}
+BWD_Q80_CASES = [("bwd_q80", 128, 128, act) for act in ("gelu_tanh", "silu", "relu", "sigmoid", "hardswish")]
+# measured with cutlass-dsl 4.8.1: 16-20 bytes (a few loop-carried words), hardswish 56; relu none
+BWD_SPILLING |= {("bwd_q80", 128, 128, act) for act in ("gelu_tanh", "silu", "sigmoid", "hardswish")}
 BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES + BWD_VARLEN_CASES
                  + BWD_CAUSAL_CASES + BWD_VARLEN_CAUSAL_CASES + BWD_VARLEN_BAND_CASES + BWD_OFFSET_CASES
                  + BWD_BIAS_CASES + BWD_DBIAS_ATOMIC_CASES + BWD_Q80_CASES)

@@ -100,10 +100,11 @@ DBIAS_SUMS = ("buffer", "atomic")
 QUERY_TILE = 64
 
 # Queries per step of GdpaBwdSm90: 64, or 80 (flash-attn's tile at D = 128: a fifth fewer steps, K and V read a fifth
-# less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch. Not
-# taken by default: on H200 (2048², B = 288, H = 4, each kernel timed alone) the 80-row kernel ran level with the
-# 64-row one with gelu_tanh, 4% faster with silu and 5% slower at 1024², and its own work (without the dQ stores and
-# adds, the dQ matmul kept) is no faster (docs/benchmarks.md, thirty-seventh session)
+# less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch.
+# Taken by default for the activations whose backward it measured faster from 2048 queries on (H100, B·N² fixed,
+# the backward alone, two runs; docs/benchmarks.md, thirty-eighth session): relu +4% at 2048², +7% at 4096², silu
+# +2% / +3.5%, hardswish +4% / +4%; level or slower at 1152² and 1536² (up to 4% more padded rows) and for gelu_tanh
+# (-1% to -4%), relu_square, leaky_relu and sigmoid (-1% to +2.5%), so those keep 64 rows
 QUERY_TILES = (64, 80)
 LONG_QUERY_TILE = 80
 LONG_QUERY_TILE_HEAD_DIM = 128
@@ -111,6 +112,8 @@ QUERY_TILE_ENV = "GDPA_CUTE_BWD_QUERY_TILE"
 # gelu's erf polynomial beside the 80-row tiles' accumulators: ptxas serializes every wgmma of the build (72 bytes
 # spilled); the other activations spill 0-56 bytes (hardswish the most), none serializes
 LONG_QUERY_TILE_EXCLUDED = ("gelu",)
+LONG_QUERY_TILE_ACTIVATIONS = ("relu", "silu", "hardswish")
+LONG_QUERY_TILE_MIN_QUERIES = 2048
 
 
 def _long_query_tile_case(dq_sums: str, head_dim: int, head_dim_v: int, masked: bool, score_bias: bool,
@@ -378,7 +381,7 @@ def gdpa_bwd_cute(
     offset = None if tensor_bias is not None else bias
     direct = dq_sums != "fp32"
     if query_tile is None:
-        query_tile = bwd_query_tile(dq_sums, d, d_v, causal, tensor_bias is not None, activation)
+        query_tile = bwd_query_tile(dq_sums, d, d_v, causal, tensor_bias is not None, activation, nq)
     # 80-row tiles: the fp32 sums in whole tiles, in the kernel's order (``dq_of_fragments``)
     dq_rows = nq if query_tile == QUERY_TILE else _padded(nq, query_tile)
     dq_acc = torch.zeros((z, h, dq_rows, d), dtype=q.dtype if direct else torch.float32, device=q.device)
@@ -462,12 +465,17 @@ def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, ac
 
 
 def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, score_bias: bool,
-                   activation: str) -> int:
-    """Queries per step of the backward (one of ``QUERY_TILES``) for a dense batch: 64, or where the environment
-    variable ``GDPA_CUTE_BWD_QUERY_TILE`` asks for 80, 80 in its cases (``QUERY_TILES``' comment)."""
-    wanted = os.environ.get(QUERY_TILE_ENV, str(QUERY_TILE))
-    if wanted not in {str(t) for t in QUERY_TILES}:
+                   activation: str, num_queries: int) -> int:
+    """Queries per step of the backward (one of ``QUERY_TILES``) for a dense batch of ``num_queries`` queries: where
+    the environment variable ``GDPA_CUTE_BWD_QUERY_TILE`` names one, that one in its cases; else 80 in its cases
+    for ``LONG_QUERY_TILE_ACTIVATIONS`` from ``LONG_QUERY_TILE_MIN_QUERIES`` on, 64 otherwise (``QUERY_TILES``'
+    comment)."""
+    wanted = os.environ.get(QUERY_TILE_ENV)
+    if wanted is not None and wanted not in {str(t) for t in QUERY_TILES}:
         raise ValueError(f"{QUERY_TILE_ENV} must be one of {QUERY_TILES}, got {wanted!r}")
+    if wanted is None:
+        preferred = activation in LONG_QUERY_TILE_ACTIVATIONS and num_queries >= LONG_QUERY_TILE_MIN_QUERIES
+        wanted = LONG_QUERY_TILE if preferred else QUERY_TILE
     if int(wanted) != QUERY_TILE and _long_query_tile_case(dq_sums, head_dim, head_dim_v, causal, score_bias,
                                                            activation):
         return int(wanted)
