@@ -103,8 +103,8 @@ QUERY_TILE = 64
 # less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch.
 # Taken by default for the activations whose backward it measured faster from 2048 queries on (H100, B·N² fixed,
 # the backward alone, two runs; docs/benchmarks.md, thirty-eighth session): relu +4% at 2048², +7% at 4096², silu
-# +2% / +3.5%, hardswish +4% / +4%; level or slower at 1152² and 1536² (up to 4% more padded rows) and for gelu_tanh
-# (-1% to -4%), relu_square, leaky_relu and sigmoid (-1% to +2.5%), so those keep 64 rows
+# +2% / +3.5%, hardswish +4% / +4%; level or slower at 1152² and 1536² (up to 4% more padded rows), and for gelu_tanh
+# (-1% to -4%), identity (+1-2%), relu_square, leaky_relu and sigmoid (-1% to +2.5%), which keep 64 rows
 QUERY_TILES = (64, 80)
 LONG_QUERY_TILE = 80
 LONG_QUERY_TILE_HEAD_DIM = 128
