@@ -93,6 +93,25 @@ def test_dq_sums_each_within_eager_error(act, nk, dtype):
         assert all(torch.equal(a, b) for a, b in zip(grads["pairs"][1:3], grads["fp32"][1:3]))
 
 
+@pytest.mark.parametrize("amp", [0.3, 1.0, 3.0, 6.0])
+@pytest.mark.parametrize("dq_sums, query_tile, nq, nk", [
+    ("in_place", 64, 300, 1024), ("pairs", 64, 512, 2048), ("fp32", 64, 1000, 2045), ("fp32", 80, 1000, 2045)])
+def test_packed_gelu_tanh_backward_within_eager_error(amp, dq_sums, query_tile, nq, nk):
+    """bf16 gelu_tanh's backward on bf16x2 pairs (``activation_math.PackedBackwardForm``), inputs up to 6x randn (scores
+    to ~±50, where the derivative's (1 - t²) v term needs t exactly ±1 past |u| ~ 4, which tanh.approx.bf16x2 missed):
+    dq, dk and dv within 2x eager's error, every dQ sum and both query tiles, ragged ends through the fp32 twin."""
+    gen = torch.Generator(device="cuda").manual_seed(nq + nk + int(10 * amp))
+    q, do = (torch.randn(2, 4, nq, 128, device="cuda", generator=gen).mul(amp).bfloat16() for _ in range(2))
+    k, v = (torch.randn(2, 4, nk, 128, device="cuda", generator=gen).mul(amp).bfloat16() for _ in range(2))
+    scale, post = 128**-0.5, 1.0 / nk
+    ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, "gelu_tanh", scale,
+                                  post)[:3]
+    eager = eager_grads(q, k, v, do, "gelu_tanh", scale, post)
+    got = gdpa_bwd_cute(q, k, v, do, "gelu_tanh", scale, post, 0.01, dq_sums=dq_sums, query_tile=query_tile)[:3]
+    for name, g, e, r in zip(("dq", "dk", "dv"), got, eager, ref):
+        assert rel_error(g, r) <= 2 * rel_error(e, r) + FLOOR, (name, rel_error(g, r), rel_error(e, r))
+
+
 @pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh", "sigmoid", "hardswish"])
 @pytest.mark.parametrize("nq, nk", [(80, 1025), (1000, 2045), (2048, 1300)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -12,7 +12,12 @@ import torch
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 from gdpa_inductor.kernels.activations import get_activation  # noqa: E402
-from gdpa_inductor.kernels.cute.activation_math import BACKWARD_TERMS  # noqa: E402
+from gdpa_inductor.kernels.cute.activation_math import (  # noqa: E402
+    BACKWARD_TERMS,
+    backward_form,
+    gelu_tanh_scaled_constants,
+    gelu_tanh_scaled_terms,
+)
 
 
 def _fma(a, b, c):
@@ -48,3 +53,57 @@ def test_backward_terms_propagate_nan_and_infinities_like_eager(name):
     (eager_grad,) = torch.autograd.grad(value.sum(), y)
     assert torch.equal(p.isnan(), value.isnan()) and torch.equal(p.isinf(), value.isinf()), (p, value)
     assert torch.equal(grad.isnan(), eager_grad.isnan()), (grad, eager_grad)
+
+
+@pytest.mark.parametrize("scale", [0.088, 1.0, 2.5, 0.0])
+def test_gelu_tanh_scaled_terms_give_value_and_derivative(scale):
+    """The packed backward form's algebra (``gelu_tanh_scaled_terms``, the kernel's bf16x2 pairs and its fp32 twin on
+    masked tiles): P' (scale / 2) is gelu_tanh(scale · x) and (m + 1) / 2 its derivative."""
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(4096, dtype=torch.float64) * 40, torch.linspace(-400, 400, 801, dtype=torch.float64)])
+    c = gelu_tanh_scaled_constants(scale)
+    p, m = gelu_tanh_scaled_terms(x, c, torch.mul, _fma, torch.tanh, lambda t: 1.0 - t * t)
+    act = get_activation("gelu_tanh")
+    y = scale * x
+    form = backward_form("gelu_tanh", packed=True)
+    torch.testing.assert_close(p * scale * 0.5, act.torch_fn(y, 0.01), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(form.grad_factor * (m + form.grad_offset), act.torch_grad(y, 0.01), rtol=1e-12,
+                               atol=1e-12)
+
+
+def _bf16(t):
+    return t.to(torch.bfloat16).double()
+
+
+def _rel_error(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("amp", [0.3, 1.0, 3.0, 6.0])
+def test_gelu_tanh_packed_roundings_keep_gradients_within_eager_error(amp):
+    """The packed form's roundings, emulated step by step as the kernel takes them (x, every bf16x2 product and fma,
+    tanh.approx.f32's result and dP rounded to bf16; P' and dS the matmuls' bf16 operands): dq, dk and dv against
+    float64 within 2x eager PyTorch's own bf16 error (the bound the GPU tests hold the kernel to). A tanh that missed
+    ±1 where |u| is large, or v in place of (1 - t²) v, would fail here."""
+    gen = torch.Generator().manual_seed(int(amp * 10))
+    q, do = (_bf16(torch.randn(2, 2, 128, 64, dtype=torch.float64, generator=gen) * amp) for _ in range(2))
+    k, v = (_bf16(torch.randn(2, 2, 512, 64, dtype=torch.float64, generator=gen) * amp) for _ in range(2))
+    s, post = 64**-0.5, 1.0 / 512
+    act = get_activation("gelu_tanh")
+
+    def grads(dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = act.torch_fn((leaves[0] @ leaves[1].transpose(-1, -2)) * s, 0.01) @ leaves[2] * post
+        return torch.autograd.grad(out, leaves, do.to(dtype))
+
+    ref, eager = grads(torch.float64), grads(torch.bfloat16)
+    scores = q @ k.transpose(-1, -2)
+    dp = _bf16(do @ v.transpose(-1, -2))
+    c = tuple(_bf16(torch.tensor(x)) for x in gelu_tanh_scaled_constants(s))
+    p, m = gelu_tanh_scaled_terms(_bf16(scores), c, lambda a, b: _bf16(a * b), lambda a, b, d: _bf16(a * b + d),
+                                  lambda u: _bf16(torch.tanh(u)), lambda t: _bf16(1.0 - t * t))
+    ds = _bf16(dp * m + dp)
+    factor = s * post * backward_form("gelu_tanh", packed=True).grad_factor
+    got = (ds @ k * factor, ds.transpose(-1, -2) @ q * factor, p.transpose(-1, -2) @ do * post * s * 0.5)
+    for name, g, e, r in zip(("dq", "dk", "dv"), got, eager, ref):
+        assert _rel_error(_bf16(g), r) <= 2 * _rel_error(e, r), (name, _rel_error(_bf16(g), r), _rel_error(e, r))

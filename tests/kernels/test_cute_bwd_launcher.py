@@ -30,6 +30,7 @@ from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
     dq_of_sums,
     dq_sums_for,
     gdpa_bwd_cute,
+    packed_backward,
     preferred_dbias_sums,
     tma_bias,
 )
@@ -313,14 +314,16 @@ def test_query_tile_named():
         compile_bwd(torch.bfloat16, 128, "silu", query_tile=96)
 
 
-def _tile_case(activation, num_queries, dq_sums="fp32", head_dim=128, causal=False, score_bias=False):
-    return (dq_sums, head_dim, head_dim, causal, score_bias, activation, num_queries)
+def _tile_case(activation, num_queries, dq_sums="fp32", head_dim=128, causal=False, score_bias=False, packed=False):
+    return (dq_sums, head_dim, head_dim, causal, score_bias, activation, num_queries, packed)
 
 
 @pytest.mark.parametrize("env, case, tile", [
     (None, _tile_case("silu", 2048), 80), (None, _tile_case("relu", 4096), 80),
     (None, _tile_case("hardswish", 2048), 80), (None, _tile_case("silu", 2047), 64),
     (None, _tile_case("gelu_tanh", 2048), 64), (None, _tile_case("sigmoid", 4096), 64),
+    (None, _tile_case("gelu_tanh", 2048, packed=True), 80), (None, _tile_case("gelu_tanh", 2047, packed=True), 64),
+    (None, _tile_case("gelu_tanh", 4096, dq_sums="in_place", packed=True), 64),
     (None, _tile_case("silu", 2048, dq_sums="in_place"), 64), (None, _tile_case("silu", 2048, causal=True), 64),
     (None, _tile_case("relu", 2048, score_bias=True), 64), (None, _tile_case("silu", 2048, head_dim=96), 64),
     ("80", _tile_case("silu", 100), 80), ("80", _tile_case("gelu_tanh", 100), 80),
@@ -340,3 +343,17 @@ def test_query_tile_environment_variable_named(monkeypatch):
     monkeypatch.setenv(QUERY_TILE_ENV, "128")
     with pytest.raises(ValueError, match=r"GDPA_CUTE_BWD_QUERY_TILE must be one of \(64, 80\), got '128'"):
         bwd_query_tile("fp32", 128, 128, False, False, "silu", 2048)
+
+
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+@pytest.mark.parametrize("dtype, activation, head_dims, offset, bias, packed", [
+    (BF16, "gelu_tanh", (128, 128), False, False, True), (BF16, "gelu_tanh", (64, 96), False, False, True),
+    (FP16, "gelu_tanh", (128, 128), False, False, False), (BF16, "silu", (128, 128), False, False, False),
+    (BF16, "gelu_tanh", (256, 256), False, False, False), (BF16, "gelu_tanh", (128, 256), False, False, False),
+    (BF16, "gelu_tanh", (128, 128), True, False, False), (BF16, "gelu_tanh", (128, 128), False, True, False),
+])
+def test_packed_backward_form_for_bf16_gelu_tanh_without_bias_in_narrow_heads(dtype, activation, head_dims, offset,
+                                                                             bias, packed):
+    assert packed_backward(dtype, activation, *head_dims, offset, bias) is packed

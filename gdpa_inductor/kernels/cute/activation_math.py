@@ -328,8 +328,107 @@ def hardswish_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     return x * c, g
 
 
-def backward_form(name: str) -> BackwardForm:
-    """The backward's per-score form of activation ``name``."""
+# A packed bf16x2 backward form for gelu_tanh. Its fp32 form takes 11 FP32 ops and a tanh per score, and at 2048² its
+# backward ran 11-15% slower than silu's (the activation sits between each warpgroup's Sᵀ/dPᵀ and dV/dK/dQ matmuls).
+# On bf16x2 pairs, as in the forward: x rounded to bf16 once (eager rounds S too), tanh's argument u two scores per
+# instruction, P' = x (1 + t) = P / (scale / 2) already the dV operand (dV takes the factor once), m (act' =
+# (m + 1) / 2, as the fp32 form) in bf16x2, then dS = dP (m + 1) from dP rounded to bf16 (as eager's dP) by one
+# fma.rn.bf16x2 per pair, already dK's operand: about 7.5 issue slots a score against 12 (H100, 2048²: the backward's main kernel 7%
+# faster). The tanh stays tanh.approx.f32 on the unpacked u, rounded to bf16: 2 act' = 1 + t + (1 - t²) v with v
+# growing as y³ needs t within its rounding of tanh(u), and exactly ±1 once |u| is large, which tanh.approx.bf16x2
+# (two MUFU ops per pair on sm_90 anyway) is not: dQ and dK errors reached 6x eager PyTorch's at inputs 3x randn. As
+# built, dQ and dK errors measured 0.86-1.68x eager's at inputs 0.3-6x randn (Frobenius norm; the fp32 form 0.62-1.49x,
+# the bound 2x). Bf16 only (fp16's range).
+
+
+class PackedBackwardForm(NamedTuple):
+    """The backward of act on bf16x2 pairs of unscaled scores x: ``constants(scale)`` gives its bf16x2 constants,
+    computed once per kernel; ``pair(x, constants)`` gives (P', m) as bf16x2, ``score(x, widened)`` the same for one
+    fp32 score (masked tiles) from the constants widened to fp32 (``widen_bf16x2``; by each masked copy of the loop,
+    so that the loop without a mask keeps no fp32 copies live), with P' = act(scale · x) / (scale / 2) and
+    act'(scale · x) = grad_factor · (m + grad_offset)."""
+
+    constants: Callable
+    pair: Callable
+    score: Callable
+    grad_factor: float
+    grad_offset: float
+
+
+@cute.jit
+def _tanh_of_bf16x2(u: cutlass.Int32) -> cutlass.Int32:
+    """tanh of both halves of a bf16x2 by tanh.approx.f32 (a bf16 widens to fp32 by its bits), rounded to bf16x2."""
+    return cute.arch.inline_ptx(
+        "{ .reg .b32 lo, hi; shl.b32 lo, {$r0}, 16; and.b32 hi, {$r0}, 0xffff0000; tanh.approx.f32 lo, lo; "
+        "tanh.approx.f32 hi, hi; cvt.rn.bf16x2.f32 {$w0}, hi, lo; }",
+        write_only_types=[cutlass.Int32], read_only_args=[u],
+    )
+
+
+@cute.jit
+def _one_minus_square_bf16x2(t: cutlass.Int32) -> cutlass.Int32:
+    # 0x3f80: bf16's 1.0
+    return cute.arch.inline_ptx(
+        "{ .reg .b32 nt, one; mov.b32 one, 0x3f803f80; neg.bf16x2 nt, {$r0}; fma.rn.bf16x2 {$w0}, nt, {$r0}, one; }",
+        write_only_types=[cutlass.Int32], read_only_args=[t],
+    )
+
+
+def gelu_tanh_scaled_constants(scale):
+    """gelu_tanh_scaled_terms' constants at y = scale · x: (c s, c k s³, 3 c k s³)."""
+    c = SQRT_2_OVER_PI * scale
+    c3 = c * GELU_TANH_COEF * scale * scale
+    return c, c3, 3.0 * c3
+
+
+def gelu_tanh_scaled_terms(x, c, mul, fma, tanh, one_minus_square):
+    """gelu_tanh's (P', m) at y = s x from ``gelu_tanh_scaled_constants(s)`` (``c``), over any number type with its
+    ``mul``, ``fma``, ``tanh`` and 1 - t² (bf16x2 registers in the kernel, float64 tensors in the tests): tanh's
+    argument u = x (c s + c k s³ x²), v = x (c s + 3 c k s³ x²), P' = x (1 + t) = gelu_tanh(y) / (s / 2) and
+    2 act' = 1 + t + (1 - t²) v = 1 + m."""
+    x2 = mul(x, x)
+    t = tanh(mul(x, fma(x2, c[1], c[0])))
+    v = mul(x, fma(x2, c[2], c[0]))
+    return fma(x, t, x), fma(one_minus_square(t), v, t)
+
+
+@cute.jit
+def _gelu_tanh_bwd_constants(scale: cutlass.Float32):
+    return tuple(pack_bf16x2(c, c) for c in gelu_tanh_scaled_constants(scale))
+
+
+@cute.jit
+def _gelu_tanh_bwd_pair(x: cutlass.Int32, c):
+    return gelu_tanh_scaled_terms(x, c, _mul_bf16x2, fma_bf16x2, _tanh_of_bf16x2, _one_minus_square_bf16x2)
+
+
+@cute.jit
+def widen_bf16x2(w: cutlass.Int32) -> cutlass.Float32:
+    """The low half of a bf16x2 as fp32 (a bf16 widens by its bits)."""
+    return cute.arch.inline_ptx("shl.b32 {$w0}, {$r0}, 16;", write_only_types=[cutlass.Float32], read_only_args=[w])
+
+
+@cute.jit
+def _one_minus_square(t: cutlass.Float32) -> cutlass.Float32:
+    return cute.math.fma(-t, t, 1.0)
+
+
+@cute.jit
+def _gelu_tanh_bwd_score(x: cutlass.Float32, c):
+    return gelu_tanh_scaled_terms(x, c, lambda a, b: a * b, cute.math.fma, _tanh, _one_minus_square)
+
+
+_PACKED_BF16_BACKWARD = {
+    "gelu_tanh": PackedBackwardForm(_gelu_tanh_bwd_constants, _gelu_tanh_bwd_pair, _gelu_tanh_bwd_score, 0.5, 1.0),
+}
+PACKED_BF16_BACKWARD_ACTIVATIONS = frozenset(_PACKED_BF16_BACKWARD)
+
+
+def backward_form(name: str, packed: bool = False) -> BackwardForm | PackedBackwardForm:
+    """The backward's per-score form of activation ``name``: with ``packed`` (bf16 operands, no bias) a
+    PackedBackwardForm where there is one."""
+    if packed and name in _PACKED_BF16_BACKWARD:
+        return _PACKED_BF16_BACKWARD[name]
     if name in BACKWARD_TERMS:
         return BACKWARD_TERMS[name]._replace(fn=_form_of_terms(BACKWARD_TERMS[name].fn))
     return BackwardForm(_form_at_scaled(globals()[f"{name}_and_grad"]), 1.0, 0.0)

@@ -103,8 +103,11 @@ QUERY_TILE = 64
 # less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch.
 # Taken by default for the activations whose backward it measured faster from 2048 queries on (H100, B·N² fixed,
 # the backward alone, two runs; docs/benchmarks.md, thirty-eighth session): relu +4% at 2048², +7% at 4096², silu
-# +2% / +3.5%, hardswish +4% / +4%; level or slower at 1152² and 1536² (up to 4% more padded rows), and for gelu_tanh
-# (-1% to -4%), identity (+1-2%), relu_square, leaky_relu and sigmoid (-1% to +2.5%), which keep 64 rows
+# +2% / +3.5%, hardswish +4% / +4%; level or slower at 1152² and 1536² (up to 4% more padded rows), and for gelu_tanh's
+# fp32 form (-1% to -4%), identity (+1-2%), relu_square, leaky_relu and sigmoid (-1% to +2.5%), which keep 64 rows.
+# gelu_tanh's packed bf16x2 form (``activation_math.PackedBackwardForm``) left registers enough for the 80-row tiles
+# to gain (H100, medians of four alternating rounds, whole backward: 2048² 11.73 -> 11.39 ms, 4096² 10.76 -> 10.36;
+# 1536² level, 1152² 2% slower; thirty-ninth session)
 QUERY_TILES = (64, 80)
 LONG_QUERY_TILE = 80
 LONG_QUERY_TILE_HEAD_DIM = 128
@@ -113,7 +116,16 @@ QUERY_TILE_ENV = "GDPA_CUTE_BWD_QUERY_TILE"
 # spilled); the other activations spill 0-56 bytes (hardswish the most), none serializes
 LONG_QUERY_TILE_EXCLUDED = ("gelu",)
 LONG_QUERY_TILE_ACTIVATIONS = ("relu", "silu", "hardswish")
+LONG_QUERY_TILE_PACKED_ACTIVATIONS = ("gelu_tanh",)
 LONG_QUERY_TILE_MIN_QUERIES = 2048
+
+
+def packed_backward(dtype: torch.dtype, activation: str, head_dim: int, head_dim_v: int, score_offset: bool,
+                    score_bias: bool) -> bool:
+    """Whether the backward takes ``activation``'s packed bf16x2 form (``activation_math.PackedBackwardForm``): where
+    it has one, for bf16 operands without a bias, in the kernel of narrow heads."""
+    return (dtype == torch.bfloat16 and activation in activation_math.PACKED_BF16_BACKWARD_ACTIVATIONS
+            and max(head_dim, head_dim_v) <= NARROW_MAX_HEAD_DIM and not (score_offset or score_bias))
 
 
 def _long_query_tile_case(dq_sums: str, head_dim: int, head_dim_v: int, masked: bool, score_bias: bool,
@@ -314,7 +326,9 @@ def compile_bwd(
         extra += [fake_operands(element, 1)[0] if score_bias else None]
         extra += [fake_operands(cutlass.Float32 if dbias_atomic else element, 1)[0] if bias_grad else None]
         one = cutlass.Float32(1.0)
-        form = activation_math.backward_form(activation)
+        # the band masks every query tile, which the packed forms leave to their fp32 twins: the fp32 form
+        form = activation_math.backward_form(
+            activation, packed_backward(dtype, activation, head_dim, head_dim_v, score_offset, score_bias) and not band)
         if wide:
             kernel = GdpaBwdWideSm90(element, head_dim, head_dim_v, form, dq_element, varlen=varlen,
                                      score_offset=score_offset)
@@ -381,7 +395,8 @@ def gdpa_bwd_cute(
     offset = None if tensor_bias is not None else bias
     direct = dq_sums != "fp32"
     if query_tile is None:
-        query_tile = bwd_query_tile(dq_sums, d, d_v, causal, tensor_bias is not None, activation, nq)
+        packed = packed_backward(q.dtype, activation, d, d_v, offset is not None, tensor_bias is not None)
+        query_tile = bwd_query_tile(dq_sums, d, d_v, causal, tensor_bias is not None, activation, nq, packed)
     # 80-row tiles: the fp32 sums in whole tiles, in the kernel's order (``dq_of_fragments``)
     dq_rows = nq if query_tile == QUERY_TILE else _padded(nq, query_tile)
     dq_acc = torch.zeros((z, h, dq_rows, d), dtype=q.dtype if direct else torch.float32, device=q.device)
@@ -465,16 +480,18 @@ def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, ac
 
 
 def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, score_bias: bool,
-                   activation: str, num_queries: int) -> int:
+                   activation: str, num_queries: int, packed: bool = False) -> int:
     """Queries per step of the backward (one of ``QUERY_TILES``) for a dense batch of ``num_queries`` queries: where
     the environment variable ``GDPA_CUTE_BWD_QUERY_TILE`` names one, that one in its cases; else 80 in its cases
-    for ``LONG_QUERY_TILE_ACTIVATIONS`` from ``LONG_QUERY_TILE_MIN_QUERIES`` on, 64 otherwise (``QUERY_TILES``'
+    for ``LONG_QUERY_TILE_ACTIVATIONS`` (and with ``packed``, the backward in its packed form, for
+    ``LONG_QUERY_TILE_PACKED_ACTIVATIONS``) from ``LONG_QUERY_TILE_MIN_QUERIES`` on, 64 otherwise (``QUERY_TILES``'
     comment)."""
     wanted = os.environ.get(QUERY_TILE_ENV)
     if wanted is not None and wanted not in {str(t) for t in QUERY_TILES}:
         raise ValueError(f"{QUERY_TILE_ENV} must be one of {QUERY_TILES}, got {wanted!r}")
     if wanted is None:
-        preferred = activation in LONG_QUERY_TILE_ACTIVATIONS and num_queries >= LONG_QUERY_TILE_MIN_QUERIES
+        long_tile_activations = LONG_QUERY_TILE_ACTIVATIONS + (LONG_QUERY_TILE_PACKED_ACTIVATIONS if packed else ())
+        preferred = activation in long_tile_activations and num_queries >= LONG_QUERY_TILE_MIN_QUERIES
         wanted = LONG_QUERY_TILE if preferred else QUERY_TILE
     if int(wanted) != QUERY_TILE and _long_query_tile_case(dq_sums, head_dim, head_dim_v, causal, score_bias,
                                                            activation):

@@ -54,6 +54,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
+from .activation_math import PackedBackwardForm, fma_bf16x2, widen_bf16x2
 from .ragged_rows import ragged, sample_rows
 from .wgmma import fresh_gemm, operand_a_like, operand_pairs, pack_operand_a, pack_pair, store_operand_a
 
@@ -105,6 +106,11 @@ class GdpaBwdSm90:
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
         self.act_form = act_form
+        # a packed form (``activation_math.PackedBackwardForm``): the query tiles without a mask run on bf16x2 pairs
+        # (P' = P / (scale / 2), dS packed by one fma per pair); masked tiles take the form's fp32 twin
+        self.packed = isinstance(act_form, PackedBackwardForm)
+        assert not self.packed or (dtype is cutlass.BFloat16 and not (score_offset or score_bias)), \
+            "packed backward forms: bf16, no bias"
         self.num_mma_wg = 2
         self.tile_n = _WG_ROWS * self.num_mma_wg  # keys per CTA
         # queries per step: 64, or 80 (flash-attn's tile at D = 128: a fifth more work per step for the K and V
@@ -511,6 +517,11 @@ class GdpaBwdSm90:
             if cutlass.const_expr(self.act_form.grad_factor != 1.0):
                 ds_scale = ds_scale * self.act_form.grad_factor
             act_grad_offset = self.act_form.grad_offset
+            packed_c = None
+            dv_scale = post_scale
+            if cutlass.const_expr(self.packed):
+                packed_c = self.act_form.constants(scale)
+                dv_scale = post_scale * scale * 0.5
             bias = None
             if cutlass.const_expr(self.score_offset):
                 bias = offset[0]
@@ -550,6 +561,9 @@ class GdpaBwdSm90:
                 passes = [(True, 0, num_rel)]
             for pass_idx in cutlass.range_constexpr(len(passes)):
                 masked, m_lo, m_hi = passes[pass_idx]
+                score_c = None
+                if cutlass.const_expr(self.packed and masked):
+                    score_c = tuple(widen_bf16x2(w) for w in packed_c)
                 for m in cutlass.range(m_lo, m_hi, unroll=1):
                     q_handle = q_consumer.wait_and_advance()
                     acc_s = sdp.make_fragment_C(st_shape)
@@ -605,7 +619,7 @@ class GdpaBwdSm90:
                             # registers (ptxas spilled and serialized every wgmma of the kernel)
                             warpgroup.wait_group(0)
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            y, g = self.act_form.fn(acc_s[i], scale, slope, self._score_bias(bias, r_bias, i))
+                            y, g = self._act(acc_s[i], scale, slope, bias, r_bias, i, score_c)
                             if cutlass.const_expr(self.band):
                                 diff = tScS[i][0] - tScS[i][1]
                                 keep = (tScS[i][0] < valid_keys and tScS[i][1] < valid_rows and diff >= least
@@ -620,21 +634,36 @@ class GdpaBwdSm90:
                                 acc_dp[i] = self._ds(acc_dp[i], acc_s[i])
                                 if cutlass.const_expr(i % 2 == 1):
                                     p_pairs[i // 2] = pack_pair(p_acc[0], p_acc[1], self.dtype)
+                    elif cutlass.const_expr(self.packed):
+                        # P' straight into the dV operand, m kept as bf16x2 for dS
+                        m_pairs = cute.make_rmem_tensor(cute.make_layout(cute.size(acc_s) // 2), cutlass.Int32)
+                        for j in cutlass.range_constexpr(cute.size(acc_s) // 2):
+                            p_pairs[j], m_pairs[j] = self.act_form.pair(
+                                pack_pair(acc_s[2 * j], acc_s[2 * j + 1], self.dtype), packed_c)
                     else:
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
                             p_acc[self._p_slot(i)], acc_s[i] = self.act_form.fn(acc_s[i], scale, slope,
                                                                                 self._score_bias(bias, r_bias, i))
                             if cutlass.const_expr(self.dq_flat and i % 2 == 1):
                                 p_pairs[i // 2] = pack_pair(p_acc[0], p_acc[1], self.dtype)
-                    if cutlass.const_expr(not self.dq_flat):
+                    packed_tile = self.packed and not masked
+                    if cutlass.const_expr(not (self.dq_flat or packed_tile)):
                         store_operand_a(p_acc, r_p)
 
-                    if cutlass.const_expr(not (masked and self.dq_flat)):
-                        warpgroup.wait_group(0)
-                        for i in cutlass.range_constexpr(cute.size(acc_dp)):
-                            acc_dp[i] = self._ds(acc_dp[i], acc_s[i])
                     r_ds = operand_a_like(acc_dp, dk_mma, self.dtype)
-                    pack_operand_a(acc_dp, r_ds)
+                    if cutlass.const_expr(packed_tile):
+                        # dS = dP (m + 1) from dP rounded to bf16, a pair per instruction, into dK's operand
+                        warpgroup.wait_group(0)
+                        ds_pairs = operand_pairs(acc_dp, r_ds)
+                        for j in cutlass.range_constexpr(cute.size(acc_dp) // 2):
+                            dp = pack_pair(acc_dp[2 * j], acc_dp[2 * j + 1], self.dtype)
+                            ds_pairs[j] = fma_bf16x2(dp, m_pairs[j], dp)
+                    else:
+                        if cutlass.const_expr(not (masked and self.dq_flat)):
+                            warpgroup.wait_group(0)
+                            for i in cutlass.range_constexpr(cute.size(acc_dp)):
+                                acc_dp[i] = self._ds(acc_dp[i], acc_s[i])
+                        pack_operand_a(acc_dp, r_ds)
                     stage = m % self.ds_stages
                     cute.copy(ds_copy, ds_copy.retile(cute.make_tensor(r_ds.iterator, acc_dp.layout)),
                               tdSsdS[None, None, None, stage])
@@ -694,7 +723,7 @@ class GdpaBwdSm90:
                 self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, num_rel - 1, recv_slot, recv_full, peer_free)
 
             self._store_dk_dv((acc_dk, dk_thr, sK0, tma_dk, tdKsdK, tdKgdK),
-                              (acc_dv, dv_thr, sV0, tma_dv, tdVsdV, tdVgdV), ds_scale, post_scale, n_blk, warp_idx)
+                              (acc_dv, dv_thr, sV0, tma_dv, tdVsdV, tdVgdV), ds_scale, dv_scale, n_blk, warp_idx)
             if cutlass.const_expr(self.dq_pairs):
                 # the peer's last arrives on this CTA's shared memory: once it has read the last tiles sent, this
                 # CTA may exit
@@ -807,6 +836,14 @@ class GdpaBwdSm90:
             return cute.math.fma(dp, grad, dp)
         return dp * grad
 
+    def _act(self, x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, offset, r_bias: cute.Tensor,
+             i: int, score_c):
+        """(p, m) of score ``i`` (``x``) of the thread's Sᵀ by the fp32 form, or a packed form's fp32 twin
+        (``score_c``: its constants widened), whose p is P'."""
+        if cutlass.const_expr(self.packed):
+            return self.act_form.score(x, score_c)
+        return self.act_form.fn(x, scale, slope, self._score_bias(offset, r_bias, i))
+
     def _score_bias(self, offset, r_bias: cute.Tensor, i: int):
         """The bias of score ``i`` of the thread's Sᵀ: its value of the bias tile (``score_bias``), else the one
         element (or None)."""
@@ -888,14 +925,15 @@ class GdpaBwdSm90:
                 cute.copy(tma_bias, tBgB[(None, m, n_blk)], tBsB[(None, handle.index)], tma_bar_ptr=handle.barrier)
 
     @cute.jit
-    def _store_dk_dv(self, dk: tuple, dv: tuple, ds_scale: cutlass.Float32, post_scale: cutlass.Float32,
+    def _store_dk_dv(self, dk: tuple, dv: tuple, ds_scale: cutlass.Float32, dv_scale: cutlass.Float32,
                      n_blk: cutlass.Int32, warp_idx: cutlass.Int32):
         """The consumers' epilogue: dV and dK (``dv``, ``dk``: accumulator, its MMA thread slice, the V or K
-        tile, the TMA store with its partitions) scaled over the V and K tiles, then one TMA store each."""
+        tile, the TMA store with its partitions) scaled (by ``dv_scale``, ``ds_scale``) over the V and K tiles, then
+        one TMA store each."""
         acc_dk, dk_thr, sK0, tma_dk, tdKsdK, tdKgdK = dk
         acc_dv, dv_thr, sV0, tma_dv, tdVsdV, tdVgdV = dv
         r_dv = cute.make_fragment_like(acc_dv, self.dtype)
-        r_dv.store((acc_dv.load() * post_scale).to(self.dtype))
+        r_dv.store((acc_dv.load() * dv_scale).to(self.dtype))
         r_dk = cute.make_fragment_like(acc_dk, self.dtype)
         r_dk.store((acc_dk.load() * ds_scale).to(self.dtype))
         cute.arch.barrier(barrier_id=self.barrier_epi, number_of_threads=self.num_mma_wg * _WG_THREADS)
