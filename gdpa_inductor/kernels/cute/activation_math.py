@@ -333,12 +333,12 @@ def hardswish_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
 # On bf16x2 pairs, as in the forward: x rounded to bf16 once (eager rounds S too), tanh's argument u two scores per
 # instruction, P' = x (1 + t) = P / (scale / 2) already the dV operand (dV takes the factor once), m (act' =
 # (m + 1) / 2, as the fp32 form) in bf16x2, then dS = dP (m + 1) from dP rounded to bf16 (as eager's dP) by one
-# fma.rn.bf16x2 per pair, already dK's operand: about 7.5 issue slots a score against 12 (H100, 2048²: the backward's main kernel 7%
-# faster). The tanh stays tanh.approx.f32 on the unpacked u, rounded to bf16: 2 act' = 1 + t + (1 - t²) v with v
-# growing as y³ needs t within its rounding of tanh(u), and exactly ±1 once |u| is large, which tanh.approx.bf16x2
-# (two MUFU ops per pair on sm_90 anyway) is not: dQ and dK errors reached 6x eager PyTorch's at inputs 3x randn. As
-# built, dQ and dK errors measured 0.86-1.68x eager's at inputs 0.3-6x randn (Frobenius norm; the fp32 form 0.62-1.49x,
-# the bound 2x). Bf16 only (fp16's range).
+# fma.rn.bf16x2 per pair, already dK's operand: about 7.5 issue slots a score against 12 (H100, 2048²: the
+# backward's main kernel 7% faster). The tanh stays tanh.approx.f32 on the unpacked u, rounded to bf16: 2 act' =
+# 1 + t + (1 - t²) v with v growing as y³ needs t within its rounding of tanh(u), and exactly ±1 once |u| is large,
+# which tanh.approx.bf16x2 (two MUFU ops per pair on sm_90 anyway) is not: dQ and dK errors reached 6x eager
+# PyTorch's at inputs 3x randn. As built, dQ and dK errors measured 0.86-1.68x eager's at inputs 0.3-6x randn
+# (Frobenius norm; the fp32 form 0.62-1.49x, the bound 2x). Bf16 only (fp16's range).
 
 
 class PackedBackwardForm(NamedTuple):
