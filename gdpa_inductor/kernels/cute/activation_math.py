@@ -157,10 +157,17 @@ def tanh_bf16x2(u: cutlass.Int32) -> cutlass.Int32:
     )
 
 
-@cute.jit
-def _gelu_tanh_constants(scale: cutlass.Float32):
+def gelu_tanh_scaled_constants(scale):
+    """The constants of gelu_tanh at y = scale · x on the unscaled x: (c s, c k s³, 3 c k s³), the first two tanh's
+    argument's (u = x (c s + c k s³ x²)), the third the backward's derivative factor's (``gelu_tanh_scaled_terms``)."""
     c = SQRT_2_OVER_PI * scale
     c3 = c * GELU_TANH_COEF * scale * scale
+    return c, c3, 3.0 * c3
+
+
+@cute.jit
+def _gelu_tanh_constants(scale: cutlass.Float32):
+    c, c3, _ = gelu_tanh_scaled_constants(scale)
     return pack_bf16x2(c, c), pack_bf16x2(c3, c3)
 
 
@@ -372,13 +379,6 @@ def _one_minus_square_bf16x2(t: cutlass.Int32) -> cutlass.Int32:
         "{ .reg .b32 nt, one; mov.b32 one, 0x3f803f80; neg.bf16x2 nt, {$r0}; fma.rn.bf16x2 {$w0}, nt, {$r0}, one; }",
         write_only_types=[cutlass.Int32], read_only_args=[t],
     )
-
-
-def gelu_tanh_scaled_constants(scale):
-    """gelu_tanh_scaled_terms' constants at y = scale · x: (c s, c k s³, 3 c k s³)."""
-    c = SQRT_2_OVER_PI * scale
-    c3 = c * GELU_TANH_COEF * scale * scale
-    return c, c3, 3.0 * c3
 
 
 def gelu_tanh_scaled_terms(x, c, mul, fma, tanh, one_minus_square):
