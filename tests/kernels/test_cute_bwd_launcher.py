@@ -25,6 +25,7 @@ from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
     dbias_of,
     dbias_sums_for,
     dq_fragments_as_rows,
+    dq_last_round_for,
     dq_late_for,
     dq_of_fragments,
     dq_of_sums,
@@ -357,3 +358,20 @@ BF16, FP16 = torch.bfloat16, torch.float16
 def test_packed_backward_form_for_bf16_gelu_tanh_without_bias_in_narrow_heads(dtype, activation, head_dims, offset,
                                                                              bias, packed):
     assert packed_backward(dtype, activation, *head_dims, offset, bias) is packed
+
+
+@pytest.mark.parametrize("dq_sums, d, dv, varlen, rounds", [
+    ("fp32", 128, 128, False, True), ("fp32", 64, 64, False, True), ("fp32", 96, 64, False, True),
+    ("in_place", 128, 128, False, False), ("pairs", 128, 128, False, False), ("fp32", 128, 128, True, False),
+    ("fp32", 256, 128, False, False), ("fp32", 64, 256, False, False),
+])
+def test_dq_rounded_in_the_kernel_where_it_sums_in_fp32_in_a_dense_batch(dq_sums, d, dv, varlen, rounds):
+    """The last CTA of each head rounds dQ wherever the kernel sums it in fp32 at D, Dv <= 128 in a dense batch (the
+    varlen launcher sums its per-sample buffer itself; the wide-head kernel has no such path)."""
+    assert dq_last_round_for(dq_sums, d, dv, varlen) is rounds
+
+
+@pytest.mark.parametrize("change", [dict(dq_sums="in_place"), dict(varlen=True), dict(head_dim_v=256)])
+def test_dq_last_round_refused_where_the_kernel_cannot(change):
+    with pytest.raises(ValueError, match=r"dq_last_round=True needs dq_sums='fp32', a dense batch and D, Dv <= 128"):
+        compile_bwd(torch.bfloat16, 128, "silu", **(dict(dq_sums="fp32", dq_last_round=True) | change))

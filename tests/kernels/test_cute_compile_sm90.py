@@ -37,7 +37,7 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
 
 from gdpa_inductor.kernels.cute.activation_math import PACKED_BF16_ACTIVATIONS  # noqa: E402
-from gdpa_inductor.kernels.cute.gdpa_bwd import dq_late_for, packed_backward  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_bwd import dq_last_round_for, dq_late_for, packed_backward  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_fwd import (  # noqa: E402
     SUPPORTED_ACTIVATIONS,
     fwd_schedule,
@@ -340,6 +340,18 @@ def test_cute_wgmma_descriptors_stay_in_uniform_registers(case, reports):
     assert r["sass_r2ur"] < r["wgmma"], r
 
 
+@pytest.mark.parametrize("case", BWD_ALL_CASES, ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}")
+def test_cute_bwd_rounds_dq_itself_where_it_sums_in_fp32(case, reports):
+    """fp32 dQ sums of a dense batch at D, Dv <= 128 (``dq_last_round_for``, as the launcher builds them): each CTA
+    counts itself in once per head (one acquire-release add after a proxy fence over its bulk reduce-adds) and the last
+    rounds the head's sums, read through L2 16 bytes at a time; no other build counts or reads dQ back."""
+    r = reports[case]
+    kind, d, dv = case[:3]
+    rounds = dq_last_round_for(BWD_DQ_SUMS[kind], d, dv, kind.startswith("bwd_varlen"))
+    got = (r["count_acq_rel"], r["proxy_fence_global"], r["ld_global_cg_v4"] > 0)
+    assert got == ((1, 1, True) if rounds else (0, 0, False)), r
+
+
 @pytest.mark.parametrize("case", BWD_Q80_CASES, ids=str)
 def test_cute_80_row_bwd_adds_dq_fragments_by_bulk_reduce(case, reports):
     """80-row query tiles: the scores and dQᵀ in m64n80 wgmmas, each warpgroup's half of dQᵀ stored in 16-byte
@@ -479,6 +491,7 @@ def _compile_all(cases) -> list[dict]:
                 head_dim_v=dv, varlen=kind.startswith("bwd_varlen"), causal="causal" in kind, band="band" in kind,
                 score_offset=kind.endswith("_offset"), score_bias="_bias" in kind, bias_grad="_dbias" in kind,
                 dbias_atomic=kind.endswith("_atomic"), query_tile=80 if kind == "bwd_q80" else 64,
+                dq_last_round=dq_last_round_for(BWD_DQ_SUMS[kind], d, dv, kind.startswith("bwd_varlen")),
             ).artifacts.PTX
         with open("k.ptx", "w") as f:
             f.write(ptx)
@@ -500,6 +513,9 @@ def _compile_all(cases) -> list[dict]:
             stmatrix=ptx.count("stmatrix"),
             ldmatrix=ptx.count("ldmatrix"),
             red_v2_f32=len(re.findall(r"red\.global\.add\.v2\.f32", ptx)),
+            count_acq_rel=len(re.findall(r"\batom\.global\.acq_rel(?:\.gpu)?\.add", ptx)),
+            ld_global_cg_v4=ptx.count("ld.global.cg.v4.f32"),
+            proxy_fence_global=ptx.count("fence.proxy.async.global"),
             tma_5d=len(re.findall(r"cp\.(?:reduce\.)?async\.bulk\.tensor\.5d", ptx)),
             ld_global_s32=len(re.findall(r"\bld\.global\.\S*[bsu]32", ptx)),
             setmaxnreg=ptx.count("setmaxnreg."),

@@ -14,7 +14,16 @@ from ..triton.gdpa_fwd_tma import tma_layout
 from . import activation_math
 from .compile_cache import cached_compile
 from .gdpa_fwd import _as_4d, _bias_4d, cute_fwd_support, fwd_supported
-from .kernel_args import compile_options, dense_modes, fake_offset, fake_operands, fake_rows, fake_stream, offset_args
+from .kernel_args import (
+    compile_options,
+    dense_modes,
+    fake_counts,
+    fake_offset,
+    fake_operands,
+    fake_rows,
+    fake_stream,
+    offset_args,
+)
 
 # Up to this many key tiles (128 keys; 64 in the wide-head kernel), dQ tiles are added straight into dQ in the
 # operands' dtype: the fp32 buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at
@@ -255,7 +264,7 @@ def compile_bwd(
     dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
     dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False, causal: bool = False,
     band: bool = False, score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
-    dbias_atomic: bool = False, query_tile: int = QUERY_TILE,
+    dbias_atomic: bool = False, query_tile: int = QUERY_TILE, dq_last_round: bool = False,
 ):
     """The compiled backward for (dtype, head dims, activation, ``dq_sums``: one of ``DQ_SUMS``, varlen or
     not, causal or not), cached in memory and on disk (``compile_cache``); sizes and strides are runtime values.
@@ -269,7 +278,10 @@ def compile_bwd(
     one element's place, and ``bias_grad``: dS stored into a [Z, H, Nq, Nk] tensor (varlen: [B, H, the bias's rows
     and columns]), the call's last argument; every call passes those two (Nones where it has none). ``dbias_atomic``:
     dS added instead into an fp32 tensor of the bias's size (``dbias_buffer``). ``query_tile``: queries per step, one of
-    ``QUERY_TILES`` (80: ``bwd_query_tile``'s cases, dQ's fp32 sums in ``dq_of_fragments``' order)."""
+    ``QUERY_TILES`` (80: ``bwd_query_tile``'s cases, dQ's fp32 sums in ``dq_of_fragments``' order).
+    ``dq_last_round`` (``dq_last_round_for``'s cases): the kernel rounds dQ itself (module ``dq_last_round``), into
+    the call's dQ in the operands' dtype, with one zero-filled int32 count per (sample, head): its two last arguments
+    (Nones in every other call)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
@@ -292,6 +304,8 @@ def compile_bwd(
                                                               score_bias, activation):
         raise ValueError(f"query_tile={query_tile} needs dq_sums='fp32', D = Dv = {LONG_QUERY_TILE_HEAD_DIM}, no "
                          f"mask, no bias tensor, a dense batch and an activation other than {LONG_QUERY_TILE_EXCLUDED}")
+    if dq_last_round and not dq_last_round_for(dq_sums, head_dim, head_dim_v, varlen):
+        raise ValueError(f"dq_last_round=True needs dq_sums='fp32', a dense batch and D, Dv <= {NARROW_MAX_HEAD_DIM}")
     wide = max(head_dim, head_dim_v) > NARROW_MAX_HEAD_DIM
     if wide and (causal or band or dq_sums == "pairs" or score_bias):
         raise ValueError(f"the wide-head backward (D={head_dim}, Dv={head_dim_v}) takes no mask, no dQ pairs and no "
@@ -307,6 +321,8 @@ def compile_bwd(
         key = (*key, ("dbias_atomic" if dbias_atomic else "bias_grad") if bias_grad else "bias")
     if query_tile != QUERY_TILE:
         key = (*key, f"query_tile{query_tile}")
+    if dq_last_round:
+        key = (*key, "dq_last_round")
 
     def build():
         import cutlass
@@ -325,6 +341,7 @@ def compile_bwd(
         # the bias tensor and dBias, in the operands' (N, D, H, Z) form: (Nq, Nk, H, Z)
         extra += [fake_operands(element, 1)[0] if score_bias else None]
         extra += [fake_operands(cutlass.Float32 if dbias_atomic else element, 1)[0] if bias_grad else None]
+        extra += [fake_operands(element, 1)[0], fake_counts()] if dq_last_round else [None, None]
         one = cutlass.Float32(1.0)
         # the band masks every query tile, which the packed forms leave to their fp32 twins: the fp32 form
         form = activation_math.backward_form(
@@ -337,11 +354,19 @@ def compile_bwd(
                 element, head_dim, head_dim_v, form, dq_element, dq_pairs=dq_sums == "pairs",
                 dq_late=dq_late_for(dq_sums, head_dim, head_dim_v), varlen=varlen, causal=causal, band=band,
                 score_offset=score_offset, score_bias=score_bias, bias_grad=bias_grad, dbias_atomic=dbias_atomic,
-                tile_m=query_tile,
+                tile_m=query_tile, dq_last_round=dq_last_round,
             )
         return cute.compile(kernel, *args, one, one, one, fake_stream(), *extra, options=compile_options(keep_ptx))
 
     return cached_compile(key, build, persist=not keep_ptx)
+
+
+def dq_last_round_for(dq_sums: str, head_dim: int, head_dim_v: int, varlen: bool = False) -> bool:
+    """Whether the backward can round dQ itself (module ``dq_last_round``; ``GdpaBwdSm90``'s ``dq_last_round``), the
+    launcher's default wherever it can: dQ summed in fp32, a dense batch, D and Dv at most ``NARROW_MAX_HEAD_DIM``.
+    On H100 (fortieth session) the whole backward measured 1.6-5.6% faster at 2048² than with the pass after it
+    (docs/benchmarks.md)."""
+    return dq_sums == "fp32" and not varlen and max(head_dim, head_dim_v) <= NARROW_MAX_HEAD_DIM
 
 
 def dq_late_for(dq_sums: str, head_dim: int, head_dim_v: int) -> bool:
@@ -367,6 +392,7 @@ def gdpa_bwd_cute(
     q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float,
     dq_sums: str | None = None, causal: bool = False, bias: torch.Tensor | None = None, bias_grad: bool = False,
     dbias_sums: str | None = None, query_tile: int | None = None, one_row_bias: bool = False,
+    dq_last_round: bool | None = None,
 ):
     """q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, Dv], grad_out [Z, H, Nq, Dv] (``bwd_supported``
     checked) -> (dq, dk, dv, dbias or None).
@@ -377,7 +403,8 @@ def gdpa_bwd_cute(
     only), dbias in its shape and dtype, summed as ``dbias_sums`` says (one of ``DBIAS_SUMS``; None:
     ``dbias_sums_for``). ``query_tile``: one of ``QUERY_TILES`` (None: ``bwd_query_tile``). ``one_row_bias``: the
     bias is one row seen as Nq rows of stride 0 (``_bias_4d``), dbias that row's, summed over the queries (a bias
-    tensor the caller expanded itself gets one gradient per row)."""
+    tensor the caller expanded itself gets one gradient per row). ``dq_last_round``: the kernel rounds dQ itself
+    (``dq_last_round``; None: ``dq_last_round_for``), else one pass after it."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     group = h // hkv
@@ -400,6 +427,9 @@ def gdpa_bwd_cute(
     # 80-row tiles: the fp32 sums in whole tiles, in the kernel's order (``dq_of_fragments``)
     dq_rows = nq if query_tile == QUERY_TILE else _padded(nq, query_tile)
     dq_acc = torch.zeros((z, h, dq_rows, d), dtype=q.dtype if direct else torch.float32, device=q.device)
+    dq_last_round = dq_last_round_for(dq_sums, d, d_v) if dq_last_round is None else dq_last_round
+    dq_out = torch.empty((z, h, nq, d), dtype=q.dtype, device=q.device) if dq_last_round else None
+    counts = torch.zeros(z * h, dtype=torch.int32, device=q.device) if dq_last_round else None
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     ds, sums = None, None
@@ -410,19 +440,23 @@ def gdpa_bwd_cute(
     if dq_acc.numel() and dk.numel():
         fn = compile_bwd(q.dtype, d, activation, dq_sums=dq_sums, head_dim_v=d_v, causal=causal,
                          score_offset=offset is not None, score_bias=tensor_bias is not None, bias_grad=bias_grad,
-                         dbias_atomic=sums == "atomic", query_tile=query_tile)
+                         dbias_atomic=sums == "atomic", query_tile=query_tile, dq_last_round=dq_last_round)
         # no rows, no key-tile count, no band: a dense batch; then the one-element bias, the bias tensor and dS, or
         # Nones (a function loaded from the disk cache fills in no defaults)
         fn(*(dense_modes(t) for t in (q, k, v, grad_out, dq_acc, dk, dv)), scale, post_scale, negative_slope, None,
            None, None, None, *offset_args(offset), None if tensor_bias is None else bias_tile_modes(tensor_bias),
-           None if ds is None else dense_modes(ds))
+           None if ds is None else dense_modes(ds), None if dq_out is None else dense_modes(dq_out), counts)
     else:
         dk.zero_()
         dv.zero_()
+        if dq_out is not None:
+            dq_out.zero_()
         if ds is not None:
             ds.zero_()
     if direct:
         dq = dq_acc
+    elif dq_out is not None:
+        dq = dq_out
     elif query_tile == QUERY_TILE:
         dq = dq_of_sums(dq_acc, q.dtype, activation, scale, post_scale)
     else:

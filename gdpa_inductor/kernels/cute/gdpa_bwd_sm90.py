@@ -55,6 +55,7 @@ from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from .activation_math import PackedBackwardForm, fma_bf16x2, widen_bf16x2
+from .dq_last_round import count_arrival, round_fragments, round_rows
 from .ragged_rows import ragged, sample_rows
 from .wgmma import fresh_gemm, operand_a_like, operand_pairs, pack_operand_a, pack_pair, store_operand_a
 
@@ -99,7 +100,7 @@ class GdpaBwdSm90:
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
         q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False, causal: bool = False,
         band: bool = False, score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
-        dbias_atomic: bool = False, tile_m: int = 64,
+        dbias_atomic: bool = False, tile_m: int = 64, dq_last_round: bool = False,
     ):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
@@ -128,6 +129,11 @@ class GdpaBwdSm90:
         assert not self.dq_flat or (head_dim == self.num_mma_wg * _WG_ROWS and dq_dtype is cutlass.Float32 and dq_late
                                     and not (dq_pairs or varlen or causal or band or score_bias)), \
             "80-row query tiles: D = 128, fp32 dQ sums one tile late of a dense batch, no mask, no bias tensor"
+        # the last CTA of each head to finish rounds the head's fp32 sums into dQ (``dq_last_round``), in place of
+        # the caller's pass over the buffer
+        self.dq_last_round = dq_last_round
+        assert not dq_last_round or (dq_dtype is cutlass.Float32 and not (dq_pairs or varlen)), \
+            "dQ rounded in the kernel: of a dense batch's fp32 sums"
         self.q_stages = q_stages
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
         self.regs_producer = 24
@@ -151,6 +157,8 @@ class GdpaBwdSm90:
         self.barrier_dq_full = self.barrier_dq_empty + self.num_mma_wg
         # once: the second warpgroup starts when the first has stored its first dS
         self.barrier_offset = self.barrier_dq_full + self.num_mma_wg
+        # once (``dq_last_round``): the dQ warp has counted this CTA in, and the consumers may read whether it was last
+        self.barrier_dq_counted = self.barrier_offset + 1
         self.dq_warp = 1
         self.dq_pairs = dq_pairs
         assert not dq_pairs or dq_dtype is dtype, "pairs add into dQ itself"
@@ -218,6 +226,8 @@ class GdpaBwdSm90:
         offset: cute.Tensor | None = None,
         mBias: cute.Tensor | None = None,
         mdBias: cute.Tensor | None = None,
+        mdQ_out: cute.Tensor | None = None,
+        dq_count: cute.Tensor | None = None,
     ):
         """mQ: (Nq, D, H, Z); mdO: (Nq, Dv, H, Z); mK, mdK: (Nk, D, H, Z); mV, mdV: (Nk, Dv, H, Z); D and Dv
         contiguous, K/V already expanded to the query heads; mdQ: (Nq, D, H, Z) in ``dq_dtype``,
@@ -231,7 +241,9 @@ class GdpaBwdSm90:
         in the operands' dtype, Nk contiguous, Hb 1 or H and Zb 1 or Z; ``mdBias``: (Nq, Nk, H, Z), receives
         dS (``bias_grad``) where a CTA computes it (not in the tiles a causal CTA skips); with ``dbias_atomic`` fp32
         (Nk, Nq, Hb, Zb), Nq contiguous, both padded to whole tiles, zero-filled, receives the sum of dS over the
-        samples and heads sharing each of its values."""
+        samples and heads sharing each of its values. ``mdQ_out`` (``dq_last_round``): (Nq, D, H, Z) in the operands'
+        dtype, receives dQ, and ``dq_count``: (Z·H,) int32, zero-filled, one count per (sample, head); mdQ is then
+        the fp32 sums' buffer (80-row tiles: its rows whole tiles), rows of D one after another, as are dQ's."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv = self.head_dim, self.head_dim_v
@@ -274,6 +286,7 @@ class GdpaBwdSm90:
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(ds_smem)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[self.dq_dtype, dq_words], 1024]
             pair_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.pair_stages]
+            dq_last: cute.struct.MemRange[cutlass.Int32, 1]
             sRecv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, recv_words], recv_align]
             sBias: cute.struct.Align[cute.struct.MemRange[self.dtype, bias_words], bias_align]
 
@@ -285,7 +298,8 @@ class GdpaBwdSm90:
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             *atoms, scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, num_n,
-            mQ.shape[2], rows, band_left, band_right, offset, *bias_atoms, bias_smem,
+            mQ.shape[2], rows, band_left, band_right, offset, *bias_atoms, bias_smem, mdQ_out, dq_count,
+            mdQ if self.dq_last_round else None,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
@@ -333,6 +347,9 @@ class GdpaBwdSm90:
         tma_dbias: cute.CopyAtom | None,
         mdBias: cute.Tensor | None,
         bias_smem: cute.ComposedLayout | None,
+        mdQ_out: cute.Tensor | None,
+        dq_count: cute.Tensor | None,
+        mdQ_sums: cute.Tensor | None,
     ):
         bidx, _, _ = cute.arch.block_idx()
         # key tiles fastest: the CTAs of one head run together and share its Q and dO in L2
@@ -344,6 +361,8 @@ class GdpaBwdSm90:
         cta = (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale,
                slope, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, offset)
         biases = (tma_bias, mBias, tma_dbias, mdBias, bias_smem)
+        # mdQ_sums: the sums' buffer itself (mdQ is the TMA's view of it)
+        rounding = (mdQ_out, dq_count, num_n, num_heads, mdQ_sums)
         if cutlass.const_expr(self.varlen):
             # z is the sample's rank in ``rows``; CTAs past its keys, or of a sample without queries, have nothing
             rank = z
@@ -352,12 +371,12 @@ class GdpaBwdSm90:
             if cutlass.const_expr(self.band):
                 first_row, last_row = self._band_rows(n_blk, nq, nk, band)
                 if (n_blk * self.tile_n < nk) & (nq > 0) & (first_row <= last_row):
-                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band, biases)
+                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band, biases, rounding)
             else:
                 if (n_blk * self.tile_n < nk) & (nq > 0):
-                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band, biases)
+                    self._cta(cta, n_blk, h, z, q0, nq, k0, nk, band, biases, rounding)
         else:
-            self._cta(cta, n_blk, h, z, 0, nq, 0, nk, (band_left, band_right), biases)
+            self._cta(cta, n_blk, h, z, 0, nq, 0, nk, (band_left, band_right), biases, rounding)
 
     def _band_rows(self, n_blk, nq, nk, band: tuple):
         """(first, last) query row that the band (``band``: its left and right bounds) lets see a key of key tile
@@ -381,12 +400,14 @@ class GdpaBwdSm90:
         nk: cutlass.Int32,
         band: tuple,
         biases: tuple,
+        rounding: tuple,
     ):
         """The CTA of key tile ``n_blk``, head ``h``, sample ``z`` (its queries from row ``q0``, ``nq`` of them;
         its keys from ``k0``, ``nk``; rows 0 and the tensors' own lengths in a dense batch). ``cta``: the kernel's
         TMA atoms with their tensors, scalars, shared-memory layouts and one-element bias, in its argument order;
         ``biases``: the bias tensor's and dBias's TMA atoms with their tensors and the bias tile's layout; ``band``:
-        the band's bounds (``band``; else Nones)."""
+        the band's bounds (``band``; else Nones); ``rounding``: dQ, the counts, key tiles, heads and the sums'
+        buffer (``dq_last_round``)."""
         (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale, slope,
          q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem, offset) = cta
         tma_bias, mBias, tma_dbias, mdBias, bias_smem = biases
@@ -450,6 +471,13 @@ class GdpaBwdSm90:
                 else:
                     self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, m_end, own_half,
                                        (tma_dbias, tDBsdS, tDBgDB), n_blk)
+                if cutlass.const_expr(self.dq_last_round):
+                    _, dq_count, num_n, num_heads, _ = rounding
+                    if cute.arch.lane_idx() == 0:
+                        count_arrival(dq_count.iterator + (z * num_heads + h), num_n,
+                                      storage.dq_last.get_tensor(cute.make_layout(1)))
+                    cute.arch.barrier_arrive(barrier_id=self.barrier_dq_counted,
+                                             number_of_threads=self.num_mma_wg * _WG_THREADS + 32)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             ctid = tidx - _WG_THREADS
@@ -724,6 +752,19 @@ class GdpaBwdSm90:
 
             self._store_dk_dv((acc_dk, dk_thr, sK0, tma_dk, tdKsdK, tdKgdK),
                               (acc_dv, dv_thr, sV0, tma_dv, tdVsdV, tdVgdV), ds_scale, dv_scale, n_blk, warp_idx)
+            if cutlass.const_expr(self.dq_last_round):
+                mdQ_out, mdQ_sums = rounding[0], rounding[4]
+                cute.arch.barrier(barrier_id=self.barrier_dq_counted,
+                                  number_of_threads=self.num_mma_wg * _WG_THREADS + 32)
+                if storage.dq_last.get_tensor(cute.make_layout(1))[0] != 0:
+                    cute.arch.fence_acq_rel_gpu()
+                    if cutlass.const_expr(self.dq_flat):
+                        # the Q stages, free once both warpgroups are past their last tile
+                        round_fragments(mdQ_sums[None, None, h, z], mdQ_out[None, None, h, z], nq, ds_scale, ctid,
+                                        storage.sQ.data_ptr(), self.barrier_epi, self.tile_m, d, self.dtype)
+                    else:
+                        round_rows(mdQ_sums[None, None, h, z].iterator, mdQ_out[None, None, h, z].iterator, nq * d,
+                                   ds_scale, ctid, self.dtype)
             if cutlass.const_expr(self.dq_pairs):
                 # the peer's last arrives on this CTA's shared memory: once it has read the last tiles sent, this
                 # CTA may exit
@@ -1049,8 +1090,9 @@ class GdpaBwdSm90:
                         read_only_args=[gdQ[None, None, m].iterator + w * half, sdQ, cutlass.Int32(half * 4)],
                     )
                     cute.arch.cp_async_bulk_commit_group()
+        # dq_last_round: complete, not only read, before this CTA counts itself in
         if lane == 0:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.cp_async_bulk_wait_group(0, read=not self.dq_last_round)
 
     @cute.jit
     def _add_dq_tiles(
@@ -1078,7 +1120,8 @@ class GdpaBwdSm90:
             if cutlass.const_expr(self.ds_store):
                 cute.copy(tma_dbias, tDBsdS[(None, (m - m_first) % self.ds_stages)], tDBgDB[(None, m, n_blk)])
                 cute.arch.cp_async_bulk_commit_group()
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
+        # dq_last_round: complete, not only read, before this CTA counts itself in
+        cute.arch.cp_async_bulk_wait_group(0, read=not self.dq_last_round)
 
     @cute.jit
     def _dq_gemm(self, dq_mma: cute.TiledMma, dq: cute.ThrMma, ds: cute.Tensor, k: cute.Tensor) -> cute.Tensor:

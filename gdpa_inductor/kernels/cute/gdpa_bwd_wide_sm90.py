@@ -99,9 +99,12 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         offset: cute.Tensor | None = None,
         mBias: cute.Tensor | None = None,
         mdBias: cute.Tensor | None = None,
+        mdQ_out: cute.Tensor | None = None,
+        dq_count: cute.Tensor | None = None,
     ):
         """As ``GdpaBwdSm90.__call__`` (``num_n``: 64-key tiles of the longest sample); ``band_left``,
-        ``band_right``, ``mBias`` and ``mdBias`` are always None here (no bias tensor); ``offset`` as there."""
+        ``band_right``, ``mBias``, ``mdBias``, ``mdQ_out`` and ``dq_count`` are always None here (no bias tensor, dQ
+        rounded by the caller); ``offset`` as there."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv, plan = self.head_dim, self.head_dim_v, self.plan
@@ -141,7 +144,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             *atoms, scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem, num_n,
-            mQ.shape[2], rows, band_left, band_right, offset, None, None, None, None, None,
+            mQ.shape[2], rows, band_left, band_right, offset, None, None, None, None, None, None, None, None,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
@@ -163,9 +166,11 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         nk: cutlass.Int32,
         band: tuple,
         biases: tuple,
+        rounding: tuple,
     ):
         """The CTA of key tile ``n_blk``, head ``h``, sample ``z`` (``GdpaBwdSm90._cta``'s arguments; ``cta``'s
-        dS layout is the Pᵀ/dSᵀ stages here; ``biases`` are Nones: no bias tensor)."""
+        dS layout is the Pᵀ/dSᵀ stages here; ``biases`` and ``rounding`` are Nones: no bias tensor, dQ rounded by the
+        caller)."""
         (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dk, mdK, tma_dv, mdV, tma_dq, mdQ, scale, post_scale, slope,
          q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem, offset) = cta
         tidx, _, _ = cute.arch.thread_idx()

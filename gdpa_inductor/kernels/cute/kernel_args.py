@@ -52,6 +52,15 @@ def fake_offset():
     return make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
 
 
+def fake_counts():
+    """A fake (Z·H,) int32 tensor of per-head counts (``GdpaBwdSm90``'s ``dq_last_round``)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+
+
 def fake_score_bias():
     """A fake bias tensor of a call with one (``GdpaFwdSm90``'s ``score_bias``): its 16-bit values' pairs as int32 in
     the (Nq, Nk / 2, Hb, Zb) mode order, every size and stride dynamic but the pairs' unit stride."""

@@ -105,7 +105,8 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
                          score_bias=tensor_bias is not None, bias_grad=bias_grad, dbias_atomic=sums == "atomic")
         fn(*(row_modes(t) for t in (q, k, v, dout, dq_buf, dk_buf, dv_buf)), scale, post_scale, negative_slope,
            rows, num_n, *(band or (None, None)), *offset_args(offset),
-           None if tensor_bias is None else bias_tile_modes(tensor_bias), None if ds is None else dense_modes(ds))
+           None if tensor_bias is None else bias_tile_modes(tensor_bias), None if ds is None else dense_modes(ds),
+           None, None)
     dq = _summed(dq_buf, q)
     dq = dq.to(q.dtype) if dq_sums == "in_place" else dq_of_sums(dq, q.dtype, activation, scale, post_scale)
     dk, dv = _summed(dk_buf, k).to(k.dtype), _summed(dv_buf, v).to(v.dtype)
