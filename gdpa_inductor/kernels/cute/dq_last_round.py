@@ -29,10 +29,17 @@ GROUPS_IN_FLIGHT = 16
 
 
 @cute.jit
-def count_arrival(count: cute.Pointer, arrivals: cutlass.Int32, last: cute.Tensor):
-    """One thread: this CTA's bulk reduce-adds waited for (complete, not only read), counted in at ``count``
-    (release-acquire, GPU scope); ``last[0]`` = 1 where it was the ``arrivals``-th, else 0."""
+def order_reduce_adds():
+    """The dQ warp, each lane after waiting for its own bulk reduce-adds to complete (not only to be read): those
+    writes ordered before the generic proxy's accesses (a proxy fence), then before whatever lane 0 does next."""
     cute.arch.fence_proxy("async.global")
+    cute.arch.sync_warp()
+
+
+@cute.jit
+def count_arrival(count: cute.Pointer, arrivals: cutlass.Int32, last: cute.Tensor):
+    """One thread, after ``order_reduce_adds``: this CTA counted in at ``count`` (release-acquire, GPU scope);
+    ``last[0]`` = 1 where it was the ``arrivals``-th, else 0."""
     before = cute.arch.atomic_add(count, cutlass.Int32(1), sem="acq_rel", scope="gpu")
     last[0] = cutlass.Int32(0)
     if before == arrivals - 1:

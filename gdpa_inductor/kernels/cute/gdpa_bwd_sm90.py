@@ -55,7 +55,7 @@ from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from .activation_math import PackedBackwardForm, fma_bf16x2, widen_bf16x2
-from .dq_last_round import count_arrival, round_fragments, round_rows
+from .dq_last_round import count_arrival, order_reduce_adds, round_fragments, round_rows
 from .ragged_rows import ragged, sample_rows
 from .wgmma import fresh_gemm, operand_a_like, operand_pairs, pack_operand_a, pack_pair, store_operand_a
 
@@ -473,6 +473,7 @@ class GdpaBwdSm90:
                                        (tma_dbias, tDBsdS, tDBgDB), n_blk)
                 if cutlass.const_expr(self.dq_last_round):
                     _, dq_count, num_n, num_heads, _ = rounding
+                    order_reduce_adds()
                     if cute.arch.lane_idx() == 0:
                         count_arrival(dq_count.iterator + (z * num_heads + h), num_n,
                                       storage.dq_last.get_tensor(cute.make_layout(1)))
