@@ -125,7 +125,14 @@ def test_dense_backward_call(launch, num_keys, dq_dtype):
     gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01)
     tensors, scalars = stand_in.call_args[:7], stand_in.call_args[7:]
     assert [t.data_ptr() for t in tensors[:4]] == [x.data_ptr() for x in (q, k, v, do)]
-    assert tensors[4].dtype == dq_dtype and scalars == (0.125, 1.0, 0.01, None, None, None, None, None, None, None)
+    assert tensors[4].dtype == dq_dtype and scalars[:10] == (0.125, 1.0, 0.01, None, None, None, None, None, None, None)
+    # fp32 sums: the kernel rounds dQ itself, into dQ in the operands' dtype, with one zero count per (sample, head)
+    if dq_dtype == torch.float32:
+        dq, counts = scalars[10:]
+        assert dq.dtype == DTYPE and dq.shape == q.shape[2:] + q.shape[1::-1]
+        assert counts.dtype == torch.int32 and counts.tolist() == [0, 0]
+    else:
+        assert scalars[10:] == (None, None)
     stand_in.check_on_compiled_kernel()
 
 
@@ -143,7 +150,7 @@ def test_dense_calls_with_a_one_element_bias(launch, bias):
     stand_in = launch(gdpa_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
     gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01, bias=bias)
     assert stand_in.call_args[10:14] == (None, None, None, None)
-    assert stand_in.call_args[14].tolist() == [bias.item()] and stand_in.call_args[15:] == (None, None)
+    assert stand_in.call_args[14].tolist() == [bias.item()] and stand_in.call_args[15:] == (None,) * 4
     stand_in.check_on_compiled_kernel()
 
 
@@ -285,5 +292,5 @@ def test_varlen_band_calls(launch):
     stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
     dout = _randn(qs.tensor.shape[0], 4, D)
     varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01, causal=True, band=(7, 0))
-    assert stand_in.call_args[12:] == (7, 0, None, None, None)
+    assert stand_in.call_args[12:] == (7, 0, None, None, None, None, None)
     stand_in.check_on_compiled_kernel()
