@@ -17,6 +17,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
+from .wgmma import pack_pair
+
 # wgmma's accumulator (``triton.dq_fragments``' comment): a warpgroup's thread 32 w + 4 g + t holds, per group
 # of eight query columns j, the values c + 2 r at row (of dQᵀ, D) 16 w + 8 r + g and column 8 j + 2 t + c, which the
 # kernel stores four at a time, a j's 128 threads in a row
@@ -57,15 +59,6 @@ def _load_group(src: cute.Pointer, ok: cutlass.Boolean):
 
 
 @cute.jit
-def _pack(element: cutlass.Constexpr, lo: cutlass.Float32, hi: cutlass.Float32) -> cutlass.Int32:
-    """Two fp32 values rounded to nearest into one 16-bit pair of ``element`` (bf16 or fp16)."""
-    kind = "bf16x2" if cutlass.const_expr(element is cutlass.BFloat16) else "f16x2"
-    return cute.arch.inline_ptx(
-        f"cvt.rn.{kind}.f32 {{$w0}}, {{$r0}}, {{$r1}};", write_only_types=[cutlass.Int32], read_only_args=[hi, lo]
-    )
-
-
-@cute.jit
 def _permute(a: cutlass.Int32, b: cutlass.Int32, selector: cutlass.Int32) -> cutlass.Int32:
     return cute.arch.inline_ptx(
         "prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[cutlass.Int32], read_only_args=[a, b, selector]
@@ -100,8 +93,8 @@ def round_rows(sums: cute.Pointer, out: cute.Pointer, total: cutlass.Int32, fact
     for start in cutlass.range(tid * 4, total, step, unroll=1):
         for u in cutlass.range_constexpr(GROUPS_IN_FLIGHT):
             at = start + u * 256 * 4
-            _store_pair(out + at, _pack(element, held[4 * u] * factor, held[4 * u + 1] * factor),
-                        _pack(element, held[4 * u + 2] * factor, held[4 * u + 3] * factor), at < total)
+            _store_pair(out + at, pack_pair(held[4 * u] * factor, held[4 * u + 1] * factor, element),
+                        pack_pair(held[4 * u + 2] * factor, held[4 * u + 3] * factor, element), at < total)
         _load_run(held, sums, start + step, total)
 
 
@@ -172,8 +165,8 @@ def round_fragments(
         for i in cutlass.range_constexpr(TILES_IN_FLIGHT):
             for j in cutlass.range_constexpr(groups):
                 k = (i * groups + j) * 4
-                first = _pack(element, held[k] * factor, held[k + 2] * factor)
-                second = _pack(element, held[k + 1] * factor, held[k + 3] * factor)
+                first = pack_pair(held[k] * factor, held[k + 2] * factor, element)
+                second = pack_pair(held[k + 1] * factor, held[k + 3] * factor, element)
                 swap = (first ^ second) & keep_second
                 kept = first ^ swap
                 received = cute.arch.shuffle_sync_bfly(second ^ swap, 4)
