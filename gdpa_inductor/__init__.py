@@ -2,15 +2,19 @@
 
 ``gdpa_inductor.gdpa`` is the fused op (``gdpa_varlen`` its jagged form); ``torch.compile(model,
 backend="gdpa")`` is the backend, which finds GDPA in unmodified models; ``gdpa_inductor.explain(model,
-*inputs)`` says what it fuses and why not.
+*inputs)`` says what it fuses and why not; ``release_dq_workspaces()`` frees the fp32 dQ buffer the Hopper backward
+keeps zeroed between calls.
 """
 
 from .backend import install as _install_backend
 from .explain import ExplainReport, explain
 from .functional import gdpa, gdpa_varlen
 from .kernels.activations import ACTIVATION_NAMES
+from .kernels.cute.dq_workspace import release_dq_workspaces
 
 _install_backend()
 
 __version__ = "0.1.0"
-__all__ = ["ACTIVATION_NAMES", "ExplainReport", "__version__", "explain", "gdpa", "gdpa_varlen"]
+__all__ = [
+    "ACTIVATION_NAMES", "ExplainReport", "__version__", "explain", "gdpa", "gdpa_varlen", "release_dq_workspaces",
+]

@@ -1,14 +1,15 @@
 """GPU check of dQ rounded inside the CuTe backward by the last CTA of each head (``kernels/cute/dq_last_round``):
 against the pass after the kernel and against float64, over both layouts of the fp32 sums (80-row tiles' fragments,
 64-row tiles' rows), ragged tiles, one query, many heads, causal, a bias tensor with its gradient, fp16, D = 64 and
-96; and the launcher taking it by default wherever ``dq_last_round_for`` says."""
+96; the kept workspace (``dq_workspace``) zero after every call, also between calls of other sizes; and the launcher
+taking it by default wherever ``dq_last_round_for`` says."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gdpa_inductor.kernels.cute import gdpa_bwd
+from gdpa_inductor.kernels.cute import dq_workspace, gdpa_bwd
 from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd, gdpa_bwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 
@@ -52,6 +53,7 @@ def test_dq_rounded_in_the_kernel_like_the_pass_after_it(case):
         got = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_last_round=True, **kw)
         assert got[0].dtype == dtype and got[0].shape == q.shape
         assert (got[0].float() - base[0].float()).abs().max().item() <= bound
+        assert_workspace_zero()
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(),
                                   None if bias is None else bias.double(), act, scale, post, causal=causal,
                                   bias_requires_grad=with_bias)
@@ -73,6 +75,31 @@ def test_dq_rounded_in_the_kernel_keeps_nonfinite_values_like_eager():
         got = gdpa_bwd_cute(q, k, v, do, "sigmoid", 1.0, 1.0, 0.01, dq_sums="fp32", query_tile=tile, dq_last_round=True)
         eager = eager_grads(q, k, v, do, "sigmoid", 1.0, 1.0)
         assert torch.equal(got[0].isnan(), eager[0].isnan()) and torch.equal(got[0].isinf(), eager[0].isinf())
+        assert_workspace_zero()
+
+
+def assert_workspace_zero():
+    """Every kept sum and count zero again (a NaN or a leftover would land in the next call's dQ)."""
+    torch.cuda.synchronize()
+    assert dq_workspace._WORKSPACES
+    for buffer in dq_workspace._WORKSPACES.values():
+        assert torch.equal(buffer, torch.zeros_like(buffer))
+
+
+def test_calls_of_other_sizes_share_the_workspace_after_one_another():
+    """A large call, smaller ones of both sum layouts inside its buffer, a larger one that grows it: each like the
+    pass after the kernel."""
+    dq_workspace.release_dq_workspaces()
+    for z, h, nq, nk, d, tile in [(2, 4, 2048, 2048, 128, 80), (1, 3, 700, 1500, 64, 64), (3, 2, 1000, 1200, 128, 80),
+                                  (4, 4, 2048, 2048, 128, 64), (1, 1, 90, 2000, 128, 80)]:
+        q, do = (torch.randn(z, h, nq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(z, h, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        kw = dict(dq_sums="fp32", query_tile=tile)
+        base = gdpa_bwd_cute(q, k, v, do, "silu", d**-0.5, 1.0 / nk, 0.01, dq_last_round=False, **kw)[0]
+        got = gdpa_bwd_cute(q, k, v, do, "silu", d**-0.5, 1.0 / nk, 0.01, dq_last_round=True, **kw)[0]
+        bound = 2 * torch.finfo(q.dtype).eps * base.float().abs().max().item()
+        assert (got.float() - base.float()).abs().max().item() <= bound, (z, h, nq, nk, d, tile)
+        assert_workspace_zero()
 
 
 @pytest.mark.parametrize("nk, d, rounds", [(2048, 128, True), (1100, 64, True), (512, 128, False), (2048, 256, False)])

@@ -375,3 +375,39 @@ def test_dq_rounded_in_the_kernel_where_it_sums_in_fp32_in_a_dense_batch(dq_sums
 def test_dq_last_round_refused_where_the_kernel_cannot(change):
     with pytest.raises(ValueError, match=r"dq_last_round=True needs dq_sums='fp32', a dense batch and D, Dv <= 128"):
         compile_bwd(torch.bfloat16, 128, "silu", **(dict(dq_sums="fp32", dq_last_round=True) | change))
+
+
+@pytest.mark.parametrize("rounds", [True, False])
+def test_dq_sums_from_the_kept_workspace_where_the_kernel_rounds_dq(monkeypatch, rounds):
+    """With ``dq_last_round`` the launcher hands the kernel the workspace's zeroed sums and counts (the kernel leaves
+    them zero: here a stand-in does), the same buffer call after call; otherwise a fresh zeroed buffer each time."""
+    from gdpa_inductor.kernels.cute import gdpa_bwd
+    from gdpa_inductor.kernels.cute.dq_workspace import release_dq_workspaces
+
+    seen = []
+
+    def kernel(q, k, v, do, sums, dk, dv, *rest):
+        counts = rest[-1]
+        dq_out = rest[-2]
+        assert not sums.any() and (counts is None or not counts.any())
+        # the tensor itself, so that a freed buffer's memory cannot come back as the next call's
+        seen.append(sums)
+        if rounds:
+            dq_out.copy_(q)
+            counts.zero_()
+        else:
+            sums.copy_(q)
+        dk.zero_()
+        dv.zero_()
+
+    monkeypatch.setattr(gdpa_bwd, "compile_bwd", lambda *a, **kw: kernel)
+    release_dq_workspaces()
+    q, k, v, do = (torch.randn(1, 2, 192, 64) for _ in range(4))
+    try:
+        for _ in range(2):
+            dq = gdpa_bwd_cute(q, k, v, do, "silu", 1.0, 1.0, 0.01, dq_sums="fp32", query_tile=64,
+                               dq_last_round=rounds)[0]
+            assert torch.equal(dq, q) if rounds else dq.shape == q.shape
+        assert (seen[0].data_ptr() == seen[1].data_ptr()) is rounds
+    finally:
+        release_dq_workspaces()

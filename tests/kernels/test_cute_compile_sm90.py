@@ -344,12 +344,15 @@ def test_cute_wgmma_descriptors_stay_in_uniform_registers(case, reports):
 def test_cute_bwd_rounds_dq_itself_where_it_sums_in_fp32(case, reports):
     """fp32 dQ sums of a dense batch at D, Dv <= 128 (``dq_last_round_for``, as the launcher builds them): each CTA
     counts itself in once per head (one acquire-release add after a proxy fence over its bulk reduce-adds) and the last
-    rounds the head's sums, read through L2 16 bytes at a time; no other build counts or reads dQ back."""
+    rounds the head's sums, read through L2 16 bytes at a time, each group zeroed once (its load is at two places:
+    before the loop and within it) and the count reset once, for the next call (``dq_workspace``); no other build
+    counts, reads dQ back or clears it."""
     r = reports[case]
     kind, d, dv = case[:3]
     rounds = dq_last_round_for(BWD_DQ_SUMS[kind], d, dv, kind.startswith("bwd_varlen"))
-    got = (r["count_acq_rel"], r["proxy_fence_global"], r["ld_global_cg_v4"] > 0)
-    assert got == ((1, 1, True) if rounds else (0, 0, False)), r
+    got = (r["count_acq_rel"], r["proxy_fence_global"], r["ld_global_cg_v4"] > 0, r["count_reset"],
+           2 * r["zero_stores"] == r["ld_global_cg_v4"], r["zero_stores"] > 0)
+    assert got == ((1, 1, True, 1, True, True) if rounds else (0, 0, False, 0, True, False)), r
 
 
 @pytest.mark.parametrize("case", BWD_Q80_CASES, ids=str)
@@ -516,6 +519,8 @@ def _compile_all(cases) -> list[dict]:
             count_acq_rel=len(re.findall(r"\batom\.global\.acq_rel(?:\.gpu)?\.add", ptx)),
             ld_global_cg_v4=ptx.count("ld.global.cg.v4.f32"),
             proxy_fence_global=ptx.count("fence.proxy.async.global"),
+            count_reset=ptx.count("st.global.relaxed.gpu.b32"),
+            zero_stores=len(re.findall(r"st\.global\.v4\.b32 \[%rd\d+\], \{ 0, 0, 0, 0 \}", ptx)),
             tma_5d=len(re.findall(r"cp\.(?:reduce\.)?async\.bulk\.tensor\.5d", ptx)),
             ld_global_s32=len(re.findall(r"\bld\.global\.\S*[bsu]32", ptx)),
             setmaxnreg=ptx.count("setmaxnreg."),

@@ -5,11 +5,14 @@ With fp32 dQ sums the backward otherwise leaves a buffer that one more pass scal
 thirty-ninth session), a read of the whole buffer from HBM. Here each CTA, once its last reduce-add into the buffer
 is complete, counts itself in per head (one int32 per (sample, head), zero-filled); the CTA that counts last rounds
 that head's sums while they are still in L2, with its two consumer warpgroups, whose tensor cores have nothing
-left to do. The same CTA is not last for every head, so the work spreads over the SMs.
+left to do. The same CTA is not last for every head, so the work spreads over the SMs. It also leaves the sums and the
+count zero behind it, so that the launcher keeps the buffer for the next call instead of zero-filling a fresh one
+(``dq_workspace``).
 
 Ordering: a CTA's reduce-adds (async proxy) are complete when its bulk wait returns; a proxy fence then orders them
 before its release-acquire count at GPU scope, and the last CTA reads the sums after acquiring every count (its
-threads after a CTA barrier with the counting thread and an acquire fence of their own), through L2 (``.cg``).
+threads after a CTA barrier with the counting thread and an acquire fence of their own), through L2 (``.cg``). Its
+zeros reach the next call's reduce-adds across the kernel boundary.
 """
 
 from __future__ import annotations
@@ -41,11 +44,13 @@ def order_reduce_adds():
 @cute.jit
 def count_arrival(count: cute.Pointer, arrivals: cutlass.Int32, last: cute.Tensor):
     """One thread, after ``order_reduce_adds``: this CTA counted in at ``count`` (release-acquire, GPU scope);
-    ``last[0]`` = 1 where it was the ``arrivals``-th, else 0."""
+    ``last[0]`` = 1 where it was the ``arrivals``-th, else 0. The last leaves the count zero for the next call
+    (``dq_workspace``): every CTA of the head has counted in."""
     before = cute.arch.atomic_add(count, cutlass.Int32(1), sem="acq_rel", scope="gpu")
     last[0] = cutlass.Int32(0)
     if before == arrivals - 1:
         last[0] = cutlass.Int32(1)
+        cute.arch.inline_ptx("st.global.relaxed.gpu.b32 [{$r0}], {$r1};", read_only_args=[count, cutlass.Int32(0)])
 
 
 @cute.jit
@@ -56,6 +61,16 @@ def _load_group(src: cute.Pointer, ok: cutlass.Boolean):
         "ld.global.cg.v4.f32 { {$w0}, {$w1}, {$w2}, {$w3} }, [{$r0}];",
         write_only_types=[cutlass.Float32] * 4, read_only_args=[src], predicate=ok,
     )
+
+
+@cute.jit
+def _clear_group(dst: cute.Pointer, ok: cutlass.Boolean):
+    """Zeros in place of four sums the thread has loaded and used, where ``ok``: the buffer left zeroed for the next
+    call (``dq_workspace``) while its lines are still in L2. Stored once the loaded values are in use, not straight
+    after the load: there the store to the same address held the thread until the load returned."""
+    zero = cutlass.Int32(0)
+    cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], { {$r1}, {$r2}, {$r3}, {$r4} };",
+                         read_only_args=[dst, zero, zero, zero, zero], predicate=ok)
 
 
 @cute.jit
@@ -95,6 +110,7 @@ def round_rows(sums: cute.Pointer, out: cute.Pointer, total: cutlass.Int32, fact
             at = start + u * 256 * 4
             _store_pair(out + at, pack_pair(held[4 * u] * factor, held[4 * u + 1] * factor, element),
                         pack_pair(held[4 * u + 2] * factor, held[4 * u + 3] * factor, element), at < total)
+            _clear_group(sums + at, at < total)
         _load_run(held, sums, start + step, total)
 
 
@@ -167,6 +183,7 @@ def round_fragments(
                 k = (i * groups + j) * 4
                 first = pack_pair(held[k] * factor, held[k + 2] * factor, element)
                 second = pack_pair(held[k + 1] * factor, held[k + 3] * factor, element)
+                _clear_group(src_head + ((m0 + i) * tile_m * head_dim + j * GROUP_WORDS), m0 + i < num_tiles)
                 swap = (first ^ second) & keep_second
                 kept = first ^ swap
                 received = cute.arch.shuffle_sync_bfly(second ^ swap, 4)

@@ -13,6 +13,7 @@ from ..triton import dq_fragments, dq_round
 from ..triton.gdpa_fwd_tma import tma_layout
 from . import activation_math
 from .compile_cache import cached_compile
+from .dq_workspace import zeroed_dq_sums
 from .gdpa_fwd import _as_4d, _bias_4d, cute_fwd_support, fwd_supported
 from .kernel_args import (
     compile_options,
@@ -281,7 +282,7 @@ def compile_bwd(
     ``QUERY_TILES`` (80: ``bwd_query_tile``'s cases, dQ's fp32 sums in ``dq_of_fragments``' order).
     ``dq_last_round`` (``dq_last_round_for``'s cases): the kernel rounds dQ itself (module ``dq_last_round``), into
     the call's dQ in the operands' dtype, with one zero-filled int32 count per (sample, head): its two last arguments
-    (Nones in every other call)."""
+    (Nones in every other call); it leaves the sums and the counts zero (``dq_workspace``)."""
     if dq_sums not in DQ_SUMS:
         raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {dq_sums!r}")
     if varlen and dq_sums == "pairs":
@@ -404,7 +405,8 @@ def gdpa_bwd_cute(
     ``dbias_sums_for``). ``query_tile``: one of ``QUERY_TILES`` (None: ``bwd_query_tile``). ``one_row_bias``: the
     bias is one row seen as Nq rows of stride 0 (``_bias_4d``), dbias that row's, summed over the queries (a bias
     tensor the caller expanded itself gets one gradient per row). ``dq_last_round``: the kernel rounds dQ itself
-    (``dq_last_round``; None: ``dq_last_round_for``), else one pass after it."""
+    (``dq_last_round``; None: ``dq_last_round_for``) from sums kept zeroed between calls (``dq_workspace``), else one
+    pass after it."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     group = h // hkv
@@ -426,10 +428,14 @@ def gdpa_bwd_cute(
         query_tile = bwd_query_tile(dq_sums, d, d_v, causal, tensor_bias is not None, activation, nq, packed)
     # 80-row tiles: the fp32 sums in whole tiles, in the kernel's order (``dq_of_fragments``)
     dq_rows = nq if query_tile == QUERY_TILE else _padded(nq, query_tile)
-    dq_acc = torch.zeros((z, h, dq_rows, d), dtype=q.dtype if direct else torch.float32, device=q.device)
     dq_last_round = dq_last_round_for(dq_sums, d, d_v) if dq_last_round is None else dq_last_round
-    dq_out = torch.empty((z, h, nq, d), dtype=q.dtype, device=q.device) if dq_last_round else None
-    counts = torch.zeros(z * h, dtype=torch.int32, device=q.device) if dq_last_round else None
+    dq_out, counts = None, None
+    if dq_last_round:
+        # the kernel leaves the sums and counts zero again: kept between calls, no zero fill
+        dq_acc, counts = zeroed_dq_sums((z, h, dq_rows, d), z * h, q.device)
+        dq_out = torch.empty((z, h, nq, d), dtype=q.dtype, device=q.device)
+    else:
+        dq_acc = torch.zeros((z, h, dq_rows, d), dtype=q.dtype if direct else torch.float32, device=q.device)
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
     ds, sums = None, None

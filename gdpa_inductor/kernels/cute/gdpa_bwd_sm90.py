@@ -243,7 +243,8 @@ class GdpaBwdSm90:
         (Nk, Nq, Hb, Zb), Nq contiguous, both padded to whole tiles, zero-filled, receives the sum of dS over the
         samples and heads sharing each of its values. ``mdQ_out`` (``dq_last_round``): (Nq, D, H, Z) in the operands'
         dtype, receives dQ, and ``dq_count``: (Z·H,) int32, zero-filled, one count per (sample, head); mdQ is then
-        the fp32 sums' buffer (80-row tiles: its rows whole tiles), rows of D one after another, as are dQ's."""
+        the fp32 sums' buffer (80-row tiles: its rows whole tiles), rows of D one after another, as are dQ's; the
+        kernel leaves it and the counts zero again (``dq_workspace``)."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv = self.head_dim, self.head_dim_v
