@@ -29,8 +29,16 @@ WIDE_HEAD_CASES = [
     ("bf16", "sigmoid", 1, 2, 2, 17, 2048, 256, 256),
 ]
 
+# D = Dv = 64 in its own schedule (ping-pong, split O stores, three K/V stages): several query tiles per CTA, key
+# tiles a multiple of the stages and not, ragged and exact, GQA, fp16 and bf16
+D64_CASES = [
+    ("fp16", "silu", 24, 4, 4, 700, 1000, 64, 64),
+    ("bf16", "gelu_tanh", 24, 4, 4, 700, 768, 64, 64),
+    ("bf16", "relu", 50, 4, 2, 129, 1152, 64, 64),
+]
 
-@pytest.mark.parametrize("case", CASES + WIDE_HEAD_CASES, ids=lambda c: "-".join(map(str, c)))
+
+@pytest.mark.parametrize("case", CASES + WIDE_HEAD_CASES + D64_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_cute_forward_matches_float64(case, cute_backend):
     dtype_name, act, z, h, hkv, nq, nk, d, dv = case
     dtype = DTYPES[dtype_name]

@@ -40,6 +40,7 @@ from gdpa_inductor.kernels.cute.activation_math import PACKED_BF16_ACTIVATIONS  
 from gdpa_inductor.kernels.cute.gdpa_bwd import dq_last_round_for, dq_late_for, packed_backward  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_fwd import (  # noqa: E402
     SUPPORTED_ACTIVATIONS,
+    fwd_kv_stages,
     fwd_schedule,
     key_tile,
     wide_head_tiles,
@@ -226,8 +227,13 @@ def test_cute_fwd_compiles_for_sm90a(case, reports):
     assert (r["st_global"] > 0) == wide, "a wide head's O goes from the registers to global memory"
     assert r["setmaxnreg"] == 2, "producer gives registers away, consumers take them"
     # ping-pong: each consumer warpgroup waits for its turn and hands it on through named barriers
-    pingpong = FWD_KINDS[case[0]].get("pingpong", fwd_schedule(case[1], case[2])[0])
+    flags = FWD_KINDS[case[0]]
+    plain = not any(flags.get(f) for f in ("varlen", "causal", "band", "score_offset", "score_bias"))
+    pingpong = flags.get("pingpong", fwd_schedule(case[1], case[2], plain)[0])
     assert (r["named_barrier_arrives"] > 0) == pingpong, r
+    # a full and an empty barrier per stage of Q, K and V
+    q_stages = wide_head_tiles(*case[1:3]).get("q_stages", 2)
+    assert r["mbarrier_init"] == 2 * q_stages + 4 * fwd_kv_stages(case[1], case[2], plain), r
     # fp16 and a bias take the fp32 forms
     packed = (case[0] != "fwd_fp16" and not case[0].endswith(("_offset", "_bias"))
               and case[3] in PACKED_BF16_ACTIVATIONS)
@@ -507,6 +513,7 @@ def _compile_all(cases) -> list[dict]:
             case=[kind, d, dv, act],
             target=re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1),
             wgmma=ptx.count("wgmma.mma_async"),
+            mbarrier_init=len(re.findall(r"mbarrier\.init", ptx)),
             tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cta\.global", ptx)),
             tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx)),
             tma_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),

@@ -39,7 +39,7 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128, 256)
 SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES
 
 
-def fwd_schedule(head_dim: int, head_dim_v: int | None = None) -> tuple[bool, bool]:
+def fwd_schedule(head_dim: int, head_dim_v: int | None = None, plain: bool = False) -> tuple[bool, bool]:
     """(ping-pong, split O store) for head dims D and Dv (None: Dv = D), by the matmul work per score, D + Dv.
     Measured on an H200 (bf16 gelu_tanh, 256 to 2048 keys, every provider run untimed for 300 ms before its
     timing): at D = Dv = 128 the warpgroups taking turns on the tensor cores, each storing its own rows of O, is
@@ -47,9 +47,24 @@ def fwd_schedule(head_dim: int, head_dim_v: int | None = None) -> tuple[bool, bo
     two schedules are within 3% of each other at all but one shape: turns ahead at 256 keys for 64/128, 128/64
     and 96/128 (+2-3%), behind at 96/96 (-1% at 256 keys, -4% at 2048); at 64/96 one shared store is ahead by
     up to 3%. Without the untimed runs: at D = Dv = 64 turns lose 0.5-4% (and 3-5% in the tenth session), at
-    96/64 they tie at 1024-2048 keys and gain 6% at 256."""
-    work = head_dim + (head_dim if head_dim_v is None else head_dim_v)
-    return (True, True) if work >= 192 else (False, False)
+    96/64 they tie at 1024-2048 keys and gain 6% at 256. ``plain``: a dense batch without the causal mask or a
+    bias; at D = Dv = 64 it takes turns too, with three K/V stages (``fwd_kv_stages``)."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    return (True, True) if head_dim + head_dim_v >= 192 or _plain_d64(head_dim, head_dim_v, plain) else (False, False)
+
+
+def fwd_kv_stages(head_dim: int, head_dim_v: int | None = None, plain: bool = False) -> int:
+    """K/V stages of the forward: three for a plain batch (``fwd_schedule``) at D = Dv = 64, two elsewhere (at D = Dv
+    = 128 two fill shared memory). With ping-pong and split O stores, the dense D = 64 forward measured on an H100
+    (bf16 gelu_tanh, five settled rotated rounds, against one shared store and two stages): +3.8% at 2048²,
+    +3.0% at 1024², +2.8% at 512², +8.8% at 256², +1.3 / +0.7 / -0.8% at 512 / 1024 / 2048 x 256; causal it lost
+    3.5% at 2048² (+3.4% at 512²), so the causal mask keeps the other schedule, as do the varlen batches and the
+    biases (not measured)."""
+    return 3 if _plain_d64(head_dim, head_dim if head_dim_v is None else head_dim_v, plain) else 2
+
+
+def _plain_d64(head_dim: int, head_dim_v: int, plain: bool) -> bool:
+    return plain and head_dim == head_dim_v == 64
 
 
 def wide_head_tiles(head_dim: int, head_dim_v: int) -> dict:
@@ -231,7 +246,8 @@ def compile_fwd(
         raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    schedule = fwd_schedule(head_dim, head_dim_v)
+    plain = not (varlen or causal or band or score_offset or score_bias)
+    schedule = fwd_schedule(head_dim, head_dim_v, plain)
     pingpong = schedule[0] if pingpong is None else pingpong
     split_store = schedule[1] if split_store is None else split_store
     mask_keys = (mask_keys or varlen) and not causal
@@ -268,7 +284,7 @@ def compile_fwd(
         kernel = GdpaFwdSm90(
             element, head_dim, head_dim_v, form, pingpong=pingpong, split_store=split_store, mask_keys=mask_keys,
             varlen=varlen, causal=causal, band=band, score_offset=score_offset, score_bias=score_bias,
-            **wide_head_tiles(head_dim, head_dim_v),
+            kv_stages=fwd_kv_stages(head_dim, head_dim_v, plain), **wide_head_tiles(head_dim, head_dim_v),
         )
         return cute.compile(
             kernel, *fake_operands(element, 4), one, one, one, cutlass.Int32(1), fake_stream(), *extra,

@@ -1,0 +1,208 @@
+"""Issue 6's bars in one run: the GDPA op on its CuTe-DSL Hopper kernels (``gdpa``, backend forced to "cute") against
+softmax attention's best (``F.scaled_dot_product_attention`` and flash-attn-4's SM90 kernels where they import) at
+Meta's shapes, forward and forward+backward in one process, then every bar checked against this run's own figures
+(GPU only; cutlass-dsl and flash-attn-4 staged with ../shared/device/stage-cute-dsl.sh).
+
+bf16, H=4, ``gelu_tanh(q kᵀ / sqrt(D)) / Nk @ v``, B=1152 (a quarter of it past 1024², ``fresh_operands``): D=128
+forward and forward+backward at every Meta shape, D=64 forward. Each shape first checks the op's output and
+gradients on two samples against float64, next to the same math in eager bf16 (a shape whose check fails is not
+timed, and its bars fail). Times: each provider's do_bench median in ``--rounds`` rounds of rotated order, each
+provider first running untimed so the clocks settle to its own load (``median_over_rounds``); forward+backward
+through autograd for every provider (``torch.autograd.grad``). "CuTe kernel" is the forward kernel called
+directly, to show what the op's host dispatch costs; the bars read the op's figures.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bars.py --out results/cute_bars        # .json and .png
+    python3 benchmarks/bench_cute_bars.py --plot-from results/cute_bars.json            # the plot and the bars again
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.nn.functional as F
+from bench_cute_bwd import fresh_operands  # beside this file
+from bench_cute_fwd import META_SHAPES, _rel, fa4_function
+from bench_gdpa import bar_groups, cute_bench_parser, gdpa_math, median_over_rounds, run_cute_bench
+
+from gdpa_inductor import config, gdpa
+from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
+from gdpa_inductor.kernels.reference import gdpa_reference, gdpa_reference_backward
+
+FWD_TFLOPS_AT_2048 = 620.0
+OVER_BEST_SOFTMAX = 1.05
+FWD_OVER_FA4_AT_KV256 = 1.25
+D64_FWD_TFLOPS = 450.0
+SOFTMAX = ("sdpa", "fa4")
+PROVIDERS = [("gdpa", "GDPA op (CuTe)"), ("cute_kernel", "CuTe kernel"), ("sdpa", "SDPA (softmax)"),
+             ("fa4", "FA4 (softmax)")]
+COLORS = {"GDPA op (CuTe)": "tab:blue", "CuTe kernel": "lightsteelblue", "SDPA (softmax)": "tab:green",
+          "FA4 (softmax)": "tab:orange"}
+
+
+def check_shape(q, k, v, do, act, scale, post) -> dict:
+    """Relative errors against float64 of the op's output and gradients and of eager bf16's, on two samples."""
+    q, k, v, do = (t[:2].detach() for t in (q, k, v, do))
+    ref = gdpa_reference(q.double(), k.double(), v.double(), None, act, scale, post)
+    ref_grads = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)
+    errs = {}
+    for who, fn in (("op", lambda a, b, c: gdpa(a, b, c, activation=act, scale=scale, post_scale=post)),
+                    ("eager", lambda a, b, c: gdpa_math(a, b, c, scale, post, act))):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = fn(*leaves)
+        grads = torch.autograd.grad(o, leaves, do)
+        for name, got, want in zip(("o", "dq", "dk", "dv"), (o, *grads), (ref, *ref_grads[:3])):
+            errs[f"{name}_{who}"] = _rel(got, want)
+    errs["passed"] = all(errs[f"{n}_op"] <= 2 * errs[f"{n}_eager"] + 1e-4 for n in ("o", "dq", "dk", "dv"))
+    return errs
+
+
+def forward_providers(q, k, v, act, scale, post, fa4) -> dict:
+    fns = {
+        "gdpa": lambda: gdpa(q, k, v, activation=act, scale=scale, post_scale=post),
+        "cute_kernel": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, scale=scale),
+    }
+    if fa4 is not None:
+        qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        fns["fa4"] = lambda: fa4(qb, kb, vb, softmax_scale=scale)
+    return fns
+
+
+def forward_backward_providers(q, k, v, do, act, scale, post, fa4) -> dict:
+    # torch.autograd.grad, not .backward(): no adds into .grad after the first call (bench_cute_bwd.py)
+    def through_autograd(fn, leaves, grad_out):
+        def step():
+            o = fn(*leaves)
+            torch.autograd.grad(o[0] if isinstance(o, tuple) else o, leaves, grad_out)
+        return step
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    fns = {
+        "gdpa": through_autograd(lambda a, b, c: gdpa(a, b, c, activation=act, scale=scale, post_scale=post),
+                                 leaves, do),
+        "sdpa": through_autograd(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=scale), leaves, do),
+    }
+    if fa4 is not None:
+        bshd = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+        fns["fa4"] = through_autograd(lambda a, b, c: fa4(a, b, c, softmax_scale=scale), bshd,
+                                      do.transpose(1, 2).contiguous())
+    return fns
+
+
+def bench_shape(rows, d, nq, nk, batch, heads, act, fa4, with_backward, rounds, settle_ms):
+    z, q, k, v, do = fresh_operands(batch, heads, nq, nk, d, d)
+    scale, post = d**-0.5, 1.0 / nk
+    check = check_shape(q, k, v, do, act, scale, post)
+    rows.append(dict(kind="check", d=d, nq=nq, nk=nk, **check))
+    print(rows[-1], flush=True)
+    if not check["passed"]:
+        return
+    flops = 4.0 * z * heads * nq * nk * d
+    passes = [("fwd", forward_providers(q, k, v, act, scale, post, fa4), 1.0)]
+    if with_backward:
+        passes.append(("fb", forward_backward_providers(q, k, v, do, act, scale, post, fa4), 3.5))
+    for kind, fns, factor in passes:
+        row = dict(kind=kind, d=d, nq=nq, nk=nk, batch=z, heads=heads)
+        for name, ms in median_over_rounds(fns, rounds=rounds, settle_ms=settle_ms, warmup=25, rep=100).items():
+            if ms is not None:
+                row[name] = factor * flops / ms * 1e-9
+        rows.append(with_ratios(row))
+        print({k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in row.items()}, flush=True)
+
+
+def with_ratios(row: dict) -> dict:
+    """``row`` with the op's rate over the best softmax provider's and over flash-attn-4's, where both ran."""
+    best = max((row[s] for s in SOFTMAX if s in row), default=None)
+    if best is not None and "gdpa" in row:
+        row["gdpa_vs_best_softmax"] = row["gdpa"] / best
+    if "fa4" in row and "gdpa" in row:
+        row["gdpa_vs_fa4"] = row["gdpa"] / row["fa4"]
+    return row
+
+
+def check_bars(rows) -> list[dict]:
+    """Issue 6's done-means against the timed ``rows``: one entry per bar and shape with the figure this run
+    measured, what the bar needs and whether it is met. A shape or provider that has no figure (its check failed,
+    flash-attn-4 did not import) fails the bars that need it."""
+    bars = []
+
+    def add(bar, shape, value, need):
+        bars.append(dict(bar=bar, shape=shape, value=value, need=need, met=value is not None and value >= need))
+
+    def timed(kind, d):
+        return {(r["nq"], r["nk"]): r for r in rows if r["kind"] == kind and r["d"] == d}
+
+    fwd, fb, fwd64 = timed("fwd", 128), timed("fb", 128), timed("fwd", 64)
+    add("D=128 forward TF/s", "2048x2048", fwd.get((2048, 2048), {}).get("gdpa"), FWD_TFLOPS_AT_2048)
+    for label, table in (("D=128 forward / best softmax", fwd), ("D=128 forward+backward / best softmax", fb)):
+        for nq, nk in META_SHAPES:
+            add(label, f"{nq}x{nk}", table.get((nq, nk), {}).get("gdpa_vs_best_softmax"), OVER_BEST_SOFTMAX)
+    for nq, nk in META_SHAPES:
+        if nk == 256:
+            add("D=128 forward / flash-attn-4", f"{nq}x{nk}", fwd.get((nq, nk), {}).get("gdpa_vs_fa4"),
+                FWD_OVER_FA4_AT_KV256)
+    best64 = max(fwd64.items(), key=lambda item: item[1].get("gdpa", 0.0), default=None)
+    add("D=64 forward TF/s (best shape)", f"{best64[0][0]}x{best64[0][1]}" if best64 else "-",
+        best64[1].get("gdpa") if best64 else None, D64_FWD_TFLOPS)
+    return bars
+
+
+def print_bars(bars):
+    for b in bars:
+        value = "none" if b["value"] is None else f"{b['value']:.3f}"
+        print(f"{'MET   ' if b['met'] else 'MISSED'} {b['bar']:<40} {b['shape']:<10} {value:>8} (needs {b['need']})")
+    print(f"{sum(b['met'] for b in bars)} of {len(bars)} bars met", flush=True)
+
+
+def plot(rows, meta, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("fwd", 128, "forward, D=128"), ("fb", 128, "forward+backward, D=128 (3.5x the forward's FLOPs)"),
+              ("fwd", 64, "forward, D=64")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 12))
+    for ax, (kind, d, title) in zip(axes, panels):
+        sel = [r for r in rows if r["kind"] == kind and r["d"] == d]
+        providers = [(key, name) for key, name in PROVIDERS if any(key in r for r in sel)]
+        bar_groups(ax, sel, providers, [f"{r['nq']}x{r['nk']}" for r in sel], COLORS)
+        ax.set_ylim(0, 1.25 * max((r[key] for r in sel for key, _ in providers if key in r), default=1.0))
+        for j, r in enumerate(sel):
+            if "gdpa_vs_best_softmax" in r:
+                ax.annotate(f"{r['gdpa_vs_best_softmax']:.2f}x", (j, r["gdpa"]), ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel("TF/s")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8, ncol=len(providers), loc="upper left")
+    bars = check_bars(rows)
+    met = sum(b["met"] for b in bars)
+    fig.suptitle(f"GDPA op ({meta['activation']}) vs softmax SOTA, bf16, H={rows[-1].get('heads', '?')} — "
+                 f"{meta['device']}, {meta['date']}: {met} of {len(bars)} bars met (labels: op / best softmax)",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=100)
+    print_bars(bars)
+
+
+def main():
+    ap = cute_bench_parser("gelu_tanh")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+
+    def run(rows):
+        config.backend = "cute"
+        fa4 = fa4_function()
+        for d, with_backward in ((128, True), (64, False)):
+            for nq, nk in META_SHAPES:
+                bench_shape(rows, d, nq, nk, args.batch, args.heads, args.activation, fa4, with_backward,
+                            args.rounds, args.settle_ms)
+        if not args.out:  # with --out the plot prints them
+            print_bars(check_bars(rows))
+
+    run_cute_bench(args, run, plot, activation=args.activation, rounds=args.rounds,
+                   date=datetime.date.today().isoformat(), command="benchmarks/bench_cute_bars.py")
+
+
+if __name__ == "__main__":
+    main()
