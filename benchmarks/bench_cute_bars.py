@@ -12,6 +12,7 @@ through autograd for every provider (``torch.autograd.grad``). "CuTe kernel" is 
 directly, to show what the op's host dispatch costs; the bars read the op's figures.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_bars.py --out results/cute_bars        # .json and .png
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bars.py --all-providers --rounds 3 --out results/cute_all
     python3 benchmarks/bench_cute_bars.py --plot-from results/cute_bars.json            # the plot and the bars again
 """
 
@@ -23,21 +24,23 @@ import torch
 import torch.nn.functional as F
 from bench_cute_bwd import fresh_operands  # beside this file
 from bench_cute_fwd import META_SHAPES, _rel, fa4_function
-from bench_gdpa import bar_groups, cute_bench_parser, gdpa_math, median_over_rounds, run_cute_bench
+from bench_gdpa import NxN_BUDGET, bar_groups, cute_bench_parser, gdpa_math, median_over_rounds, run_cute_bench
 
 from gdpa_inductor import config, gdpa
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference, gdpa_reference_backward
+from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
+from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
 
 FWD_TFLOPS_AT_2048 = 620.0
 OVER_BEST_SOFTMAX = 1.05
 FWD_OVER_FA4_AT_KV256 = 1.25
 D64_FWD_TFLOPS = 450.0
 SOFTMAX = ("sdpa", "fa4")
-PROVIDERS = [("gdpa", "GDPA op (CuTe)"), ("cute_kernel", "CuTe kernel"), ("sdpa", "SDPA (softmax)"),
-             ("fa4", "FA4 (softmax)")]
-COLORS = {"GDPA op (CuTe)": "tab:blue", "CuTe kernel": "lightsteelblue", "SDPA (softmax)": "tab:green",
-          "FA4 (softmax)": "tab:orange"}
+PROVIDERS = [("gdpa", "GDPA op (CuTe)"), ("cute_kernel", "CuTe kernel"), ("triton", "Triton kernels"),
+             ("inductor", "Inductor (same math)"), ("sdpa", "SDPA (softmax)"), ("fa4", "FA4 (softmax)")]
+COLORS = {"GDPA op (CuTe)": "tab:blue", "CuTe kernel": "lightsteelblue", "Triton kernels": "tab:purple",
+          "Inductor (same math)": "tab:gray", "SDPA (softmax)": "tab:green", "FA4 (softmax)": "tab:orange"}
 
 
 def check_shape(q, k, v, do, act, scale, post) -> dict:
@@ -57,7 +60,14 @@ def check_shape(q, k, v, do, act, scale, post) -> dict:
     return errs
 
 
-def forward_providers(q, k, v, act, scale, post, fa4) -> dict:
+def inductor_operands(q, k, v, do) -> tuple:
+    """The first samples of the operands, as many as keep one N×N bf16 intermediate within ``NxN_BUDGET``."""
+    z, h, nq = q.shape[:3]
+    zi = max(1, min(z, NxN_BUDGET // (h * nq * k.shape[2] * 2)))
+    return tuple(t[:zi] for t in (q, k, v, do))
+
+
+def forward_providers(q, k, v, act, scale, post, fa4, all_providers=False) -> dict:
     fns = {
         "gdpa": lambda: gdpa(q, k, v, activation=act, scale=scale, post_scale=post),
         "cute_kernel": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
@@ -66,10 +76,21 @@ def forward_providers(q, k, v, act, scale, post, fa4) -> dict:
     if fa4 is not None:
         qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
         fns["fa4"] = lambda: fa4(qb, kb, vb, softmax_scale=scale)
+    if all_providers:
+        fns["triton"] = lambda: gdpa_fwd_triton(q, k, v, None, act, scale, post, False, 0.01)
+        qi, ki, vi, _ = inductor_operands(q, k, v, q)
+        compiled = fresh_inductor()
+        fns["inductor"] = lambda: compiled(qi, ki, vi, scale, post, act)
     return fns
 
 
-def forward_backward_providers(q, k, v, do, act, scale, post, fa4) -> dict:
+def fresh_inductor():
+    # a fresh Dynamo cache per shape: the recompile limit would otherwise turn it back into eager (bench_gdpa.py)
+    torch._dynamo.reset()
+    return torch.compile(gdpa_math, dynamic=False)
+
+
+def forward_backward_providers(q, k, v, do, act, scale, post, fa4, all_providers=False) -> dict:
     # torch.autograd.grad, not .backward(): no adds into .grad after the first call (bench_cute_bwd.py)
     def through_autograd(fn, leaves, grad_out):
         def step():
@@ -87,10 +108,17 @@ def forward_backward_providers(q, k, v, do, act, scale, post, fa4) -> dict:
         bshd = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
         fns["fa4"] = through_autograd(lambda a, b, c: fa4(a, b, c, softmax_scale=scale), bshd,
                                       do.transpose(1, 2).contiguous())
+    if all_providers:
+        fns["triton"] = lambda: (gdpa_fwd_triton(q, k, v, None, act, scale, post, False, 0.01),
+                                 gdpa_bwd_triton(do, q, k, v, None, act, scale, post, False, 0.01, False))
+        qi, ki, vi, doi = inductor_operands(q, k, v, do)
+        compiled = fresh_inductor()
+        fns["inductor"] = through_autograd(lambda a, b, c: compiled(a, b, c, scale, post, act),
+                                           [t.detach().requires_grad_() for t in (qi, ki, vi)], doi)
     return fns
 
 
-def bench_shape(rows, d, nq, nk, batch, heads, act, fa4, with_backward, rounds, settle_ms):
+def bench_shape(rows, d, nq, nk, batch, heads, act, fa4, with_backward, rounds, settle_ms, all_providers=False):
     z, q, k, v, do = fresh_operands(batch, heads, nq, nk, d, d)
     scale, post = d**-0.5, 1.0 / nk
     check = check_shape(q, k, v, do, act, scale, post)
@@ -99,14 +127,19 @@ def bench_shape(rows, d, nq, nk, batch, heads, act, fa4, with_backward, rounds, 
     if not check["passed"]:
         return
     flops = 4.0 * z * heads * nq * nk * d
-    passes = [("fwd", forward_providers(q, k, v, act, scale, post, fa4), 1.0)]
+    share = {"inductor": inductor_operands(q, k, v, do)[0].shape[0] / z}
+    passes = [("fwd", lambda: forward_providers(q, k, v, act, scale, post, fa4, all_providers), 1.0)]
     if with_backward:
-        passes.append(("fb", forward_backward_providers(q, k, v, do, act, scale, post, fa4), 3.5))
-    for kind, fns, factor in passes:
+        passes.append(("fb", lambda: forward_backward_providers(q, k, v, do, act, scale, post, fa4, all_providers),
+                       3.5))
+    for kind, providers, factor in passes:
         row = dict(kind=kind, d=d, nq=nq, nk=nk, batch=z, heads=heads)
+        if all_providers:
+            row["inductor_batch"] = round(share["inductor"] * z)
+        fns = providers()
         for name, ms in median_over_rounds(fns, rounds=rounds, settle_ms=settle_ms, warmup=25, rep=100).items():
             if ms is not None:
-                row[name] = factor * flops / ms * 1e-9
+                row[name] = factor * flops * share.get(name, 1.0) / ms * 1e-9
         rows.append(with_ratios(row))
         print({k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in row.items()}, flush=True)
 
@@ -188,6 +221,8 @@ def plot(rows, meta, path):
 def main():
     ap = cute_bench_parser("gelu_tanh")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--all-providers", action="store_true",
+                    help="also the Triton kernels and Inductor on the same math (not in the bars)")
     args = ap.parse_args()
 
     def run(rows):
@@ -196,11 +231,11 @@ def main():
         for d, with_backward in ((128, True), (64, False)):
             for nq, nk in META_SHAPES:
                 bench_shape(rows, d, nq, nk, args.batch, args.heads, args.activation, fa4, with_backward,
-                            args.rounds, args.settle_ms)
+                            args.rounds, args.settle_ms, args.all_providers)
         if not args.out:  # with --out the plot prints them
             print_bars(check_bars(rows))
 
-    run_cute_bench(args, run, plot, activation=args.activation, rounds=args.rounds,
+    run_cute_bench(args, run, plot, activation=args.activation, rounds=args.rounds, all_providers=args.all_providers,
                    date=datetime.date.today().isoformat(), command="benchmarks/bench_cute_bars.py")
 
 

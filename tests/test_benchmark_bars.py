@@ -109,3 +109,14 @@ def test_the_shape_check_fails_an_op_off_by_one_percent(monkeypatch):
     errs = bars_mod.check_shape(*_operands(), "gelu_tanh", 0.25, 1 / 40)
     assert not errs["passed"]
     assert errs["o_op"] > 100 * errs["o_eager"]
+
+
+@pytest.mark.parametrize("z, nq, nk, budget, kept", [(8, 32, 32, 2 * 4 * 32 * 32 * 2, 2), (8, 32, 32, 1 << 30, 8),
+                                                     (8, 64, 64, 100, 1)])
+def test_inductor_runs_on_the_samples_whose_scores_fit_the_budget(monkeypatch, z, nq, nk, budget, kept):
+    monkeypatch.setattr(bars_mod, "NxN_BUDGET", budget)
+    q, do = torch.randn(z, 4, nq, 16), torch.randn(z, 4, nq, 16)
+    k, v = torch.randn(z, 4, nk, 16), torch.randn(z, 4, nk, 16)
+    parts = bars_mod.inductor_operands(q, k, v, do)
+    assert [t.shape[0] for t in parts] == [kept] * 4
+    assert torch.equal(parts[0], q[:kept]) and torch.equal(parts[3], do[:kept])

@@ -48,7 +48,7 @@ def fwd_schedule(head_dim: int, head_dim_v: int | None = None, plain: bool = Fal
     and 96/128 (+2-3%), behind at 96/96 (-1% at 256 keys, -4% at 2048); at 64/96 one shared store is ahead by
     up to 3%. Without the untimed runs: at D = Dv = 64 turns lose 0.5-4% (and 3-5% in the tenth session), at
     96/64 they tie at 1024-2048 keys and gain 6% at 256. ``plain``: a dense batch without the causal mask or a
-    bias; at D = Dv = 64 it takes turns too, with three K/V stages (``fwd_kv_stages``)."""
+    bias; at D = Dv = 64 it takes turns too, which with three K/V stages measured faster (``fwd_kv_stages``)."""
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     return (True, True) if head_dim + head_dim_v >= 192 or _plain_d64(head_dim, head_dim_v, plain) else (False, False)
 
