@@ -1,7 +1,7 @@
-"""Issue 6's bars in one run: the GDPA op on its CuTe-DSL Hopper kernels (``gdpa``, backend forced to "cute") against
-softmax attention's best (``F.scaled_dot_product_attention`` and flash-attn-4's SM90 kernels where they import) at
-Meta's shapes, forward and forward+backward in one process, then every bar checked against this run's own figures
-(GPU only; cutlass-dsl and flash-attn-4 staged with ../shared/device/stage-cute-dsl.sh).
+"""The GDPA op's performance targets in one run: the op on its CuTe-DSL Hopper kernels (``gdpa``, backend forced to
+"cute") against softmax attention's best (``F.scaled_dot_product_attention`` and flash-attn-4's SM90 kernels where they
+import) at Meta's shapes, forward and forward+backward in one process, then every target ("bar") checked against this
+run's own figures (GPU only; needs nvidia-cutlass-dsl, and flash-attn-4 for its provider).
 
 bf16, H=4, ``gelu_tanh(q kᵀ / sqrt(D)) / Nk @ v``, B=1152 (a quarter of it past 1024², ``fresh_operands``): D=128
 forward and forward+backward at every Meta shape, D=64 forward. Each shape first checks the op's output and
@@ -11,20 +11,18 @@ provider first running untimed so the clocks settle to its own load (``median_ov
 through autograd for every provider (``torch.autograd.grad``). "CuTe kernel" is the forward kernel called
 directly, to show what the op's host dispatch costs; the bars read the op's figures.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bars.py --out results/cute_bars        # .json and .png
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bars.py --all-providers --rounds 3 --out results/cute_all
-    python3 benchmarks/bench_cute_bars.py --plot-from results/cute_bars.json            # the plot and the bars again
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bars.py --out benchmarks/results/<run>/cute_bars
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bars.py --all-providers --rounds 3 \
+        --out benchmarks/results/<run>/cute_bars_all_providers
 """
 
 from __future__ import annotations
-
-import datetime
 
 import torch
 import torch.nn.functional as F
 from bench_cute_bwd import fresh_operands  # beside this file
 from bench_cute_fwd import META_SHAPES, _rel, fa4_function
-from bench_gdpa import NxN_BUDGET, bar_groups, cute_bench_parser, gdpa_math, median_over_rounds, run_cute_bench
+from bench_gdpa import NxN_BUDGET, cute_bench_parser, gdpa_math, median_over_rounds, run_cute_bench
 
 from gdpa_inductor import config, gdpa
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
@@ -37,10 +35,6 @@ OVER_BEST_SOFTMAX = 1.05
 FWD_OVER_FA4_AT_KV256 = 1.25
 D64_FWD_TFLOPS = 450.0
 SOFTMAX = ("sdpa", "fa4")
-PROVIDERS = [("gdpa", "GDPA op (CuTe)"), ("cute_kernel", "CuTe kernel"), ("triton", "Triton kernels"),
-             ("inductor", "Inductor (same math)"), ("sdpa", "SDPA (softmax)"), ("fa4", "FA4 (softmax)")]
-COLORS = {"GDPA op (CuTe)": "tab:blue", "CuTe kernel": "lightsteelblue", "Triton kernels": "tab:purple",
-          "Inductor (same math)": "tab:gray", "SDPA (softmax)": "tab:green", "FA4 (softmax)": "tab:orange"}
 
 
 def check_shape(q, k, v, do, act, scale, post) -> dict:
@@ -155,8 +149,8 @@ def with_ratios(row: dict) -> dict:
 
 
 def check_bars(rows) -> list[dict]:
-    """Issue 6's done-means against the timed ``rows``: one entry per bar and shape with the figure this run
-    measured, what the bar needs and whether it is met. A shape or provider that has no figure (its check failed,
+    """The targets against the timed ``rows``: one entry per bar and shape with the figure this run measured, what
+    the bar needs and whether it is met. A shape or provider that has no figure (its check failed,
     flash-attn-4 did not import) fails the bars that need it."""
     bars = []
 
@@ -188,36 +182,6 @@ def print_bars(bars):
     print(f"{sum(b['met'] for b in bars)} of {len(bars)} bars met", flush=True)
 
 
-def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [("fwd", 128, "forward, D=128"), ("fb", 128, "forward+backward, D=128 (3.5x the forward's FLOPs)"),
-              ("fwd", 64, "forward, D=64")]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 12))
-    for ax, (kind, d, title) in zip(axes, panels):
-        sel = [r for r in rows if r["kind"] == kind and r["d"] == d]
-        providers = [(key, name) for key, name in PROVIDERS if any(key in r for r in sel)]
-        bar_groups(ax, sel, providers, [f"{r['nq']}x{r['nk']}" for r in sel], COLORS)
-        ax.set_ylim(0, 1.25 * max((r[key] for r in sel for key, _ in providers if key in r), default=1.0))
-        for j, r in enumerate(sel):
-            if "gdpa_vs_best_softmax" in r:
-                ax.annotate(f"{r['gdpa_vs_best_softmax']:.2f}x", (j, r["gdpa"]), ha="center", va="bottom", fontsize=8)
-        ax.set_ylabel("TF/s")
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8, ncol=len(providers), loc="upper left")
-    bars = check_bars(rows)
-    met = sum(b["met"] for b in bars)
-    fig.suptitle(f"GDPA op ({meta['activation']}) vs softmax SOTA, bf16, H={rows[-1].get('heads', '?')} — "
-                 f"{meta['device']}, {meta['date']}: {met} of {len(bars)} bars met (labels: op / best softmax)",
-                 fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=100)
-    print_bars(bars)
-
-
 def main():
     ap = cute_bench_parser("gelu_tanh")
     ap.add_argument("--rounds", type=int, default=5)
@@ -232,11 +196,10 @@ def main():
             for nq, nk in META_SHAPES:
                 bench_shape(rows, d, nq, nk, args.batch, args.heads, args.activation, fa4, with_backward,
                             args.rounds, args.settle_ms, args.all_providers)
-        if not args.out:  # with --out the plot prints them
-            print_bars(check_bars(rows))
+        print_bars(check_bars(rows))
 
-    run_cute_bench(args, run, plot, activation=args.activation, rounds=args.rounds, all_providers=args.all_providers,
-                   date=datetime.date.today().isoformat(), command="benchmarks/bench_cute_bars.py")
+    run_cute_bench(args, run, "bench_cute_bars", activation=args.activation, rounds=args.rounds,
+                   all_providers=args.all_providers, command="benchmarks/bench_cute_bars.py")
 
 
 if __name__ == "__main__":

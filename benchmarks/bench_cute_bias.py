@@ -1,15 +1,16 @@
-"""Sigmoid attention with its -log n bias (a one-element bias) on the CuTe-DSL Hopper kernels against what ran it
-before (the Triton kernels, which read the bias as a broadcast tensor), the CuTe kernels without the bias (what the
-bias's add per score costs) and softmax attention (SDPA; flash-attn-4 where staged), one process, same shapes, bf16
-(GPU only; cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh).
+"""Sigmoid attention with its -log n bias (a one-element bias) on the CuTe-DSL Hopper kernels against the Triton kernels
+(which read the bias as a broadcast tensor), the CuTe kernels without the bias (what the bias costs them) and softmax
+attention (SDPA; flash-attn-4 where it imports), one process, same shapes, bf16 (GPU only; needs nvidia-cutlass-dsl,
+and flash-attn-4 for its provider).
 
 Per shape: each provider's output checked against float64 at two samples first (relative error, printed), then the
 forward, backward and forward+backward timed: each provider's do_bench median in three rounds of rotated order,
 each provider first running untimed for 300 ms (``median_over_rounds``). The bias is an fp32 0-d tensor, as the
 backend's rewrite passes sigmoid attention's -log n.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bias.py --out results/cute_bias
-    python3 benchmarks/bench_cute_bias.py --plot-from results/cute_bias.json --out results/x   # the plot
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bias.py --out benchmarks/results/<run>/cute_bias_sigmoid
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bias.py --activation gelu_tanh \
+        --out benchmarks/results/<run>/cute_bias_gelu_tanh
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from bench_cute_bwd import fresh_operands  # beside this file
 from bench_cute_head_dims import _fa4, fa4_providers
-from bench_gdpa import cute_bench_parser, plot_panels, rel_err, run_cute_bench, time_by_pass
+from bench_gdpa import cute_bench_parser, rel_err, run_cute_bench, time_by_pass
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
@@ -82,29 +83,12 @@ def timing(rows, batch, heads, d, act, settle_ms):
         rows.append(time_by_pass(row, fns, flops, settle_ms))
 
 
-PANELS = [
-    ("forward TF/s", [("cute_fwd", "CuTe, bias"), ("cute_fwd_nobias", "CuTe, no bias"), ("triton_fwd", "Triton, bias"),
-                      ("sdpa_fwd", "SDPA (softmax)"), ("fa4_fwd", "FA4 (softmax)")]),
-    ("backward TF/s", [("cute_bwd", "CuTe, bias"), ("cute_bwd_nobias", "CuTe, no bias"),
-                       ("triton_bwd", "Triton, bias")]),
-    ("forward+backward TF/s", [("cute_fb", "CuTe, bias"), ("triton_fb", "Triton, bias"), ("sdpa_fb", "SDPA (softmax)"),
-                               ("fa4_fb", "FA4 (softmax)")]),
-]
-COLORS = {"CuTe, bias": "C0", "CuTe, no bias": "C9", "Triton, bias": "C1", "SDPA (softmax)": "C2",
-          "FA4 (softmax)": "C3"}
-
-
-def plot(rows, meta, path):
-    title = f"bf16 {meta['activation']}(S·s - log n), H={rows[0]['heads']}, D={rows[0]['d']}, {meta['device']}"
-    plot_panels(rows, PANELS, [f"{r['nq']}x{r['nk']}" for r in rows], COLORS, title, path)
-
-
 def main():
     ap = cute_bench_parser("sigmoid")
     ap.add_argument("--head-dim", type=int, default=128)
     args = ap.parse_args()
     run_cute_bench(args, lambda rows: timing(rows, args.batch, args.heads, args.head_dim, args.activation,
-                                             args.settle_ms), plot, activation=args.activation)
+                                             args.settle_ms), "bench_cute_bias", activation=args.activation)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ one process, each one's do_bench median over three rounds of rotated order after
 (``median_over_rounds``). B=1152, H=4, D=128, bf16; TF/s (the backward counted at 2.5x the forward's work).
 
 ``bench_cute_bias.py`` times the same kernels among Triton's, SDPA's and FA4's, whose loads come before them in the
-rotation; this one times nothing else (GPU only; cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh).
+rotation; this one times nothing else (GPU only; needs nvidia-cutlass-dsl).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_bias_cost.py
 """

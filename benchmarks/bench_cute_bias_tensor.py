@@ -1,16 +1,15 @@
 """A bias tensor over the scores (HSTU's relative bias, one [Nq, Nk] per sample shared by the heads, by default) on
-the CuTe-DSL Hopper kernels against what ran it before (the Triton kernels; the CuTe forward with Triton's backward),
-the CuTe kernels without the bias, and softmax attention with the same bias as its additive mask (SDPA) and without
-one (flash-attn-4 where staged); forward, backward and forward+backward, each backward with and without the bias's
-gradient ("_dbias"); one process, same shapes, bf16 (GPU only; cutlass-dsl staged with
-../shared/device/stage-cute-dsl.sh).
+the CuTe-DSL Hopper kernels against the Triton kernels (and the CuTe forward with Triton's backward, "_tritonbwd"), the
+CuTe kernels without the bias, and softmax attention with the same bias as its additive mask (SDPA) and without one
+(flash-attn-4 where it imports); forward, backward and forward+backward, each backward with and without the bias's
+gradient ("_dbias"); one process, same shapes, bf16 (GPU only; needs nvidia-cutlass-dsl, and flash-attn-4 for its
+provider).
 
 Per shape: each GDPA provider's output and gradients checked against float64 at two samples first (relative error,
 printed), then each pass timed: each provider's do_bench median in three rounds of rotated order, each provider first
 running untimed for 300 ms (``median_over_rounds``).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bias_tensor.py --out results/cute_bias_tensor
-    python3 benchmarks/bench_cute_bias_tensor.py --plot-from results/cute_bias_tensor.json --out results/x
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bias_tensor.py --out benchmarks/results/<run>/cute_bias_tensor
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from bench_cute_bwd import fresh_operands  # beside this file
 from bench_cute_head_dims import _fa4, fa4_providers
-from bench_gdpa import cute_bench_parser, plot_panels, rel_err, run_cute_bench, time_by_pass
+from bench_gdpa import cute_bench_parser, rel_err, run_cute_bench, time_by_pass
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
@@ -106,36 +105,13 @@ def timing(rows, batch, heads, d, act, kind, settle_ms):
         rows.append(time_by_pass(row, fns, flops, settle_ms))
 
 
-PANELS = [
-    ("forward TF/s", [("cute_fwd", "CuTe, bias"), ("cute_fwd_nobias", "CuTe, no bias"), ("triton_fwd", "Triton, bias"),
-                      ("sdpa_fwd", "SDPA (softmax), bias"), ("fa4_fwd", "FA4 (softmax), no bias")]),
-    ("backward TF/s", [("cute_bwd", "CuTe, bias"), ("cute_bwd_dbias", "CuTe, bias + dbias"),
-                       ("cute_bwd_nobias", "CuTe, no bias"), ("triton_bwd", "Triton, bias"),
-                       ("triton_bwd_dbias", "Triton, bias + dbias")]),
-    ("forward+backward TF/s", [("cute_fb", "CuTe, bias"), ("cute_fb_dbias", "CuTe, bias + dbias"),
-                               ("cute_fb_tritonbwd", "CuTe fwd + Triton bwd, bias"), ("triton_fb", "Triton, bias"),
-                               ("triton_fb_dbias", "Triton, bias + dbias"), ("sdpa_fb", "SDPA (softmax), bias"),
-                               ("sdpa_fb_dbias", "SDPA (softmax), bias + dbias"),
-                               ("fa4_fb", "FA4 (softmax), no bias")]),
-]
-COLORS = {"CuTe, bias": "C0", "CuTe, bias + dbias": "C4", "CuTe fwd + Triton bwd, bias": "C5", "CuTe, no bias": "C9",
-          "Triton, bias": "C1", "Triton, bias + dbias": "C8", "SDPA (softmax), bias": "C2",
-          "SDPA (softmax), bias + dbias": "C7", "FA4 (softmax), no bias": "C3"}
-
-
-def plot(rows, meta, path):
-    title = (f"bf16 {meta['activation']}(S·s + bias) / N, bias per {rows[0]['bias']}, H={rows[0]['heads']}, "
-             f"D={rows[0]['d']}, {meta['device']}")
-    plot_panels(rows, PANELS, [f"{r['nq']}x{r['nk']}" for r in rows], COLORS, title, path)
-
-
 def main():
     ap = cute_bench_parser("silu")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--bias", choices=sorted(BIAS_KINDS), default="sample")
     args = ap.parse_args()
     run_cute_bench(args, lambda rows: timing(rows, args.batch, args.heads, args.head_dim, args.activation, args.bias,
-                                             args.settle_ms), plot, activation=args.activation)
+                                             args.settle_ms), "bench_cute_bias_tensor", activation=args.activation)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """CuTe-DSL Hopper backward vs the Triton backward (and softmax SDPA / flash-attn-4 backward for reference),
-one process, same shapes, bf16 (GPU only; cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh).
+one process, same shapes, bf16 (GPU only; needs nvidia-cutlass-dsl, and flash-attn-4 for its provider).
 
 First a correctness sweep of the CuTe backward against float64 (every activation, ragged lengths, GQA,
 D in {64, 128}, fp16/bf16; dq, dk and dv each next to the Triton backward's error at the same inputs), then
@@ -7,8 +7,7 @@ backward-only and forward+backward TF/s at Meta's shapes (H=4; D=128 and 64): ea
 in three rounds of rotated order, each provider first running untimed for ``SETTLE_MS`` so the clocks settle to
 its own load, the median of those (``median_over_rounds``).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bwd.py --out results/cute_bwd
-    python3 benchmarks/bench_cute_bwd.py --plot-from results/cute_bwd.json --out results/cute_bwd   # the plot
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_bwd.py --out benchmarks/results/<run>/cute_bwd   # .json, .png
 """
 
 from __future__ import annotations
@@ -20,8 +19,9 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from bench_cute_fwd import CHECK_CASES, META_SHAPES, _rel, plot  # beside this file
+from bench_cute_fwd import CHECK_CASES, META_SHAPES, _rel  # beside this file
 from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
+from plotting import draw
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import bwd_supported, compile_bwd, gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
@@ -118,23 +118,13 @@ def timing(rows, d, batch, act="gelu_tanh"):
         print(row, flush=True)
 
 
-PROVIDERS = [("cute_bwd", "CuTe bwd"), ("triton_bwd", "Triton bwd"), ("cute_fb", "CuTe f+b"),
-             ("triton_fb", "Triton f+b"), ("sdpa_fb", "SDPA f+b (softmax)"), ("fa4_fb", "FA4 f+b (softmax)")]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
     ap.add_argument("--batch", type=int, default=1152)
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--activation", default="gelu_tanh", help="the GDPA providers' activation (Meta's: gelu_tanh)")
     args = ap.parse_args()
-    if args.plot_from:
-        with open(args.plot_from) as f:
-            plot(json.load(f)["rows"], (args.out or args.plot_from.removesuffix(".json")) + ".png", PROVIDERS, "time",
-                 "TF/s (bwd: 2.5x, f+b: 3.5x the forward FLOPs)")
-        return
     rows = []
     t0 = time.time()
     compile_bwd(torch.bfloat16, 128, "gelu_tanh")
@@ -146,11 +136,11 @@ def main():
         timing(rows, 128, args.batch, args.activation)
         timing(rows, 64, args.batch, args.activation)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=time.strftime("%Y-%m-%d"), activation=args.activation)
+                date=time.strftime("%Y-%m-%d"), activation=args.activation, benchmark="bench_cute_bwd")
     if args.out:
         with open(args.out + ".json", "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        plot(rows, args.out + ".png", PROVIDERS, "time", "TF/s (bwd: 2.5x, f+b: 3.5x the forward FLOPs)")
+        draw(dict(meta=meta, rows=rows), args.out + ".png")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The causal forward (and with ``--backward`` the backward and forward+backward): the CuTe-DSL Hopper kernels vs
 the Triton kernels vs softmax SDPA and flash-attn-4 (causal, where it imports), one process, same shapes (GPU only;
-cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh).
+needs nvidia-cutlass-dsl, and flash-attn-4 for its provider).
 
 B=1152 (fewer at long rows, so every shape has about the same tokens), H=4, D=Dv=128, bf16, gelu_tanh,
 self-attention at Meta's lengths and two cross shapes with Nk - Nq a multiple of 128 (bottom-right aligned; SDPA's
@@ -8,12 +8,11 @@ self-attention at Meta's lengths and two cross shapes with Nk - Nq a multiple of
 (2 · (D + Dv) · Σ kept keys per query, the same for every provider); each provider's do_bench median over three
 rounds of rotated order after an untimed settle (``median_over_rounds``). Each row first checks the CuTe kernel
 against the float64 reference on two samples of the shape. The backward counts 2.5x and the forward+backward 3.5x
-the forward's work; "CuTe f+b" is what the op runs under "auto", "Triton fwd + CuTe bwd" what it ran before the
-twenty-fifth session made the CuTe causal forward faster than Triton's;
-the backward rows check dq, dk and dv of both backwards against float64 on two samples.
+the forward's work; "CuTe f+b" is what the op runs under "auto", "mixed_fb" the Triton forward with the CuTe
+backward; the backward rows check dq, dk and dv of both backwards against float64 on two samples.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_causal.py --out results/cute_causal   # .json and .png
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_causal.py --backward --out results/cute_causal_bwd
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_causal.py --out benchmarks/results/<run>/cute_causal_fwd
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_causal.py --backward --out benchmarks/results/<run>/cute_causal_bwd
 """
 
 from __future__ import annotations
@@ -26,7 +25,8 @@ import torch
 import torch.nn.functional as F
 import triton
 from bench_cute_fwd import fa4_function  # beside this file
-from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, warm_up_gpu
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
+from plotting import draw
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
@@ -36,10 +36,6 @@ from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
 
 ACT, H, D = "gelu_tanh", 4, 128
 SHAPES = [(256, 256), (512, 512), (1024, 1024), (2048, 2048), (256, 512), (512, 1024)]
-PROVIDERS = [("cute", "CuTe"), ("triton", "Triton"), ("sdpa", "SDPA (softmax)"), ("fa4", "FA4 (softmax)")]
-BWD_PROVIDERS = [("cute_bwd", "CuTe bwd"), ("triton_bwd", "Triton bwd"), ("mixed_fb", "Triton fwd + CuTe bwd"),
-                 ("cute_fb", "CuTe f+b"), ("triton_fb", "Triton f+b"), ("sdpa_fb", "SDPA f+b (softmax)"),
-                 ("fa4_fb", "FA4 f+b (softmax)")]
 
 
 def _rel(a, b):
@@ -133,30 +129,14 @@ def bench_backward_shape(batch, nq, nk, fa4) -> dict:
     return row
 
 
-def plot(rows, meta, path, providers=PROVIDERS, what="causal forward"):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    bar_groups(ax, rows, providers, [f"{r['nq']}x{r['nk']}" for r in rows])
-    ax.set_xlabel("q x kv")
-    ax.set_ylabel("TF/s (kept pairs' work; bwd 2.5x, f+b 3.5x)")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{what}, H={H}, D={D}, bf16, {ACT} — {meta['device']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="results/cute_causal")
+    parser.add_argument("--out", default="results/cute_causal", help="path prefix for the .json results and .png plot")
     parser.add_argument("--tokens", type=int, default=1152 * 512, help="query rows per shape (B = tokens / Nq)")
     parser.add_argument("--backward", action="store_true", help="the backward and forward+backward")
     args = parser.parse_args()
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=datetime.date.today().isoformat())
+                date=datetime.date.today().isoformat(), benchmark="bench_cute_causal")
     warm_up_gpu(2.0)
     fa4 = fa4_function()
     rows = []
@@ -166,10 +146,7 @@ def main():
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     with open(f"{args.out}.json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    if args.backward:
-        plot(rows, meta, f"{args.out}.png", BWD_PROVIDERS, "causal backward and forward+backward")
-    else:
-        plot(rows, meta, f"{args.out}.png")
+    draw(dict(meta=meta, rows=rows), f"{args.out}.png")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """CuTe-DSL Hopper forward vs the Triton forward vs softmax SDPA (and flash-attn-4's SM90 forward when it
-imports), one process, same shapes, bf16 (GPU only; cutlass-dsl staged with ../shared/device/stage-cute-dsl.sh).
+imports), one process, same shapes, bf16 (GPU only; needs nvidia-cutlass-dsl, and flash-attn-4 for its provider).
 
 First a correctness sweep of the CuTe kernel against a float64 reference (every activation, ragged lengths,
 GQA, D in {64, 128}, fp16/bf16), next to the Triton kernel's error at the same inputs; then forward TF/s at
@@ -7,20 +7,21 @@ Meta's shapes (B=1152, H=4; D=128 and D=64): each provider's do_bench median in 
 each provider first running untimed for ``SETTLE_MS`` so the clocks settle to its own load, the median of those
 (``median_over_rounds``).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_fwd.py --out results/cute_fwd
-    python3 benchmarks/bench_cute_fwd.py --plot-from results/cute_fwd.json --out results/cute_fwd   # the plot
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_fwd.py --out benchmarks/results/<run>/cute_fwd   # .json, .png
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import time
 
 import torch
 import torch.nn.functional as F
 import triton
-from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, warm_up_gpu  # beside this file
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu  # beside this file
+from plotting import draw
 
 from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, compile_fwd, fwd_supported, gdpa_fwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference
@@ -114,43 +115,14 @@ def timing(rows, batch, heads, act):
             print({k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in row.items()}, flush=True)
 
 
-PROVIDERS = [("cute", "CuTe"), ("triton", "Triton"), ("sdpa", "SDPA (softmax)"), ("fa4", "FA4 (softmax)")]
-
-
-def plot(rows, path, providers, kind, ylabel):
-    """Grouped bars per Meta shape, D=128 and D=64 side by side, of the rows of ``kind``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
-    for ax, d in zip(axes, (128, 64)):
-        sel = [r for r in rows if r["kind"] == kind and r["d"] == d]
-        labels = [f"{r['nq']}x{r['nk']}" for r in sel]
-        bar_groups(ax, sel, providers, labels, rotation=30)
-        ax.set_title(f"bf16, H=4, D={d}")
-        ax.set_xlabel("q x kv")
-    axes[0].set_ylabel(ylabel)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
     ap.add_argument("--batch", type=int, default=1152)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--activation", default="gelu_tanh")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if args.plot_from:
-        with open(args.plot_from) as f:
-            plot(json.load(f)["rows"], (args.out or args.plot_from.removesuffix(".json")) + ".png", PROVIDERS, "fwd",
-                 "forward TF/s")
-        return
     rows = []
     t = time.time()
     compile_fwd(torch.bfloat16, 128, args.activation)
@@ -161,10 +133,12 @@ def main():
     warm_up_gpu(3.0)
     timing(rows, args.batch, args.heads, args.activation)
     if args.out:
+        results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                       date=datetime.date.today().isoformat(), benchmark="bench_cute_fwd", activation=args.activation,
+                       rows=rows)
         with open(args.out + ".json", "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           rows=rows), f, indent=1)
-        plot(rows, args.out + ".png", PROVIDERS, "fwd", "forward TF/s")
+            json.dump(results, f, indent=1)
+        draw(results, args.out + ".png")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """CuTe-DSL Hopper kernels at D = 96 and Dv != D against the Triton kernels and softmax attention (SDPA, and
-flash-attn-4 where it takes the head dims), one process, same shapes, bf16 (GPU only; cutlass-dsl staged with
-../shared/device/stage-cute-dsl.sh). D = Dv = 128 runs first as the anchor.
+flash-attn-4 where it takes the head dims), one process, same shapes, bf16 (GPU only; needs nvidia-cutlass-dsl, and
+flash-attn-4 for its provider). D = Dv = 128 runs first as the anchor.
 
 Per (D, Dv) and shape: the forward in the schedule ``fwd_schedule`` picks and in the other one (ping-pong and
 split O stores on or off), the backward, and forward+backward; each provider's do_bench median in three rounds of
@@ -9,19 +9,23 @@ runs at its power cap: without it a provider that follows a heavy forward+backwa
 of those (``median_over_rounds``). FLOPs count D and Dv apart: the forward's two
 matmuls 2·N²·D and 2·N²·Dv, the backward's five 2·N²·(3D + 2Dv).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_head_dims.py --out results/cute_head_dims
-    python3 benchmarks/bench_cute_head_dims.py --plot-from results/cute_head_dims.json --out results/x   # the plot
+    R=benchmarks/results/<run>
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_head_dims.py --out $R/cute_head_dims   # .json and .png
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_head_dims.py --head-dims 128x128,256x256,128x256,256x128 \
+        --passes fwd --out $R/cute_d256_fwd
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import torch
 import torch.nn.functional as F
 import triton
 from bench_cute_bwd import fresh_operands  # beside this file
-from bench_gdpa import cute_bench_parser, plot_panels, time_by_pass, warm_up_gpu
+from bench_gdpa import cute_bench_parser, time_by_pass, warm_up_gpu
+from plotting import draw
 
 from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.cute.gdpa_fwd import fwd_schedule, gdpa_fwd_cute
@@ -94,39 +98,22 @@ def timing(rows, batch, heads, act, head_dims, passes, settle_ms):
             rows.append(time_by_pass(row, fns, flops, settle_ms))
 
 
-PANELS = [
-    ("forward TF/s", [("cute_fwd", "CuTe"), ("triton_fwd", "Triton"), ("sdpa_fwd", "SDPA (softmax)"),
-                      ("fa4_fwd", "FA4 (softmax)")]),
-    ("backward TF/s", [("cute_bwd", "CuTe"), ("triton_bwd", "Triton")]),
-    ("forward+backward TF/s", [("cute_fb", "CuTe"), ("sdpa_fb", "SDPA (softmax)"), ("fa4_fb", "FA4 (softmax)")]),
-]
-
-COLORS = {"CuTe": "C0", "Triton": "C1", "SDPA (softmax)": "C2", "FA4 (softmax)": "C3"}
-
-
-def plot(rows, path):
-    labels = [f"{r['d']}/{r['dv']}\n{r['nq']}x{r['nk']}" for r in rows]
-    plot_panels(rows, PANELS, labels, COLORS, "bf16 gelu_tanh, H=4, D/Dv and q x kv", path, width=15, fontsize=7)
-
-
 def main():
     ap = cute_bench_parser("gelu_tanh")
     ap.add_argument("--head-dims", default=",".join(f"{d}x{dv}" for d, dv in HEAD_DIMS), help="DxDv,...")
     ap.add_argument("--passes", default="fwd,bwd,fb", help="which of fwd, bwd, fb to time")
     args = ap.parse_args()
-    if args.plot_from:
-        with open(args.plot_from) as f:
-            plot(json.load(f)["rows"], (args.out or args.plot_from.removesuffix(".json")) + ".png")
-        return
     head_dims = [tuple(int(x) for x in hd.split("x")) for hd in args.head_dims.split(",")]
     rows = []
     warm_up_gpu(3.0)
     timing(rows, args.batch, args.heads, args.activation, head_dims, args.passes.split(","), args.settle_ms)
     if args.out:
+        results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                       date=datetime.date.today().isoformat(), benchmark="bench_cute_head_dims",
+                       activation=args.activation, rows=rows)
         with open(args.out + ".json", "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           activation=args.activation, rows=rows), f, indent=1)
-        plot(rows, args.out + ".png")
+            json.dump(results, f, indent=1)
+        draw(results, args.out + ".png")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The varlen forward (or, with ``--backward``, forward+backward; with ``--causal``, under the causal mask; with
 ``--window W`` too, under HSTU's ``max_attn_len`` = W, ``window=(W, 0)``) on
 the CuTe-DSL Hopper kernels vs the Triton varlen kernels vs the dense CuTe kernels on the padded batch vs
-flash-attn-4's varlen kernels (softmax, where it imports), one process, Meta's jagged shapes (GPU only;
-cutlass-dsl and flash-attn-4 staged with ../shared/device/stage-cute-dsl.sh).
+flash-attn-4's varlen kernels (softmax, where it imports), one process, Meta's jagged shapes (GPU only; needs
+nvidia-cutlass-dsl, and flash-attn-4 for its provider).
 
 B = 1152 samples, H = 4, D = Dv = 128 (``--head-dims``), bf16, self attention, gelu_tanh, lengths up to N in
 {256, 512, 1024, 2048} at "sparsity" 1.0 (every sample full) and 0.5 (lengths uniform in [1, N]). Rates are TF/s
@@ -22,15 +22,17 @@ provider's scores but FA4's (softmax, no bias); ``--rel-bias`` HSTU's learned re
 tensor [1, H, N, N] shared by the samples (each reads its own [:n, :n]) that, with ``--backward``, takes its gradient
 (dbias) in every GDPA provider's backward; the dense padded provider reads it over the whole padded batch.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --out results/cute_varlen   # .json and .png
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --backward --out results/cute_varlen_bwd
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --head-dims 256,256 --out results/cute_varlen_d256
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --backward --out results/cute_varlen_causal
-    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --window 256 --out results/cute_varlen_w256
+    R=benchmarks/results/<run>
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --out $R/cute_varlen_fwd   # .json and .png
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --backward --out $R/cute_varlen
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --backward --head-dims 256,256 --out $R/cute_varlen_d256
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --backward --out $R/cute_varlen_causal
+    PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --causal --window 256 --backward \
+        --out $R/cute_varlen_window256
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --activation sigmoid --log-n-bias --backward \
-        --out results/cute_varlen_sigmoid
+        --out $R/cute_varlen_sigmoid
     PYTHONPATH=$PWD python3 benchmarks/bench_cute_varlen.py --activation silu --causal --rel-bias --backward \
-        --out results/cute_varlen_rel_bias
+        --out $R/cute_varlen_rel_bias
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ import math
 import torch
 import triton
 from bench_cute_fwd import fa4_function  # beside this file
-from bench_gdpa import SETTLE_MS, bar_groups, median_over_rounds, warm_up_gpu
+from bench_gdpa import SETTLE_MS, median_over_rounds, warm_up_gpu
 from bench_varlen import lengths_for
+from plotting import draw
 
 import gdpa_inductor
 from gdpa_inductor import gdpa, gdpa_varlen
@@ -53,8 +56,7 @@ from gdpa_inductor.lowering.dispatch import select_varlen_backward_impl, select_
 
 ACT, H = "gelu_tanh", 4
 SHAPES = [(n, s) for n in (256, 512, 1024, 2048) for s in (1.0, 0.5)]
-PROVIDERS = [("cute_varlen", "CuTe varlen"), ("triton_varlen", "Triton varlen"), ("cute_padded", "CuTe dense, padded"),
-             ("fa4_varlen", "FA4 varlen (softmax)")]
+PROVIDERS = ("cute_varlen", "triton_varlen", "cute_padded", "fa4_varlen")
 
 
 def _on(backend: str, fn):
@@ -202,7 +204,7 @@ def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: 
         if ms is not None:
             row[f"{name}_ms"] = ms
             row[name] = flops / ms * 1e-9
-    for name, _ in PROVIDERS:
+    for name in PROVIDERS:
         if backward and f"{name}_ms" in row and f"{name}_fwd_ms" in row:
             row[f"{name}_bwd_ms"] = row[f"{name}_ms"] - row[f"{name}_fwd_ms"]
         row.pop(f"{name}_fwd", None)
@@ -214,36 +216,9 @@ def bench_shape(batch, max_len, sparsity, gen, fa4, backward: bool, d: int, dv: 
     return row
 
 
-def plot(rows, meta, path, what: str):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for ax, sparsity in zip(axes, (1.0, 0.5)):
-        sel = [r for r in rows if r["sparsity"] == sparsity]
-        bar_groups(ax, sel, PROVIDERS, [f"N≤{r['max_len']}" for r in sel])
-        ax.set_title(f"sparsity {sparsity}")
-    axes[0].set_ylabel("TF/s (real tokens' work)")
-    axes[0].legend(fontsize=8)
-    d, dv = meta["head_dims"]
-    mask = ", causal" if meta.get("causal") else ""
-    if meta.get("window", [-1])[0] >= 0:
-        mask += f", max_attn_len {meta['window'][0]}"
-    if meta.get("cu_k_copy"):
-        mask += " (band)"
-    act = meta.get("activation", ACT) + (", bias -log N" if meta.get("log_n_bias") else "")
-    if meta.get("rel_bias"):
-        act += ", relative bias [1, H, N, N]" + (" + dbias" if what != "forward" else "")
-    fig.suptitle(f"varlen {what}{mask}, B=1152, H=4, D={d}, Dv={dv}, bf16, {act} — {meta['device']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="results/cute_varlen")
+    parser.add_argument("--out", default="results/cute_varlen", help="path prefix for the .json results and .png plot")
     parser.add_argument("--batch", type=int, default=1152)
     parser.add_argument("--backward", action="store_true", help="time forward+backward")
     parser.add_argument("--shapes", default=None,
@@ -266,7 +241,7 @@ def main():
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.date.today().isoformat(), head_dims=[d, dv], causal=args.causal, window=list(window),
                 cu_k_copy=args.cu_k_copy, activation=args.activation, log_n_bias=args.log_n_bias,
-                rel_bias=args.rel_bias)
+                rel_bias=args.rel_bias, benchmark="bench_cute_varlen")
     warm_up_gpu(2.0)
     fa4 = fa4_function("flash_attn_varlen_func")
     gen = torch.Generator().manual_seed(0)
@@ -277,9 +252,10 @@ def main():
         rows.append(bench_shape(args.batch, max_len, sparsity, gen, fa4, args.backward, d, dv, args.causal, window,
                                 args.cu_k_copy, args.activation, args.log_n_bias, args.rel_bias))
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+    results = dict(meta=meta, backward=args.backward, rows=rows)
     with open(f"{args.out}.json", "w") as f:
-        json.dump(dict(meta=meta, backward=args.backward, rows=rows), f, indent=1)
-    plot(rows, meta, f"{args.out}.png", "forward+backward" if args.backward else "forward")
+        json.dump(results, f, indent=1)
+    draw(results, f"{args.out}.png")
 
 
 if __name__ == "__main__":

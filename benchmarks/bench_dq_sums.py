@@ -1,6 +1,6 @@
 """How the CuTe backward should sum dQ over key tiles: in place in the operands' dtype, by pairs of key tiles
-(fp32 within a cluster of two CTAs, then in place), or in an fp32 buffer. GPU only (sm_90, cutlass-dsl staged
-with ../shared/device/stage-cute-dsl.sh).
+(fp32 within a cluster of two CTAs, then in place), or in an fp32 buffer. GPU only (sm_90, needs
+nvidia-cutlass-dsl).
 
 For each number of 128-key tiles, dQ's relative error against float64 for each sum that takes it (pairs: an
 even number of tiles), next to eager PyTorch's own error at the same inputs (four activations, bf16 and fp16);
@@ -8,7 +8,7 @@ then backward TF/s of each at Meta's shapes (B=1152, H=4, D=128, bf16, do_bench 
 tiles at each pair of head dims (``--only-head-dims`` runs just that). ``DQ_DIRECT_MAX_KEY_TILES``
 and ``dq_sums_for`` in kernels/cute/gdpa_bwd.py are chosen from these tables.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_dq_sums.py --out results/dq_sums
+    PYTHONPATH=$PWD python3 benchmarks/bench_dq_sums.py --out benchmarks/results/<run>/dq_sums   # .json
 """
 
 from __future__ import annotations

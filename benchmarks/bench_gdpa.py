@@ -6,7 +6,7 @@ provider is checked against a float64 reference at the shape (small batch) befor
 Inductor materialize N×N intermediates, so they run at a smaller batch where needed; rates are per FLOP
 (fwd = 4·B·H·Nq·Nk·D, fwd+bwd = 3.5 × fwd), so the comparison is fair.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_gdpa.py --out results/gdpa   # writes .json, .csv, .png
+    PYTHONPATH=$PWD python3 benchmarks/bench_gdpa.py --out benchmarks/results/<run>/gdpa   # .json, .csv, .png
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 import triton
+from plotting import draw  # beside this file
 
 from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.reference import gdpa_reference
@@ -169,46 +170,31 @@ def print_table(rows):
         print(f"| {nq} | {nk} | {cells}{ratio} |")
 
 
-def bar_groups(ax, rows, providers, labels, colors=None, **tick_kw):
-    """One group of bars per row of ``rows``, labelled ``labels``: a bar per (key, name) of ``providers`` that
-    has a figure in the row (a provider that did not run has no bar); ``colors``: name -> color."""
-    width = 0.8 / len(providers)
-    for i, (key, name) in enumerate(providers):
-        xs = [j + i * width for j, r in enumerate(rows) if r.get(key)]
-        ax.bar(xs, [r[key] for r in rows if r.get(key)], width, label=name, color=(colors or {}).get(name))
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, **tick_kw)
-
-
 def cute_bench_parser(activation: str) -> argparse.ArgumentParser:
-    """The options the CuTe benchmarks share: batch, heads, activation (default ``activation``), settle time, output
-    prefix, and redrawing the plot of a recorded .json."""
+    """The options the CuTe benchmarks share: batch, heads, activation (default ``activation``), settle time and output
+    prefix."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1152)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--activation", default=activation)
     ap.add_argument("--settle-ms", type=float, default=SETTLE_MS, help="untimed run of each provider before its timing")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--plot-from", default=None, help="only draw the plot of a recorded .json")
+    ap.add_argument("--out", default=None, help="path prefix for the .json results and their .png plot")
     return ap
 
 
-def run_cute_bench(args, run: Callable[[list], None], plot: Callable, **meta) -> None:
-    """A CuTe benchmark's main after ``cute_bench_parser``: redraws the plot of a recorded .json (``--plot-from``), or
-    warms the GPU up, ``run(rows)`` and writes the rows with the device, the versions and ``meta`` to ``--out``.json
-    and their plot."""
-    if args.plot_from:
-        with open(args.plot_from) as f:
-            data = json.load(f)
-        plot(data["rows"], data, (args.out or args.plot_from.removesuffix(".json")) + ".png")
-        return
+def run_cute_bench(args, run: Callable[[list], None], benchmark: str, **meta) -> None:
+    """A CuTe benchmark's main after ``cute_bench_parser``: warms the GPU up, ``run(rows)`` and writes the rows with
+    the device, the versions, the date, ``benchmark`` (the script's name) and ``meta`` to ``--out``.json, and their
+    plot to ``--out``.png."""
     rows = []
     warm_up_gpu(3.0)
     run(rows)
     if args.out:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, **meta)
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    date=datetime.date.today().isoformat(), benchmark=benchmark) | meta
         with open(args.out + ".json", "w") as f:
             json.dump(dict(meta, rows=rows), f, indent=1)
-        plot(rows, meta, args.out + ".png")
+        draw(dict(meta, rows=rows), args.out + ".png")
 
 
 def time_by_pass(row: dict, fns: dict[str, Callable], flops: dict[str, float], settle_ms: float) -> dict:
@@ -219,53 +205,6 @@ def time_by_pass(row: dict, fns: dict[str, Callable], flops: dict[str, float], s
             row[name] = flops[name.split("_")[1]] / ms * 1e-9
     print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     return row
-
-
-def plot_panels(rows, panels, labels, colors, title: str, path: str, width: float = 11, fontsize: int = 8):
-    """One panel of grouped bars per (ylabel, [(key, label), ...]) of ``panels`` that has data in ``rows``, one
-    group per row (``labels``); a provider that did not run has no bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(ylabel, providers) for ylabel, providers in panels
-              if any(key in r for r in rows for key, _ in providers)]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 11 * len(panels) / 3), squeeze=False)
-    for ax, (ylabel, providers) in zip(axes[:, 0], panels):
-        bar_groups(ax, rows, providers, labels, colors, fontsize=fontsize)
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8, ncol=len(providers))
-    axes[0, 0].set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
-def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shapes = sorted({(r["q_len"], r["kv_len"]) for r in rows}, key=lambda s: (s[1] != s[0], s[1], s[0]))
-    providers = list(dict.fromkeys(r["provider"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
-    width = 0.8 / len(providers)
-    for ax, key, title in zip(axes, ("fwd_tflops", "fwd_bwd_tflops"), ("forward", "forward + backward")):
-        for i, p in enumerate(providers):
-            vals = [next((r[key] for r in rows if r["provider"] == p and (r["q_len"], r["kv_len"]) == s), 0)
-                    for s in shapes]
-            ax.bar([j + i * width for j in range(len(shapes))], vals, width, label=p)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], [f"q{a}\nkv{b}" for a, b in shapes])
-        ax.set_title(title)
-        ax.set_ylabel("TF/s (bf16)")
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].legend()
-    fig.suptitle(f"GDPA (gelu_tanh) vs same math in eager / Inductor, and softmax SDPA — {meta['device']}, "
-                 f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}", fontsize=9)
-    fig.text(0.01, 0.01, meta["command"], fontsize=7)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-    fig.savefig(path, dpi=110)
 
 
 def main():
@@ -283,7 +222,7 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("bench_gdpa.py needs a CUDA GPU")
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=datetime.date.today().isoformat(),
+                date=datetime.date.today().isoformat(), benchmark="bench_gdpa",
                 command="python3 benchmarks/bench_gdpa.py " + " ".join(__import__("sys").argv[1:]))
     rows = []
     warm_up_gpu(args.warmup_s)
@@ -299,7 +238,7 @@ def main():
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-        plot(rows, meta, args.out + ".png")
+        draw(dict(meta=meta, rows=rows), args.out + ".png")
 
 
 if __name__ == "__main__":

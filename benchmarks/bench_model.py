@@ -6,7 +6,7 @@ B=1152 samples, H=4, D=128 (width 512), PFFN 256 per head, histories uniform in 
 A step is forward, backward and an SGD update; both backends start from the same weights, train on the same
 batches (losses recorded side by side) and are timed in one process.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_model.py --out results/model
+    PYTHONPATH=$PWD python3 benchmarks/bench_model.py --out benchmarks/results/<run>/model   # .json, .png
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import sys
 
 import torch
 import triton
+from plotting import draw  # beside this file
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "ranking_pffn_pma.py"
 
@@ -55,7 +56,8 @@ def main():
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.date.today().isoformat(),
                 command=" ".join(["python3 benchmarks/bench_model.py", *sys.argv[1:]]),
-                model="examples/ranking_pffn_pma.py", heads=4, head_dim=128, dff=256, dtype="bfloat16")
+                model="examples/ranking_pffn_pma.py", heads=4, head_dim=128, dff=256, dtype="bfloat16",
+                benchmark="bench_model")
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for max_len in map(int, args.lengths.split(",")):
@@ -63,34 +65,7 @@ def main():
         print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("inductor", "gdpa")}), flush=True)
         with open(f"{args.out}.json", "w") as f:  # after every length: a run cut short keeps what it measured
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    plot(rows, meta, f"{args.out}.png")
-
-
-def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    x = range(len(rows))
-    for i, name in enumerate(("inductor", "gdpa")):
-        times = [r[name]["step_ms"] or float("nan") for r in rows]
-        bars = ax.bar([xi + (i - 0.5) * 0.38 for xi in x], times, 0.38, label=f'backend="{name}"')
-        if name == "gdpa":
-            for bar, r in zip(bars, rows):
-                if r["speedup"]:
-                    ax.annotate(f"{r['speedup']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                                ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(list(x), [f"N ≤ {r['max_len']}" for r in rows])
-    ax.set_ylabel("training step, ms (lower is better)")
-    ax.set_title(f"ranking example, B={rows[0]['batch']}, {rows[0]['layers']} layers, H=4, D=128, bf16; "
-                 "lengths uniform in [1, N]", fontsize=9)
-    ax.legend(fontsize=9)
-    fig.suptitle(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}\n"
-                 f"{meta['command']}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    draw(dict(meta=meta, rows=rows), f"{args.out}.png")
 
 
 if __name__ == "__main__":

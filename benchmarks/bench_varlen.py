@@ -13,12 +13,12 @@ B = 1152 samples, H = 4, D = 128, bf16, self attention, lengths up to N in {256,
 - ``backend_gdpa``: that module compiled with ``backend="gdpa"`` at the full batch (the length mask
   becomes the varlen op's per-sample lengths; ``backend_rewrites`` counts the rewrite).
 The varlen op is checked against the float64 reference on 8 samples before timing. Each time is taken
-twice (medians, the protocol of ../shared/docs/performance.md): launched from Python (triton.testing.do_bench:
+twice (do_bench medians): launched from Python (triton.testing.do_bench:
 includes the host's per-call dispatch, about 0.17 ms through the eager fast path, which bounds the shortest
 calls) and replayed from a CUDA graph
 (do_bench_cudagraph: the GPU's time, as under torch.compile's CUDA graphs). ``--quick``: a small grid.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_varlen.py --out results/varlen   # .json, .csv, .png
+    PYTHONPATH=$PWD python3 benchmarks/bench_varlen.py --out benchmarks/results/<run>/varlen   # .json, .csv, .png
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import types
 import torch
 import torch.nn.functional as F
 import triton
+from plotting import draw  # beside this file
 
 from gdpa_inductor import gdpa, gdpa_varlen
 from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference
@@ -156,40 +157,15 @@ def main():
                 row[f"inductor_over_backend_gdpa_{what}"] = row[f"inductor_{what}_ms"] / row[f"backend_gdpa_{what}_ms"]
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.date.today().isoformat(), command="python3 benchmarks/bench_varlen.py"
-                + (" --quick" if args.quick else ""), activation=ACT, heads=H, head_dim=D, dtype="bfloat16")
+                + (" --quick" if args.quick else ""), activation=ACT, heads=H, head_dim=D, dtype="bfloat16",
+                benchmark="bench_varlen")
     with open(f"{args.out}.json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     with open(f"{args.out}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, meta, f"{args.out}.png")
-
-
-def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
-    for ax, what in zip(axes.flat, ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph")):
-        labels = [f"N={r['max_len']}\ns={r['sparsity']}" for r in rows]
-        x = range(len(rows))
-        width = 0.16
-        for i, name in enumerate(("varlen", "padded_lengths", "backend_gdpa", "padded", "inductor")):
-            times = [r.get(f"{name}_{what}_ms", float("nan")) for r in rows]
-            ax.bar([xi + (i - 2) * width for xi in x], times, width, label=name)
-        ax.set_xticks(list(x), labels, fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel("ms (lower is better)")
-        title = what.replace("fwd_bwd", "fwd+bwd").replace("_graph", " (CUDA graph)")
-        ax.set_title(f"{title}: B={rows[0]['batch']}, H={H}, D={D}, {ACT}, bf16", fontsize=9)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}: "
-                 f"{meta['command']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    draw(dict(meta=meta, rows=rows), f"{args.out}.png")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ launch, the forward launch) and for the dense op, the same calls launch-timed an
 1.0, uniform in [1, N] below).
 
     PYTHONPATH=$PWD python3 benchmarks/host_overhead.py [--backend cute] [--max-len 128 --sparsity 1.0]
-        [--out results/host.json]
+        [--out benchmarks/results/<run>/host_overhead.json]
 """
 
 from __future__ import annotations

@@ -12,9 +12,6 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch._dynamo.utils import counters
-
-from .patterns.rewrite import rewrite_gdpa
 
 log = logging.getLogger("gdpa_inductor")
 
@@ -27,6 +24,12 @@ def gdpa_backend(gm: torch.fx.GraphModule, example_inputs, *, inner: str = "indu
     ``mode`` and ``options`` are ``torch.compile``'s, passed on to Inductor as ``backend="inductor"`` takes
     them (``mode="max-autotune"``, ``options={"triton.cudagraphs": True}``, ...).
     """
+    # Imported here: the pass needs Inductor's pattern matcher, and importing Dynamo imports Triton, which a
+    # plain `import gdpa_inductor` should not.
+    from torch._dynamo.utils import counters
+
+    from .patterns.rewrite import rewrite_gdpa
+
     rewrites = 0
     try:
         rewrites = sum(r.matched for r in rewrite_gdpa(gm, example_inputs))
@@ -67,9 +70,10 @@ def install() -> None:
     twice would fail Dynamo's duplicate check."""
     from importlib.metadata import entry_points
 
-    from torch._dynamo.backends.registry import list_backends, register_backend
-
     if any(ep.name == "gdpa" for ep in entry_points(group="torch_dynamo_backends")):
         return
+    # Only a checkout gets here: registering needs Dynamo's registry, whose import also imports Triton.
+    from torch._dynamo.backends.registry import list_backends, register_backend
+
     if "gdpa" not in list_backends(exclude_tags=()):
         register_backend(compiler_fn=gdpa_backend, name="gdpa")

@@ -9,11 +9,12 @@ rejected (the reason).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from .patterns.rewrite import CandidateReport, rewrite_gdpa
-from .patterns.softmax_free_attention import NO_PAIR
+if TYPE_CHECKING:
+    from .patterns.rewrite import CandidateReport
 
 
 @dataclass
@@ -30,6 +31,8 @@ class ExplainReport:
         return [c for c in self.candidates if not c.matched]
 
     def __str__(self) -> str:
+        from .patterns.softmax_free_attention import NO_PAIR
+
         lone = [c for c in self.rejected if c.reason == NO_PAIR]
         lines = [f"gdpa explain: {self.graphs} graph(s), {len(self.fused)} GDPA subgraph(s) fused, "
                  f"{len(self.rejected)} matmul(s) left to Inductor"]
@@ -41,6 +44,40 @@ class ExplainReport:
 
 
 def explain(model_or_fn, *args, **kwargs) -> ExplainReport:
+    """Reports what ``torch.compile(model_or_fn, backend="gdpa")`` would fuse on these inputs, and why the
+    other matmuls are not fused, without compiling anything.
+
+    Runs ``model_or_fn(*args, **kwargs)`` once under Dynamo (after ``torch._dynamo.reset()``, and resets
+    again afterwards): every graph Dynamo captures goes through the GDPA pass in dry-run mode, and the
+    model then runs eagerly, so parameters, buffers and RNG state change as in one eager call (gradients
+    are not computed). Graph breaks give several graphs, each analyzed.
+
+    Args:
+        model_or_fn: an ``nn.Module`` or a function, as ``torch.compile`` takes it.
+        *args, **kwargs: the inputs of one call; shapes, dtypes and devices matter (a GPU-only case is
+            judged on the inputs given).
+
+    Returns:
+        An ``ExplainReport``: ``graphs`` (how many graphs Dynamo produced), ``candidates`` (one
+        ``CandidateReport`` per matmul considered), ``fused`` and ``rejected`` (the candidates split by
+        outcome, a rejected one with its ``reason``); ``str(report)`` is the printable summary.
+
+    Example::
+
+        >>> import torch, torch.nn.functional as F
+        >>> import gdpa_inductor
+        >>> def block(q, k, v):
+        ...     return F.gelu(q @ k.transpose(-2, -1) * 0.125) @ v
+        >>> q, k, v = (torch.randn(2, 4, 64, 64) for _ in range(3))
+        >>> report = gdpa_inductor.explain(block, q, k, v)
+        >>> len(report.fused)
+        1
+        >>> print(report)  # doctest: +SKIP
+        gdpa explain: 1 graph(s), 1 GDPA subgraph(s) fused, 0 matmul(s) left to Inductor
+        ...
+    """
+    from .patterns.rewrite import rewrite_gdpa
+
     report = ExplainReport()
 
     def analyze(gm: torch.fx.GraphModule, example_inputs):

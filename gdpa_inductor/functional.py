@@ -50,7 +50,7 @@ def gdpa(
         return _gdpa_nested(query, key, value, activation, scale, post_scale, bias, causal, negative_slope)
     check_gdpa_args(
         query, key, value, activation=activation, scale=1.0 if scale is None else scale,
-        post_scale=post_scale, bias=bias, negative_slope=negative_slope,
+        post_scale=post_scale, bias=bias, negative_slope=negative_slope, causal=causal,
     )
     return attention(
         query, key, value, bias, activation, 1.0 if scale is None else float(scale), float(post_scale),
@@ -105,7 +105,7 @@ def gdpa_varlen(
     left, right = check_varlen_args(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, activation=activation,
         scale=1.0 if scale is None else scale, post_scale=post_scale, window=window,
-        negative_slope=negative_slope, seqused_q=seqused_q, seqused_k=seqused_k, bias=bias,
+        negative_slope=negative_slope, seqused_q=seqused_q, seqused_k=seqused_k, bias=bias, causal=causal,
     )
     return varlen_attention(
         q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import numbers
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -50,11 +52,32 @@ def broadcasts_to(t: torch.Tensor, target: tuple) -> bool:
 def _check_real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name}: expected a real number (float or int); got {type(value).__name__}")
-    return float(value)
+    try:
+        as_float = float(value)
+    except OverflowError:  # an int past float's range
+        as_float = math.inf
+    # x - x is 0 exactly for a finite x (nan and inf give nan); unlike math.isfinite, it also takes the symbolic
+    # floats torch.compile traces from shapes (where it simplifies to 0).
+    if as_float - as_float != 0:
+        raise ValueError(f"{name}: expected a finite number (not nan or inf); got {value!r}")
+    return as_float
+
+
+def _check_flag(name: str, value) -> None:
+    """A Python bool or a numpy bool; ints and strings are refused, as they are usually a misplaced argument."""
+    if isinstance(value, (bool, torch.SymBool)):  # SymBool: a shape comparison under torch.compile
+        return
+    numpy = sys.modules.get("numpy")  # a numpy bool can only come from an imported numpy
+    if numpy is not None and isinstance(value, numpy.bool_):
+        return
+    got = (f"a {value.dtype} tensor of shape {tuple(value.shape)} (pass bool(t))" if isinstance(value, torch.Tensor)
+           else f"{value!r} ({type(value).__name__})")
+    raise ValueError(f"{name}: expected a bool (True or False); got {got}")
 
 
 def check_gdpa_args(
-    query, key, value, *, activation: str, scale, post_scale, bias: torch.Tensor | None, negative_slope
+    query, key, value, *, activation: str, scale, post_scale, bias: torch.Tensor | None, negative_slope,
+    causal=False,
 ) -> GdpaShapes:
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
@@ -77,6 +100,7 @@ def check_gdpa_args(
     _check_real("scale", scale)
     _check_real("post_scale", post_scale)
     _check_real("negative_slope", negative_slope)
+    _check_flag("causal", causal)
 
     if key.shape[-1] != query.shape[-1]:
         raise ValueError(

@@ -9,7 +9,7 @@ import torch
 from .kernels.activations import get_activation
 from .kernels.reference_varlen import bias_shape
 from .lowering.eager import plain_eager
-from .validation import SUPPORTED_DTYPES, _check_real, broadcasts_to
+from .validation import SUPPORTED_DTYPES, _check_flag, _check_real, broadcasts_to
 
 
 def _check_rows(name: str, x: torch.Tensor, cu, seqused, heads_name: str) -> None:
@@ -25,26 +25,49 @@ def _check_rows(name: str, x: torch.Tensor, cu, seqused, heads_name: str) -> Non
                          f"shape {tuple(x.shape)}")
 
 
-def _check_index(name: str, t, device, length: int | None) -> None:
+def _described(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"a {t.dim()}-D {t.dtype} tensor of shape {tuple(t.shape)}"
+    return type(t).__name__
+
+
+def _check_offsets(name: str, cu, device) -> None:
+    """cu_seqlens: B + 1 offsets, int32 only (FlashAttention's convention, the kernels' index type)."""
+    if cu is None:
+        return
+    expected = f"{name}: expected None or a 1-D int32 tensor of B + 1 offsets"
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() == 0:
+        raise ValueError(f"{expected}; got {_described(cu)}")
+    if cu.dtype != torch.int32:
+        raise ValueError(f"{expected}; got {_described(cu)} (convert with .to(torch.int32))")
+    if cu.device != device:
+        raise ValueError(f"{name}: expected the device of q ({device}); got {cu.device}")
+
+
+def _check_lengths(name: str, t, device, length: int) -> None:
+    """seqused: one length per sample; int64 too, as lengths tensors usually are."""
     if t is None:
         return
+    expected = f"{name}: expected None or a 1-D int32 or int64 tensor of {length} lengths (one per sample)"
     if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
-        raise ValueError(f"{name}: expected a 1-D int32 tensor; got "
-                         f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+        raise ValueError(f"{expected}; got {_described(t)}")
+    if t.numel() != length:
+        raise ValueError(f"{expected}; got {_described(t)}")
     if t.device != device:
         raise ValueError(f"{name}: expected the device of q ({device}); got {t.device}")
-    if length is not None and t.numel() != length:
-        raise ValueError(f"{name}: expected {length} entries (one per sample); got {t.numel()}")
     if t.device.type == "cpu" and t.numel() and plain_eager(t) and int(t.min()) < 0:
-        raise ValueError(f"{name}: expected non-negative entries")
+        raise ValueError(f"{name}: expected non-negative lengths; got a minimum of {int(t.min())}")
 
 
 def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, activation, scale,
-                      post_scale, window, negative_slope, seqused_q, seqused_k, bias=None) -> tuple[int, int]:
+                      post_scale, window, negative_slope, seqused_q, seqused_k, bias=None,
+                      causal=False) -> tuple[int, int]:
     """Returns the window as the op's (left, right), -1 meaning unbounded."""
     _check_rows("q", q, cu_seqlens_q, seqused_q, "H")
     _check_rows("k", k, cu_seqlens_k, seqused_k, "Hkv")
     _check_rows("v", v, cu_seqlens_k, seqused_k, "Hkv")
+    _check_offsets("cu_seqlens_q", cu_seqlens_q, q.device)
+    _check_offsets("cu_seqlens_k", cu_seqlens_k, q.device)
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"{name}: expected the device of q ({q.device}); got {t.device}")
@@ -65,12 +88,10 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     if len(set(batches.values())) > 1:
         raise ValueError(f"cu_seqlens_q/cu_seqlens_k: expected one batch size for q and k; got {batches}")
     batch = next(iter(batches.values()), 1)
-    _check_index("cu_seqlens_q", cu_seqlens_q, q.device, None)
-    _check_index("cu_seqlens_k", cu_seqlens_k, q.device, None)
     for name, used, cu in (("seqused_q", seqused_q, cu_seqlens_q), ("seqused_k", seqused_k, cu_seqlens_k)):
         if used is not None and cu is not None:
             raise ValueError(f"{name}: only for a dense side (its cu_seqlens must be None)")
-        _check_index(name, used, q.device, batch)
+        _check_lengths(name, used, q.device, batch)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"{name}: expected a non-negative int (the longest sequence); got {value!r}")
@@ -80,7 +101,7 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         if cu is None or cu.device.type != "cpu" or not plain_eager(cu):
             continue
         lengths = cu[1:] - cu[:-1]
-        if cu.numel() == 0 or int(cu[0]) != 0 or int(cu[-1]) != x.shape[0] or bool((lengths < 0).any()):
+        if int(cu[0]) != 0 or int(cu[-1]) != x.shape[0] or bool((lengths < 0).any()):
             raise ValueError(f"{name}: expected non-decreasing offsets from 0 to {x.shape[0]} (rows of the "
                              f"tensor); got {cu.tolist()[:8]}...")
         if lengths.numel() and int(lengths.max()) > longest:
@@ -92,6 +113,7 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     _check_real("scale", scale)
     _check_real("post_scale", post_scale)
     _check_real("negative_slope", negative_slope)
+    _check_flag("causal", causal)
     return _window(window)
 
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from gdpa_inductor import demo
+from gdpa_inductor import config, demo
 from gdpa_inductor.patterns.softmax_free_attention import NO_PAIR
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
@@ -22,6 +22,13 @@ FUSED_BLOCKS = {
     "ranking_pffn_pma.py": 5,
     "sigmoid_transformer.py": 4,
 }
+
+
+@pytest.fixture(autouse=True)
+def reference_path(monkeypatch):
+    """The path a user's CPU takes: the suite sets TRITON_INTERPRET=1, which would route fp32 calls through the
+    Triton interpreter instead (its kernels have their own tests)."""
+    monkeypatch.setattr(config, "backend", "reference")
 
 
 def _load(name: str):

@@ -174,6 +174,53 @@ def test_invalid_arguments(case, gen):
     assert str(info.value).startswith(f"{name}: "), str(info.value)
 
 
+# Scales must be finite and flags bools: nan, inf, "yes" or 1 are mistakes that would otherwise run silently.
+REFUSED = {
+    "nan_scale": ({"scale": float("nan")}, r"^scale: expected a finite number \(not nan or inf\); got nan$"),
+    "inf_scale": ({"scale": float("inf")}, r"^scale: expected a finite number \(not nan or inf\); got inf$"),
+    "int_past_float_scale": ({"scale": 10**400}, r"^scale: expected a finite number \(not nan or inf\); got 1000"),
+    "nan_post_scale": ({"post_scale": math.nan}, r"^post_scale: expected a finite number \(not nan or inf\); got nan$"),
+    "neg_inf_post_scale": ({"post_scale": -math.inf},
+                           r"^post_scale: expected a finite number \(not nan or inf\); got -inf$"),
+    "nan_negative_slope": ({"activation": "leaky_relu", "negative_slope": math.nan},
+                           r"^negative_slope: expected a finite number \(not nan or inf\); got nan$"),
+    "string_causal": ({"causal": "yes"}, r"^causal: expected a bool \(True or False\); got 'yes' \(str\)$"),
+    "int_causal": ({"causal": 1}, r"^causal: expected a bool \(True or False\); got 1 \(int\)$"),
+    "none_causal": ({"causal": None}, r"^causal: expected a bool \(True or False\); got None \(NoneType\)$"),
+    "tensor_causal": ({"causal": torch.tensor(True)},
+                      r"^causal: expected a bool \(True or False\); got a torch.bool tensor of shape \(\) "
+                      r"\(pass bool\(t\)\)$"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_non_finite_scales_and_non_bool_flags_are_refused(case, gen):
+    kwargs, message = REFUSED[case]
+    with pytest.raises(ValueError, match=message):
+        gdpa(*_qkv(gen), **kwargs)
+
+
+def test_causal_takes_numpy_bools(gen):
+    np = pytest.importorskip("numpy")
+    q, k, v = _qkv(gen, q=(2, 2, 5, 8), k=(2, 2, 5, 8), v=(2, 2, 5, 8), dtype=F64)
+    outs = {value: gdpa(q, k, v, causal=value) for value in (True, False)}
+    assert not torch.equal(outs[True], outs[False])
+    for value in (True, False):
+        assert torch.equal(gdpa(q, k, v, causal=np.bool_(value)), outs[value])
+
+
+def test_checks_take_shape_derived_scale_and_causal_under_dynamic_shapes(gen):
+    # torch.compile traces them as symbolic floats and bools: checked without a graph break.
+    q, k, v = _qkv(gen, q=(2, 2, 5, 8), k=(2, 2, 5, 8), v=(2, 2, 5, 8), dtype=F64)
+    f = lambda q, k, v: gdpa(q, k, v, scale=q.shape[-1] ** -0.5, causal=q.shape[-2] > 2)  # noqa: E731
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(f, backend="eager", fullgraph=True, dynamic=True)(q, k, v)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(out, gdpa(q, k, v, scale=8**-0.5, causal=True))
+
+
 # ---- NaN and inf behave as in eager float64 math ----
 
 def _poison(t, where, value):

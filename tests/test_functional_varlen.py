@@ -22,7 +22,8 @@ def _jagged(gen, lengths=(3, 5), h=2, d=8):
     (lambda a: a.update(k=a["k"][..., :4]), "k: expected head_dim 8"),
     (lambda a: a.update(v=a["v"][:-1]), "v: expected"),
     (lambda a: a.update(q=a["q"].double()), "k: expected the dtype of q"),
-    (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].float()), "cu_seqlens_q: expected a 1-D int32 tensor"),
+    (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].float()),
+     "cu_seqlens_q: expected None or a 1-D int32 tensor of B + 1 offsets; got a 1-D torch.float32 tensor"),
     (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 3, 7], dtype=torch.int32)),
      "cu_seqlens_q: expected non-decreasing offsets from 0 to 8"),
     (lambda a: a.update(cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32)), "expected one batch size"),
@@ -45,6 +46,86 @@ def test_bad_arguments_name_the_argument(change, message, gen):
     with pytest.raises(ValueError, match=None) as info:
         gdpa_varlen(**args)
     assert message in str(info.value), str(info.value)
+
+
+def _varlen_args(gen):
+    q, k, v, cu, longest = _jagged(gen)
+    return dict(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+
+
+# Each message names the argument, the dtype and shape it expects, and what it got.
+_OFFSETS = r"expected None or a 1-D int32 tensor of B \+ 1 offsets; got "
+REFUSED = {
+    "cu_q_2d": (dict(cu_seqlens_q=torch.tensor([[0, 3, 8]], dtype=torch.int32)),
+                rf"^cu_seqlens_q: {_OFFSETS}a 2-D torch.int32 tensor of shape \(1, 3\)$"),
+    "cu_k_0d": (dict(cu_seqlens_k=torch.tensor(8, dtype=torch.int32)),
+                rf"^cu_seqlens_k: {_OFFSETS}a 0-D torch.int32 tensor of shape \(\)$"),
+    "cu_q_int64": (dict(cu_seqlens_q=torch.tensor([0, 3, 8])),
+                   rf"^cu_seqlens_q: {_OFFSETS}a 1-D torch.int64 tensor of shape \(3,\) "
+                   r"\(convert with .to\(torch.int32\)\)$"),
+    "cu_k_int64": (dict(cu_seqlens_k=torch.tensor([0, 3, 8])), rf"^cu_seqlens_k: {_OFFSETS}a 1-D torch.int64"),
+    "cu_q_empty": (dict(cu_seqlens_q=torch.zeros(0, dtype=torch.int32)),
+                   rf"^cu_seqlens_q: {_OFFSETS}a 1-D torch.int32 tensor of shape \(0,\)$"),
+    "cu_q_list": (dict(cu_seqlens_q=[0, 3, 8]), rf"^cu_seqlens_q: {_OFFSETS}list$"),
+    "cu_q_meta": (dict(cu_seqlens_q=torch.tensor([0, 3, 8], dtype=torch.int32, device="meta")),
+                  r"^cu_seqlens_q: expected the device of q \(cpu\); got meta$"),
+    "seqused_2d": (dict(q=torch.zeros(2, 5, 2, 8), cu_seqlens_q=None, seqused_q=torch.ones(2, 1, dtype=torch.int32)),
+                   r"^seqused_q: expected None or a 1-D int32 or int64 tensor of 2 lengths \(one per sample\); "
+                   r"got a 2-D torch.int32 tensor of shape \(2, 1\)$"),
+    "seqused_float": (dict(q=torch.zeros(2, 5, 2, 8), cu_seqlens_q=None, seqused_q=torch.ones(2)),
+                      r"^seqused_q: expected None or a 1-D int32 or int64 tensor of 2 lengths .*; "
+                      r"got a 1-D torch.float32 tensor of shape \(2,\)$"),
+    "seqused_too_short": (dict(q=torch.zeros(2, 5, 2, 8), cu_seqlens_q=None,
+                               seqused_q=torch.ones(1, dtype=torch.int32)),
+                          r"^seqused_q: expected .* of 2 lengths \(one per sample\); got a 1-D torch.int32 tensor "
+                          r"of shape \(1,\)$"),
+    "seqused_negative": (dict(q=torch.zeros(2, 5, 2, 8), cu_seqlens_q=None, seqused_q=torch.tensor([2, -1])),
+                         r"^seqused_q: expected non-negative lengths; got a minimum of -1$"),
+    "nan_scale": (dict(scale=float("nan")), r"^scale: expected a finite number \(not nan or inf\); got nan$"),
+    "inf_scale": (dict(scale=float("-inf")), r"^scale: expected a finite number \(not nan or inf\); got -inf$"),
+    "inf_post_scale": (dict(post_scale=float("inf")),
+                       r"^post_scale: expected a finite number \(not nan or inf\); got inf$"),
+    "nan_post_scale": (dict(post_scale=float("nan")),
+                       r"^post_scale: expected a finite number \(not nan or inf\); got nan$"),
+    "string_causal": (dict(causal="yes"), r"^causal: expected a bool \(True or False\); got 'yes' \(str\)$"),
+    "int_causal": (dict(causal=0), r"^causal: expected a bool \(True or False\); got 0 \(int\)$"),
+    "tensor_causal": (dict(causal=torch.tensor([True])),
+                      r"^causal: expected a bool \(True or False\); got a torch.bool tensor of shape \(1,\)"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_refused_arguments_say_what_was_expected_and_got(case, gen):
+    args = _varlen_args(gen)
+    change, message = REFUSED[case]
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        gdpa_varlen(**args)
+
+
+def test_causal_takes_numpy_bools(gen):
+    np = pytest.importorskip("numpy")
+    args = _varlen_args(gen)
+    outs = {value: gdpa_varlen(**args, causal=value) for value in (True, False)}
+    assert not torch.equal(outs[True], outs[False])
+    for value in (True, False):
+        assert torch.equal(gdpa_varlen(**args, causal=np.bool_(value)), outs[value])
+
+
+def test_checks_take_shape_derived_scale_and_causal_under_dynamic_shapes(gen):
+    # torch.compile traces them as symbolic floats and bools: checked without a graph break.
+    args = _varlen_args(gen)
+
+    def f(q, k, v):
+        return gdpa_varlen(q, k, v, args["cu_seqlens_q"], args["cu_seqlens_k"], 5, 5, scale=q.shape[-1] ** -0.5,
+                           causal=q.shape[0] > 2)
+
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(f, backend="eager", fullgraph=True, dynamic=True)(args["q"], args["k"], args["v"])
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(out, gdpa_varlen(**args, scale=8**-0.5, causal=True))
 
 
 def test_nested_tensor_through_gdpa_matches_dense_per_sample(gen):

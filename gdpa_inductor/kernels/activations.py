@@ -15,8 +15,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .triton import activation_math as tm
-
 TorchAct = Callable[[torch.Tensor, float], torch.Tensor]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -67,33 +65,35 @@ class Activation:
     name: str
     torch_fn: TorchAct
     torch_grad: TorchAct
-    triton_fn: object
-    triton_fn_and_grad: object
     # act(c * x) == c * act(x) for c > 0: a scale may then move across the activation.
     positively_homogeneous: bool
+
+    # The Triton forms are looked up when a kernel launches: importing Triton is for the calls that run it.
+    @property
+    def triton_fn(self):
+        from .triton import activation_math
+
+        return getattr(activation_math, self.name)
+
+    @property
+    def triton_fn_and_grad(self):
+        from .triton import activation_math
+
+        return getattr(activation_math, f"{self.name}_and_grad")
 
 
 ACTIVATIONS: dict[str, Activation] = {
     a.name: a
     for a in (
-        Activation("identity", lambda x, s: x, lambda x, s: torch.ones_like(x),
-                   tm.identity, tm.identity_and_grad, True),
-        Activation("relu", lambda x, s: torch.relu(x), lambda x, s: (x > 0).to(x.dtype),
-                   tm.relu, tm.relu_and_grad, True),
-        Activation("relu_square", _relu_square, _relu_square_grad,
-                   tm.relu_square, tm.relu_square_and_grad, False),
-        Activation("leaky_relu", lambda x, s: F.leaky_relu(x, s), _leaky_relu_grad,
-                   tm.leaky_relu, tm.leaky_relu_and_grad, True),
-        Activation("gelu", lambda x, s: F.gelu(x), _gelu_grad,
-                   tm.gelu, tm.gelu_and_grad, False),
-        Activation("gelu_tanh", lambda x, s: F.gelu(x, approximate="tanh"), _gelu_tanh_grad,
-                   tm.gelu_tanh, tm.gelu_tanh_and_grad, False),
-        Activation("silu", lambda x, s: F.silu(x), _silu_grad,
-                   tm.silu, tm.silu_and_grad, False),
-        Activation("sigmoid", lambda x, s: torch.sigmoid(x), _sigmoid_grad,
-                   tm.sigmoid, tm.sigmoid_and_grad, False),
-        Activation("hardswish", lambda x, s: F.hardswish(x), _hardswish_grad,
-                   tm.hardswish, tm.hardswish_and_grad, False),
+        Activation("identity", lambda x, s: x, lambda x, s: torch.ones_like(x), True),
+        Activation("relu", lambda x, s: torch.relu(x), lambda x, s: (x > 0).to(x.dtype), True),
+        Activation("relu_square", _relu_square, _relu_square_grad, False),
+        Activation("leaky_relu", lambda x, s: F.leaky_relu(x, s), _leaky_relu_grad, True),
+        Activation("gelu", lambda x, s: F.gelu(x), _gelu_grad, False),
+        Activation("gelu_tanh", lambda x, s: F.gelu(x, approximate="tanh"), _gelu_tanh_grad, False),
+        Activation("silu", lambda x, s: F.silu(x), _silu_grad, False),
+        Activation("sigmoid", lambda x, s: torch.sigmoid(x), _sigmoid_grad, False),
+        Activation("hardswish", lambda x, s: F.hardswish(x), _hardswish_grad, False),
     )
 }
 

@@ -37,9 +37,10 @@ def triton_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
 
 def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
     """The dense forward's path: see ``_cute_else_select``."""
-    from ..kernels.cute.gdpa_fwd import cute_fwd_preferred, cute_fwd_support
 
     def support(q, k, v, bias, causal, activation):
+        from ..kernels.cute.gdpa_fwd import cute_fwd_preferred, cute_fwd_support
+
         ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
         if ok and config.backend == "auto":
             ok, reason = cute_fwd_preferred(q, k, v)
@@ -51,9 +52,10 @@ def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
 def select_backward_impl(q, k, v, bias, causal: bool, activation: str, bias_grad: bool = False) -> str:
     """The dense backward's path: see ``_cute_else_select``. ``bias_grad``: whether the call wants the bias's
     gradient (not in the CuTe backward)."""
-    from ..kernels.cute.gdpa_bwd import cute_bwd_support
 
     def support(q, k, v, bias, causal, activation):
+        from ..kernels.cute.gdpa_bwd import cute_bwd_support
+
         return cute_bwd_support(q, k, v, bias, causal, activation, bias_grad)
 
     return _cute_else_select(support, q, k, v, bias, causal, activation, "backward")
@@ -64,9 +66,10 @@ def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, i
     """The varlen forward's path: "cute" where the CuTe varlen forward covers the call (under "auto" where it is
     also preferred, and under "cute"; a case it does not cover runs as under "auto"), otherwise as
     ``select_impl``. ``rows``: the call's (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)."""
-    from ..kernels.cute.varlen_fwd import cute_varlen_fwd_preferred, cute_varlen_fwd_support
 
     def support(q, k, v, bias, causal, window, activation, rows):
+        from ..kernels.cute.varlen_fwd import cute_varlen_fwd_preferred, cute_varlen_fwd_support
+
         ok, reason = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows)
         if ok and config.backend == "auto":
             ok, reason = cute_varlen_fwd_preferred(q, v)
@@ -81,13 +84,14 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
     a case it does not cover runs as under "auto"), otherwise as ``select_impl``. ``rows``: as for the forward;
     ``bias_grad``: whether the call wants the bias's gradient (a bias tensor's, in the CuTe backward).
 
-    Measured on H200 (``bench_cute_varlen.py --backward``, B=1152, H=4, D=128, bf16 gelu_tanh, lengths up to 256 to
-    2048, all full or uniform in [1, N]; twenty-sixth session, docs/benchmarks.md): the backward alone 1.13-1.94x
-    Triton's varlen backward, 1.20-2.22x under the causal mask. (Until then the benchmark ran every provider's
-    backward under "auto", and "auto" had been set to keep Triton's on that measurement.)"""
-    from ..kernels.cute.varlen_bwd import cute_varlen_bwd_support
+    Under "auto" support alone decides (the forward also asks ``cute_varlen_fwd_preferred``): the CuTe varlen
+    backward was faster than Triton's in every case measured. On H200 (``bench_cute_varlen.py --backward``, B=1152,
+    H=4, D=128, bf16 gelu_tanh, lengths up to 256 to 2048, all full or uniform in [1, N]; docs/benchmarks.md) the
+    backward alone ran 1.13-1.94x as fast as Triton's varlen backward, 1.20-2.22x under the causal mask."""
 
     def support(q, k, v, bias, causal, window, activation, rows):
+        from ..kernels.cute.varlen_bwd import cute_varlen_bwd_support
+
         return cute_varlen_bwd_support(q, k, v, bias, causal, window, activation, rows, bias_grad)
 
     return _varlen_cute_else_select(support, q, k, v, bias, causal, window, activation, rows, "varlen backward")
@@ -95,7 +99,7 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
 
 def _varlen_cute_else_select(cute_support, q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
                              rows: tuple, what: str) -> str:
-    if config.backend in ("auto", "cute"):
+    if _asks_cute(q, what):
         ok, reason = cute_support(q, k, v, bias, causal, window, activation, rows)
         if ok:
             log.debug("gdpa %s: cute", what)
@@ -107,7 +111,7 @@ def _varlen_cute_else_select(cute_support, q, k, v, bias, causal: bool, window: 
 def _cute_else_select(cute_support, q, k, v, bias, causal: bool, activation: str, what: str) -> str:
     """"cute" where ``cute_support`` says the CuTe-DSL Hopper kernel takes the call (under "auto" and "cute"; a
     ValueError under "cute" when it cannot), otherwise as ``select_impl``."""
-    if config.backend in ("auto", "cute"):
+    if _asks_cute(q, what):
         ok, reason = cute_support(q, k, v, bias, causal, activation)
         if ok:
             log.debug("gdpa %s: cute", what)
@@ -116,6 +120,20 @@ def _cute_else_select(cute_support, q, k, v, bias, causal: bool, activation: str
             raise ValueError(f"gdpa_inductor.config.backend='cute' cannot run this call: {reason}")
         log.debug("gdpa %s: not cute (%s)", what, reason)
     return select_impl(q, k, v, bias, what)
+
+
+def on_cuda(q: torch.Tensor) -> bool:
+    """Whether the call's tensors are CUDA tensors, the only ones the CuTe kernels take."""
+    return q.device.type == "cuda"
+
+
+def _asks_cute(q: torch.Tensor, what: str) -> bool:
+    """Whether the CuTe support check runs: under "cute", and under "auto" for CUDA tensors only (the kernels need
+    an sm_90 GPU; the check's modules import Triton and cutlass-dsl, which a CPU call should not load)."""
+    if config.backend == "auto" and not on_cuda(q):
+        log.debug("gdpa %s: not cute (device %s)", what, q.device.type)
+        return False
+    return config.backend in ("auto", "cute")
 
 
 def select_impl(q, k, v, bias, what: str) -> str:

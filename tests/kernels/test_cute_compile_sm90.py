@@ -18,20 +18,20 @@ gelu_tanh and silu, f32 elsewhere), no register spills in ptxas's report, and no
 (value, derivative) form still spills a few words are marked as strict expected failures: the day they
 stop spilling the test says so.
 
-The compiles run in one subprocess: it sets the dump directory for ``--keep-ptx`` before cutlass-dsl is
-imported (otherwise the PTX lands in the working directory) and keeps TRITON_INTERPRET out of the way.
+Each case is compiled once per run, by the first test (of any pytest-xdist worker) that needs its report, in a
+compile subprocess, and its report kept on disk for the next run until the kernel sources or what is measured
+change (``cute_compile_reports``, which also says why the compiles run in a subprocess).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import subprocess
-import sys
 
 import pytest
 import torch
+from cute_compile_reports import CompileWorker, ReportStore, report_dir, report_fingerprint
+
+from gdpa_inductor import config
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
@@ -111,13 +111,13 @@ FWD_SPILLING = {("fwd_varlen_band", 128, 128, "relu")}
 FWD_SPILLING |= {("fwd_bias", 128, 128, "gelu_tanh"), ("fwd_bias", 128, 128, "sigmoid"),
                  ("fwd_causal_bias", 128, 128, "gelu_tanh")}
 BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tanh")] + HEAD_DIM_CASES
-# measured with cutlass-dsl 4.8.1: hardswish's (value, derivative) pass spills 24-48 bytes in each dQ sum (140-160
-# before its form took three compares, thirty-seventh session). Every other activation compiles without spills
-# since the shared-memory operands' descriptors stay in uniform registers and fp32 dQ sums leave their scale to the
-# cast (thirty-fifth session; before, a few words in five of them)
+# measured with cutlass-dsl 4.8.1: hardswish's (value, derivative) pass (its form of three compares) spills 24-48 bytes
+# in each dQ sum. Every other activation compiles without spills: the shared-memory operands' descriptors stay in
+# uniform registers and fp32 dQ sums leave their scale to the cast
 BWD_SPILLING = {(kind, 128, 128, "hardswish") for kind in ("bwd", "bwd_dq_direct", "bwd_dq_pairs")}
-# gelu_tanh's packed form (bf16x2 pairs without a mask, its fp32 twin on the masked tiles): the causal builds, with two
-# masked copies of the loop beside the packed one, spill 8 bytes stored, 12-24 loaded; pairs 4 (thirty-ninth session)
+# measured with cutlass-dsl 4.8.1, gelu_tanh's packed form (bf16x2 pairs without a mask, its fp32 twin on the masked
+# tiles): the causal builds, with two masked copies of the loop beside the packed one, spill 8 bytes stored, 12-24
+# loaded; pairs 4
 BWD_SPILLING |= {(kind, 128, 128, "gelu_tanh") for kind in ("bwd_causal", "bwd_causal_direct", "bwd_varlen_causal",
                                                              "bwd_varlen_causal_direct", "bwd_dq_pairs")}
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
@@ -170,8 +170,8 @@ BWD_BIAS_CASES = [("bwd_bias", 128, 128, "gelu_tanh"), ("bwd_dq_direct_bias", 12
                   ("bwd_varlen_bias", 128, 128, "gelu_tanh"), ("bwd_varlen_direct_bias_dbias", 128, 128, "silu"),
                   ("bwd_varlen_causal_direct_bias_dbias", 128, 128, "gelu_tanh"),
                   ("bwd_varlen_band_direct_bias_dbias", 128, 128, "gelu_tanh")]
-# measured with cutlass-dsl 4.8.1: the varlen builds with the bias's gradient and a mask spill 4 bytes with gelu_tanh
-# (the others none since the thirty-fifth session; before, 4-60 bytes with fp32 dQ sums or a mask)
+# measured with cutlass-dsl 4.8.1: the varlen builds with the bias's gradient and a mask spill 4 bytes with gelu_tanh;
+# the others spill nothing
 BWD_SPILLING |= {("bwd_varlen_causal_direct_bias_dbias", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_band_direct_bias_dbias", 128, 128, "gelu_tanh")}
 # dbias added atomically (each thread's dS pairs by red.global.add.v2.f32 into fp32 sums of the bias's size): the
@@ -183,8 +183,8 @@ BWD_DBIAS_ATOMIC_CASES = [("bwd_varlen_direct_bias_dbias_atomic", 128, 128, "sil
                           ("bwd_varlen_causal_bias_dbias_atomic", 128, 128, "silu"),
                           ("bwd_dq_direct_bias_dbias_atomic", 128, 128, "gelu_tanh")]
 # measured with cutlass-dsl 4.8.1: the masked builds spill 24 bytes stored, 36-80 loaded (the band, causal gelu_tanh),
-# the causal one with fp32 dQ sums 12 stored, 44 loaded (156 before the thirty-fifth session); the adds' addresses are
-# two registers a thread, their offsets immediates
+# the causal one with fp32 dQ sums 12 stored, 44 loaded; the adds' addresses are two registers a thread, their offsets
+# immediates
 BWD_SPILLING |= {("bwd_varlen_causal_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_band_direct_bias_dbias_atomic", 128, 128, "gelu_tanh"),
                  ("bwd_varlen_causal_bias_dbias_atomic", 128, 128, "silu")}
@@ -197,23 +197,56 @@ BWD_ALL_CASES = ([(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WID
                  + BWD_BIAS_CASES + BWD_DBIAS_ATOMIC_CASES + BWD_Q80_CASES)
 
 
+# the builds whose SASS a test reads (the others skip the disassembly)
+UNIFORM_CASES = ([("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES]
+                 + [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES)
+SASS_CASES = set(UNIFORM_CASES) | set(BWD_Q80_CASES)
+
+
+def _expected_failure(reason: str):
+    """A strict expected failure of an assertion alone: a build that fails to compile fails the test."""
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
+
+
+def build_spec(case) -> dict:
+    """What ``case`` compiles: ``compile_fwd``'s or ``compile_bwd``'s arguments (``cute_compile_reports``)."""
+    kind, d, dv, act = case
+    if kind.startswith("fwd"):
+        args = dict(dtype="float16" if kind == "fwd_fp16" else "bfloat16", head_dim=d, activation=act, head_dim_v=dv,
+                    **FWD_KINDS[kind])
+        return dict(case=list(case), build="fwd", args=args, sass=tuple(case) in SASS_CASES)
+    sums, varlen = BWD_DQ_SUMS[kind], kind.startswith("bwd_varlen")
+    args = dict(dtype="bfloat16", head_dim=d, activation=act, dq_sums=sums, head_dim_v=dv, varlen=varlen,
+                causal="causal" in kind, band="band" in kind, score_offset=kind.endswith("_offset"),
+                score_bias="_bias" in kind, bias_grad="_dbias" in kind, dbias_atomic=kind.endswith("_atomic"),
+                query_tile=80 if kind == "bwd_q80" else 64, dq_last_round=dq_last_round_for(sums, d, dv, varlen))
+    return dict(case=list(case), build="bwd", args=args, sass=tuple(case) in SASS_CASES)
+
+
+class Reports:
+    """``reports[case]``: the case's report, compiled by the first test (of any xdist worker) that needs it."""
+
+    def __init__(self, store: ReportStore):
+        self.store = store
+
+    def __getitem__(self, case) -> dict:
+        return {"case": list(case), **self.store.report(build_spec(case))}
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    dump = tmp_path_factory.mktemp("cute_dump")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_DUMP_DIR=str(dump),
-               PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
-    cases = FWD_CASES + BWD_ALL_CASES
-    proc = subprocess.run([sys.executable, __file__, json.dumps(cases)], env=env, capture_output=True, text=True,
-                          timeout=1200, cwd=dump)
-    assert proc.returncode == 0, f"compile subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return {tuple(r["case"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    run_dir = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_dir = run_dir.parent  # the run's own, shared by its workers
+    fingerprint, worker = report_fingerprint(), CompileWorker()
+    yield Reports(ReportStore(report_dir(config.kernel_cache_dir, run_dir, fingerprint), worker.compile,
+                              still_current=lambda: report_fingerprint() == fingerprint))
+    worker.close()
 
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="spills a few words"))
+    [pytest.param(c, marks=_expected_failure("spills a few words"))
      if c in FWD_SPILLING else c for c in FWD_CASES],
     ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}",
 )
@@ -289,7 +322,7 @@ def test_cute_varlen_fwd_reads_samples_through_ragged_descriptors(case, reports)
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="spills a few words"))
+    [pytest.param(c, marks=_expected_failure("spills a few words"))
      if c in BWD_SPILLING else c for c in BWD_ALL_CASES],
     ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}",
 )
@@ -330,10 +363,8 @@ NOT_UNIFORM = {("fwd", 256, 64, "gelu")}
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="descriptors built per k-block"))
-     if c in NOT_UNIFORM else c
-     for c in [("fwd", *c) for c in CASES + HEAD_DIM_CASES + WIDE_HEAD_CASES]
-     + [(kind, *c) for kind in BWD_KINDS for c in BWD_CASES] + BWD_WIDE_CASES],
+    [pytest.param(c, marks=_expected_failure("descriptors built per k-block"))
+     if c in NOT_UNIFORM else c for c in UNIFORM_CASES],
     ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}",
 )
 def test_cute_wgmma_descriptors_stay_in_uniform_registers(case, reports):
@@ -481,76 +512,8 @@ def test_cute_bwd_dbias_added_atomically(case, reports):
     assert r["wgmma"] == plain["wgmma"]
 
 
-def _compile_all(cases) -> list[dict]:
-    import torch
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd
-    from gdpa_inductor.kernels.cute.gdpa_fwd import compile_fwd
-
-    ptxas = get_ptxas(90).path
-    out = []
-    for kind, d, dv, act in cases:
-        if kind.startswith("fwd"):
-            dtype = torch.float16 if kind == "fwd_fp16" else torch.bfloat16
-            ptx = compile_fwd(dtype, d, act, keep_ptx=True, head_dim_v=dv, **FWD_KINDS[kind]).artifacts.PTX
-        else:
-            ptx = compile_bwd(
-                torch.bfloat16, d, act, keep_ptx=True, dq_sums=BWD_DQ_SUMS[kind],
-                head_dim_v=dv, varlen=kind.startswith("bwd_varlen"), causal="causal" in kind, band="band" in kind,
-                score_offset=kind.endswith("_offset"), score_bias="_bias" in kind, bias_grad="_dbias" in kind,
-                dbias_atomic=kind.endswith("_atomic"), query_tile=80 if kind == "bwd_q80" else 64,
-                dq_last_round=dq_last_round_for(BWD_DQ_SUMS[kind], d, dv, kind.startswith("bwd_varlen")),
-            ).artifacts.PTX
-        with open("k.ptx", "w") as f:
-            f.write(ptx)
-        log = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", "k.ptx", "-o", "k.cubin"],
-                             capture_output=True, text=True, check=True).stderr
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "nvdisasm"), "-c", "k.cubin"],
-                              capture_output=True, text=True, check=True).stdout
-        out.append(dict(
-            case=[kind, d, dv, act],
-            target=re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1),
-            wgmma=ptx.count("wgmma.mma_async"),
-            mbarrier_init=len(re.findall(r"mbarrier\.init", ptx)),
-            tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cta\.global", ptx)),
-            tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx)),
-            tma_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
-            bulk_reduce=len(re.findall(r"cp\.reduce\.async\.bulk\.global", ptx)),
-            wgmma_n80=len(re.findall(r"wgmma\.mma_async\S*m64n80k16", ptx)),
-            st_global=len(re.findall(r"\bst\.global\.", ptx)),
-            stmatrix=ptx.count("stmatrix"),
-            ldmatrix=ptx.count("ldmatrix"),
-            red_v2_f32=len(re.findall(r"red\.global\.add\.v2\.f32", ptx)),
-            count_acq_rel=len(re.findall(r"\batom\.global\.acq_rel(?:\.gpu)?\.add", ptx)),
-            ld_global_cg_v4=ptx.count("ld.global.cg.v4.f32"),
-            proxy_fence_global=ptx.count("fence.proxy.async.global"),
-            count_reset=ptx.count("st.global.relaxed.gpu.b32"),
-            zero_stores=len(re.findall(r"st\.global\.v4\.b32 \[%rd\d+\], \{ 0, 0, 0, 0 \}", ptx)),
-            tma_5d=len(re.findall(r"cp\.(?:reduce\.)?async\.bulk\.tensor\.5d", ptx)),
-            ld_global_s32=len(re.findall(r"\bld\.global\.\S*[bsu]32", ptx)),
-            setmaxnreg=ptx.count("setmaxnreg."),
-            tanh_approx=ptx.count("tanh.approx.f32"),
-            tanh_approx_bf16x2=ptx.count("tanh.approx.bf16x2"),
-            fma_bf16x2=ptx.count("fma.rn.bf16x2"),
-            selp_f32=ptx.count("selp.f32"),
-            add_f32=len(re.findall(r"\badd\.(?:rn\.)?(?:ftz\.)?f32", ptx)),
-            mul_f32=len(re.findall(r"\bmul\.(?:rn\.)?(?:ftz\.)?f32", ptx)),
-            fma_f32=len(re.findall(r"\bfma\.rn\.(?:ftz\.)?f32", ptx)),
-            ld_global_32=len(re.findall(r"\bld\.global\.\S*[bf]32", ptx)),
-            ld_global_pairs=len(re.findall(r"\bld\.global\.v2\.b16", ptx)),
-            spill_stores=sum(int(s) for s, _ in spills),
-            spill_loads=sum(int(x) for _, x in spills),
-            wgmma_serialized="wgmma.mma_async instructions are serialized" in log,
-            st_async=len(re.findall(r"\bst\.async\.shared::cluster\.mbarrier::complete_tx::bytes", ptx)),
-            cluster_arrives=len(re.findall(r"\bmbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)),
-            named_barrier_arrives=len(re.findall(r"\bbarrier\.(?:cta\.)?arrive|\bbar\.arrive", ptx)),
-            sass_r2ur=len(re.findall(r"\bR2UR\b", sass)),
-            sass_sts128=len(re.findall(r"\bSTS\.128\b", sass)),
-        ))
-    return out
-
-
-if __name__ == "__main__":
-    print(json.dumps(_compile_all(json.loads(sys.argv[1]))))
+@pytest.mark.parametrize("case", FWD_CASES + BWD_ALL_CASES, ids=lambda c: f"{c[0]}-D{c[1]}-Dv{c[2]}-{c[3]}")
+def test_cute_builds_call_no_deprecated_cutlass_api(case, reports):
+    """cutlass-dsl is pinned; a name it has deprecated (moved or renamed) would break the kernels on the version
+    that removes it."""
+    assert reports[case]["deprecations"] == [], reports[case]["deprecations"]

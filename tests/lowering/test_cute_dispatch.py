@@ -11,6 +11,7 @@ import torch
 from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.cute import gdpa_bwd as cute_bwd
 from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
+from gdpa_inductor.lowering import dispatch
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl, select_impl
 
 SELECTORS = {"forward": select_forward_impl, "backward": select_backward_impl}
@@ -44,6 +45,7 @@ def test_without_a_cute_package_the_reason_names_it(monkeypatch, request, missin
     find_spec = cute_fwd.importlib.util.find_spec
     monkeypatch.setattr(cute_fwd.importlib.util, "find_spec", lambda name: None if name == missing else find_spec(name))
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     cute_fwd.cute_dsl_available.cache_clear()
     request.addfinalizer(cute_fwd.cute_dsl_available.cache_clear)
     assert not cute_fwd.cute_dsl_available()
@@ -67,6 +69,7 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
     """On sm_90 (stood in for here) "auto" runs the CuTe kernels where they cover the call; a case they do
     not cover (causal with Nk - Nq = 16) falls through to the usual choice (the reference on these CPU tensors)."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend(name)
     q, k, v = _qkv()
@@ -117,6 +120,7 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
 )
 def test_support_reasons(monkeypatch, change, reason):
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     q, k, v = _qkv(change.get("dtype", torch.bfloat16), change.get("d", 128), change.get("dv"),
                    nq=change.get("nq", 64), nk=change.get("nk", 80))
     if change.get("transpose"):
@@ -147,6 +151,7 @@ def test_biases_in_the_cute_backward(monkeypatch, backend, bias_shape, bias_grad
     CuTe kernels, with its gradient or without, Nk a multiple of 8 or not (the backward's TMA then reads a padded
     copy); otherwise the CuTe forward and the usual backward (the reference on CPU tensors), the reason said."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend("auto")
     q, k, v = _qkv(nk=nk)
@@ -161,6 +166,7 @@ def test_biases_in_the_cute_backward(monkeypatch, backend, bias_shape, bias_grad
 def test_bias_tensor_backward_at_wide_heads_says_why(monkeypatch, backend):
     """Past head dims of 128 (the wide-head backward) a bias tensor keeps the usual backward, with the reason."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     q, k, v = _qkv(d=256, dv=256)
     ok, why = cute_bwd.cute_bwd_support(q, k, v, torch.randn(64, 80, dtype=q.dtype), False, "silu")
@@ -175,6 +181,7 @@ def test_backward_takes_head_dims_up_to_256(monkeypatch, backend, d, dv, covered
     kernel, faster than Triton's at every measured shape); others keep the usual choice, with the reason in the
     support check."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend("auto")
     q, k, v = _qkv(d=d, dv=dv)
@@ -193,6 +200,7 @@ def test_wide_head_forward_from_min_keys_under_auto(monkeypatch, backend, name, 
     """"auto" runs the wide-head CuTe forward from ``WIDE_HEAD_MIN_KEYS`` keys (below, the usual choice: the
     reference on these CPU tensors); forcing "cute" runs it at any key count."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     backend(name)
     q = torch.randn(2, 4, 64, 256, dtype=torch.bfloat16)
@@ -205,6 +213,7 @@ def test_wide_head_forward_from_min_keys_under_auto(monkeypatch, backend, name, 
 def test_causal_on_cute_where_covered(monkeypatch, backend, nq, nk):
     """Under the causal mask "auto" and a forced "cute" run both CuTe kernels where they cover the call."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     q, k, v = _qkv(nq=nq, nk=nk)
     assert cute_bwd.cute_bwd_support(q, k, v, None, True, "silu") == (True, "")
@@ -222,6 +231,7 @@ def test_causal_backward_outside_the_mask_cases_says_why(monkeypatch, backend, n
     """Causal calls the CuTe kernels do not cover (Nk - Nq not a whole number of 128-key tiles, Nq > Nk, heads
     past 128) keep the usual choice under "auto", and a forced "cute" names the reason."""
     monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
     q, k, v = _qkv(nq=nq, nk=nk, d=d, dv=dv)
     ok, why = cute_bwd.cute_bwd_support(q, k, v, None, True, "silu")

@@ -13,6 +13,7 @@ from gdpa_inductor.kernels.cute import varlen_bwd as cute_varlen_bwd
 from gdpa_inductor.kernels.cute import varlen_fwd as cute_varlen
 from gdpa_inductor.kernels.cute.gdpa_fwd import cute_dsl_available
 from gdpa_inductor.kernels.triton.varlen_bounds import UNBOUNDED
+from gdpa_inductor.lowering import dispatch
 from gdpa_inductor.lowering.dispatch import select_impl, select_varlen_backward_impl, select_varlen_forward_impl
 
 needs_cute_dsl = pytest.mark.skipif(not cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
@@ -21,6 +22,7 @@ needs_cute_dsl = pytest.mark.skipif(not cute_dsl_available(), reason="nvidia-cut
 @pytest.fixture
 def on_hopper(monkeypatch):
     monkeypatch.setattr(cute_varlen, "on_sm90", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
 
 
 def _jagged(dtype=torch.bfloat16, d=128, dv=None, h=4, hkv=2, total=300):

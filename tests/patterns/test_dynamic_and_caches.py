@@ -18,6 +18,7 @@ from torch._inductor.utils import fresh_cache
 from zoo import ZOO_BY_NAME, build
 
 import gdpa_inductor.backend
+import gdpa_inductor.patterns.rewrite
 from gdpa_inductor.lowering import ops
 
 
@@ -64,12 +65,12 @@ def test_caches_key_on_the_rewritten_graph(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ops, "gdpa_reference", counting)
-    real_rewrite = gdpa_inductor.backend.rewrite_gdpa
+    real_rewrite = gdpa_inductor.patterns.rewrite.rewrite_gdpa
 
     def run(pass_on: bool) -> int:
         torch._dynamo.reset()
         calls["n"] = 0
-        monkeypatch.setattr(gdpa_inductor.backend, "rewrite_gdpa",
+        monkeypatch.setattr(gdpa_inductor.patterns.rewrite, "rewrite_gdpa",
                             real_rewrite if pass_on else (lambda gm, example_inputs: []))
         with torch.no_grad():
             got = torch.compile(model, backend="gdpa")(*inputs)

@@ -2,8 +2,7 @@
 between calls: the CTA that rounds a head's sums clears them and its count as it goes, so a buffer of the largest
 size seen so far serves every later call on the same stream without the zero fill, a write of the whole buffer to
 HBM (0.37 ms at 2048², B = 288, H = 4 on H100). The clearing stores cost most of that back inside the kernel: the
-whole backward measured 0.4-3.5% faster by CUDA events, -2.2% to +1.0% by its kernels' times (forty-first session,
-docs/benchmarks.md).
+whole backward measured 0.4-3.5% faster by CUDA events, -2.2% to +1.0% by its kernels' times (H100).
 
 A training step's backward holds this memory while it runs anyway, near the step's peak (the activations are still
 saved); keeping it costs the forward of the next step that much, which ``release_dq_workspaces`` gives back. A

@@ -11,7 +11,6 @@ import torch
 
 from ..triton import dq_fragments, dq_round
 from ..triton.gdpa_fwd_tma import tma_layout
-from . import activation_math
 from .compile_cache import cached_compile
 from .dq_workspace import zeroed_dq_sums
 from .gdpa_fwd import _as_4d, _bias_4d, cute_fwd_support, fwd_supported
@@ -112,12 +111,12 @@ QUERY_TILE = 64
 # Queries per step of GdpaBwdSm90: 64, or 80 (flash-attn's tile at D = 128: a fifth fewer steps, K and V read a fifth
 # less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch.
 # Taken by default for the activations whose backward it measured faster from 2048 queries on (H100, B·N² fixed,
-# the backward alone, two runs; docs/benchmarks.md, thirty-eighth session): relu +4% at 2048², +7% at 4096², silu
+# the backward alone, two runs): relu +4% at 2048², +7% at 4096², silu
 # +2% / +3.5%, hardswish +4% / +4%; level or slower at 1152² and 1536² (up to 4% more padded rows), and for gelu_tanh's
 # fp32 form (-1% to -4%), identity (+1-2%), relu_square, leaky_relu and sigmoid (-1% to +2.5%), which keep 64 rows.
 # gelu_tanh's packed bf16x2 form (``activation_math.PackedBackwardForm``) left registers enough for the 80-row tiles
 # to gain (H100, medians of four alternating rounds, whole backward: 2048² 11.73 -> 11.39 ms, 4096² 10.76 -> 10.36;
-# 1536² level, 1152² 2% slower; thirty-ninth session)
+# 1536² level, 1152² 2% slower)
 QUERY_TILES = (64, 80)
 LONG_QUERY_TILE = 80
 LONG_QUERY_TILE_HEAD_DIM = 128
@@ -134,7 +133,9 @@ def packed_backward(dtype: torch.dtype, activation: str, head_dim: int, head_dim
                     score_bias: bool) -> bool:
     """Whether the backward takes ``activation``'s packed bf16x2 form (``activation_math.PackedBackwardForm``): where
     it has one, for bf16 operands without a bias, in the kernel of narrow heads."""
-    return (dtype == torch.bfloat16 and activation in activation_math.PACKED_BF16_BACKWARD_ACTIVATIONS
+    from .activation_math import PACKED_BF16_BACKWARD_ACTIVATIONS
+
+    return (dtype == torch.bfloat16 and activation in PACKED_BF16_BACKWARD_ACTIVATIONS
             and max(head_dim, head_dim_v) <= NARROW_MAX_HEAD_DIM and not (score_offset or score_bias))
 
 
@@ -329,6 +330,7 @@ def compile_bwd(
         import cutlass
         import cutlass.cute as cute
 
+        from . import activation_math
         from .gdpa_bwd_sm90 import GdpaBwdSm90
         from .gdpa_bwd_wide_sm90 import GdpaBwdWideSm90
 
@@ -365,24 +367,22 @@ def compile_bwd(
 def dq_last_round_for(dq_sums: str, head_dim: int, head_dim_v: int, varlen: bool = False) -> bool:
     """Whether the backward can round dQ itself (module ``dq_last_round``; ``GdpaBwdSm90``'s ``dq_last_round``), the
     launcher's default wherever it can: dQ summed in fp32, a dense batch, D and Dv at most ``NARROW_MAX_HEAD_DIM``.
-    On H100 (fortieth session) the whole backward measured 1.6-5.6% faster at 2048² than with the pass after it
-    (docs/benchmarks.md)."""
+    On H100 the whole backward measured 1.6-5.6% faster at 2048² than with a pass after it."""
     return dq_sums == "fp32" and not varlen and max(head_dim, head_dim_v) <= NARROW_MAX_HEAD_DIM
 
 
 def dq_late_for(dq_sums: str, head_dim: int, head_dim_v: int) -> bool:
     """Whether the backward computes dQ one query tile late (``GdpaBwdSm90``'s ``dq_late``): everywhere but
     where dQ is summed in place at D = Dv = 128, where the warpgroups meeting every tile measured 2-5% faster
-    (H200, 512² to 1024², twentieth session); with fp32 sums one tile late is 3-5% faster with gelu_tanh at
+    (H200, 512² to 1024²); with fp32 sums one tile late is 3-5% faster with gelu_tanh at
     1024² and 2048², level with silu at 2048²."""
     return not (dq_sums == "in_place" and head_dim == head_dim_v == 128)
 
 
-# The pairs are not taken by default: with the backward forms that move the activation's factors out of the
-# per-score work (activation_math.backward_form) the fp32 buffer gained more than they did, and the pairs no
-# longer win past the noise (H200, gelu_tanh, bwd TF/s, fp32 -> pairs, benchmarks/bench_dq_sums.py
-# --only-head-dims): at D = Dv = 128 470 -> 475 (1280 keys), 476 -> 485 (1536), 499 -> 495 (2048; a same-process
-# A/B at 2048: 509-518 -> 493-497); at every other head dim they lose 4-13%.
+# The pairs are not taken by default: with the activation's factors out of the per-score work
+# (activation_math.backward_form) they do not beat the fp32 buffer past the noise (H200, gelu_tanh, bwd TF/s,
+# fp32 -> pairs, benchmarks/bench_dq_sums.py --only-head-dims): at D = Dv = 128 470 -> 475 (1280 keys), 476 -> 485
+# (1536), 499 -> 495 (2048; a same-process A/B at 2048: 509-518 -> 493-497); at every other head dim they lose 4-13%.
 def dq_sums_for(num_keys: int, key_tile: int = KEY_TILE) -> str:
     """How dQ is summed over ``num_keys`` keys in CTAs of ``key_tile`` keys by default (one of ``DQ_SUMS``): in
     place in the operands' dtype up to ``DQ_DIRECT_MAX_KEY_TILES`` roundings, else in fp32."""
@@ -477,8 +477,10 @@ def gdpa_bwd_cute(
 def _ds_factor(activation: str, scale: float, post_scale: float) -> float:
     """dS's scale: scale, post_scale and act''s constant factor, multiplied in fp32 as the kernel multiplies them for
     dK."""
+    from .activation_math import backward_form
+
     factor = torch.tensor(scale, dtype=torch.float32) * torch.tensor(post_scale, dtype=torch.float32)
-    return (factor * activation_math.backward_form(activation).grad_factor).item()
+    return (factor * backward_form(activation).grad_factor).item()
 
 
 def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: str, scale: float,
@@ -546,7 +548,9 @@ def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, p
     transposed back, scaled and rounded once, or the [Z, H, Nq, Nk] dS buffer summed (``_sum_to``) and scaled.
     ``one_row``: the bias is one row seen as Nq rows (``_bias_4d``): its one row's gradient, summed over the queries
     before the one rounding."""
-    factor = post_scale * activation_math.backward_form(activation).grad_factor
+    from .activation_math import backward_form
+
+    factor = post_scale * backward_form(activation).grad_factor
     rows, cols = bias.shape[-2:]
     if one_row:
         bias = bias[..., :1, :]

@@ -49,10 +49,11 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import nvvm
-from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
 
 from .activation_math import PackedBackwardForm, fma_bf16x2, widen_bf16x2
 from .dq_last_round import count_arrival, order_reduce_adds, round_fragments, round_rows
@@ -69,7 +70,7 @@ def _smem_layout(dtype, shape, stages: int, major_size: int | None = None):
     owns only part of the contiguous mode."""
     major = shape[1] if major_size is None else major_size
     atom = warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, major), dtype
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, major), dtype
     )
     return cute.tile_to_shape(atom, (*shape, stages), order=(0, 1, 2))
 
@@ -124,7 +125,7 @@ class GdpaBwdSm90:
         # one 1-D bulk reduce-add into a buffer that ``gdpa_bwd.dq_of_fragments`` permutes, scales and casts. One
         # buffer of half a tile leaves room for three dS stages. Each thread's own red.global.add.v4.f32 of its
         # values, with no buffer at all, took about 12.3 ms of kernel time against 11.7 (H200, 2048², B = 288,
-        # gelu_tanh; thirty-sixth session)
+        # gelu_tanh)
         self.dq_flat = tile_m % _WG_ROWS != 0
         assert not self.dq_flat or (head_dim == self.num_mma_wg * _WG_ROWS and dq_dtype is cutlass.Float32 and dq_late
                                     and not (dq_pairs or varlen or causal or band or score_bias)), \
@@ -145,7 +146,7 @@ class GdpaBwdSm90:
         # second arrival before its wait and a stage is never overwritten while read.
         # Without ``dq_late`` the two warpgroups meet once per tile, once both have stored their dS, and compute
         # that tile's dQ: two stages, one named barrier (flash-attn's schedule; faster where dQ is summed in
-        # place, in the operands' dtype, measured at D=128: see docs/benchmarks.md, twentieth session).
+        # place, in the operands' dtype, measured at D=128).
         self.dq_late = dq_late
         self.ds_stages = 3 if dq_late else 2
         assert q_stages < self.ds_stages or not dq_late, "a warpgroup must not get ds_stages tiles ahead of the other"
@@ -430,7 +431,7 @@ class GdpaBwdSm90:
             m_first = first_row // self.tile_m
             m_end = last_row // self.tile_m + 1
 
-        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        storage = SmemAllocator().allocate(self.shared_storage)
         (kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer, bias_producer,
          bias_consumer) = self._pipelines(storage, tidx, self.q_stages)
         sQ, sdO, sK, sV, sdS, sdQ, sdQ_tile = self._smem_tensors(
@@ -460,7 +461,7 @@ class GdpaBwdSm90:
         wg_idx = cute.arch.make_warp_uniform(tidx // _WG_THREADS)
 
         if wg_idx == 0:
-            cute.arch.warpgroup_reg_dealloc(self.regs_producer)
+            cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp_idx == 0:
                 self._load_tiles((tma_q, tma_do, tma_k, tma_v, tma_bias),
                                  (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, tBsB, tBgB),
@@ -481,7 +482,7 @@ class GdpaBwdSm90:
                     cute.arch.barrier_arrive(barrier_id=self.barrier_dq_counted,
                                              number_of_threads=self.num_mma_wg * _WG_THREADS + 32)
         else:
-            cute.arch.warpgroup_reg_alloc(self.regs_consumer)
+            cute.arch.setmaxregister_increase(self.regs_consumer)
             ctid = tidx - _WG_THREADS
             sdp_mma, dk_mma, dv_mma, dq_mma = self._tiled_mmas()
             sdp = sdp_mma.get_slice(ctid)
@@ -1140,7 +1141,7 @@ class GdpaBwdSm90:
     def _tiled_mmas(self):
         """Sᵀ/dPᵀ (keys x queries, both operands from shared memory), dK (keys x D) and dV (keys x Dv), A
         from registers, dQ (queries x D, D split between the warpgroups)."""
-        k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        k_major, mn_major = OperandMajorMode.K, OperandMajorMode.MN
         sdp_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, k_major, k_major, cutlass.Float32, (self.num_mma_wg, 1, 1),
             (_WG_ROWS, self.tile_m),

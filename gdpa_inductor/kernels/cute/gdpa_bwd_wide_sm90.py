@@ -25,9 +25,9 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, warp, warpgroup
+from cutlass.memory import SmemAllocator
 
 from .gdpa_bwd_sm90 import _WG_THREADS, GdpaBwdSm90, _smem_layout, _transposed
 from .ragged_rows import ragged
@@ -177,7 +177,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         d, dv, plan = self.head_dim, self.head_dim_v, self.plan
         num_m = cute.ceil_div(nq, self.tile_m)
 
-        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        storage = SmemAllocator().allocate(self.shared_storage)
         kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer, _, _ = self._pipelines(
             storage, tidx, plan.do_stages)
         sQ, sdO, sK, sV, sPdS, sdQ, sdQ_tile = self._smem_tensors(
@@ -192,7 +192,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         wg_idx = cute.arch.make_warp_uniform(tidx // _WG_THREADS)
 
         if wg_idx == 0:
-            cute.arch.warpgroup_reg_dealloc(self.regs_producer)
+            cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp_idx == 0:
                 self._load_tiles((tma_q, tma_do, tma_k, tma_v, None),
                                  (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, None, None),
@@ -200,7 +200,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
             if warp_idx == self.dq_warp:
                 self._add_dq_chunks(tma_dq, tdQsdQ, tdQgdQ, num_m)
         else:
-            cute.arch.warpgroup_reg_alloc(self.regs_consumer)
+            cute.arch.setmaxregister_increase(self.regs_consumer)
             ctid = tidx - _WG_THREADS
             cwg = wg_idx - 1
             sdp_mma, dk_mma, dv_mma, dq_mma = self._tiled_mmas()
@@ -364,7 +364,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
     def _tiled_mmas(self):
         """Sᵀ/dPᵀ (keys x queries, the queries split between the warpgroups), dK (keys x D) and dV (keys x Dv),
         D and Dv split, dQ (queries x a chunk of 2 dq_width columns, split); every operand from shared memory."""
-        k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        k_major, mn_major = OperandMajorMode.K, OperandMajorMode.MN
         split = (1, self.num_mma_wg, 1)
         sdp_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, k_major, k_major, cutlass.Float32, split,

@@ -46,7 +46,7 @@ def fwd_schedule(head_dim: int, head_dim_v: int | None = None, plain: bool = Fal
     fastest or tied at every shape (+7% at 256 keys); at D + Dv of 192-224 (96/96, 64/128, 128/64, 96/128) the
     two schedules are within 3% of each other at all but one shape: turns ahead at 256 keys for 64/128, 128/64
     and 96/128 (+2-3%), behind at 96/96 (-1% at 256 keys, -4% at 2048); at 64/96 one shared store is ahead by
-    up to 3%. Without the untimed runs: at D = Dv = 64 turns lose 0.5-4% (and 3-5% in the tenth session), at
+    up to 3%. Without the untimed runs: at D = Dv = 64 turns lose 0.5-4%, at
     96/64 they tie at 1024-2048 keys and gain 6% at 256. ``plain``: a dense batch without the causal mask or a
     bias; at D = Dv = 64 it takes turns too, which with three K/V stages measured faster (``fwd_kv_stages``)."""
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
@@ -86,7 +86,7 @@ def cute_fwd_preferred(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tup
     """(ok, reason): whether "auto" should run a supported call on the CuTe forward: everywhere but head dims past
     128 over short key ranges. The causal forward, with its grid coprime with the query tiles
     (``persistent_grid``), measured 1.19-1.32x Triton's on H200 (B·Nq = 590K rows, H=4, D=128, bf16 gelu_tanh,
-    256 to 2048 keys; twenty-fifth session, docs/benchmarks.md)."""
+    256 to 2048 keys)."""
     if max(q.shape[-1], v.shape[-1]) > 128 and k.shape[-2] < WIDE_HEAD_MIN_KEYS:
         return False, f"head dims past 128 take the CuTe forward from {WIDE_HEAD_MIN_KEYS} keys"
     return True, ""

@@ -47,9 +47,10 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
 
 from .activation_math import PackedForm, fma_bf16x2, pack_bf16x2, tanh_bf16x2
 from .ragged_rows import ragged, sample_rows
@@ -179,17 +180,17 @@ class GdpaFwdSm90:
             q, k, o, v = ragged(q, 0), ragged(k, 0), ragged(o, 0), ragged(v, 1)
         d, dv = self.head_dim, self.head_dim_v
         q_smem = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.q_stages
+            LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.q_stages
         )
         self.o_rows = _WG_ROWS if self.split_store else self.tile_m
         o_smem = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.ROW_MAJOR, (self.o_rows, self.tile_n, dv), self.dtype, self.tile_m // self.o_rows
+            LayoutEnum.ROW_MAJOR, (self.o_rows, self.tile_n, dv), self.dtype, self.tile_m // self.o_rows
         )
         k_smem = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.kv_stages
+            LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, d), self.dtype, self.kv_stages
         )
         v_smem = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.COL_MAJOR, (self.tile_m, dv, self.tile_n), self.dtype, self.kv_stages
+            LayoutEnum.COL_MAJOR, (self.tile_m, dv, self.tile_n), self.dtype, self.kv_stages
         )
         q_tile = cute.slice_(q_smem, (None, None, 0))
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -270,7 +271,7 @@ class GdpaFwdSm90:
         n_tiles = cute.ceil_div(nk, self.tile_n)
         work = (num_tiles, num_ctas, num_m, num_q_heads, group, rows, nq, nk, (band_left, band_right))
 
-        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        storage = SmemAllocator().allocate(self.shared_storage)
         sO = None
         if cutlass.const_expr(not self.o_from_registers):
             sO = storage.sO.get_tensor(o_smem.outer, swizzle=o_smem.inner)
@@ -302,7 +303,7 @@ class GdpaFwdSm90:
         wg_idx = cute.arch.make_warp_uniform(tidx // _WG_THREADS)
 
         if wg_idx == 0:
-            cute.arch.warpgroup_reg_dealloc(self.regs_producer)
+            cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
@@ -326,7 +327,7 @@ class GdpaFwdSm90:
                             handle = v_producer.acquire_and_advance()
                             cute.copy(tma_v, tVgV[(None, jk)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
         else:
-            cute.arch.warpgroup_reg_alloc(self.regs_consumer)
+            cute.arch.setmaxregister_increase(self.regs_consumer)
             qk_mma, pv_mma = self._tiled_mmas()
             ctid = tidx - _WG_THREADS
             qk_thr = qk_mma.get_slice(ctid)
@@ -359,7 +360,7 @@ class GdpaFwdSm90:
             # packed forms: x and tanh(u) per pair of scores, held until P_j V_j has read P_j
             pairs = cute.make_rmem_tensor((cute.size(acc_s) // 2, 2), cutlass.Int32)
             # a bias tensor: the step's values, two to a register (read before its matmuls were issued, they made
-            # ptxas spill ~550 bytes: docs/benchmarks.md, thirty-first session)
+            # ptxas spill ~550 bytes)
             bias_regs = None
             if cutlass.const_expr(self.score_bias):
                 bias_regs = cute.make_rmem_tensor((cute.size(acc_s) // 2,), cutlass.Int32)
@@ -761,7 +762,7 @@ class GdpaFwdSm90:
     def _tiled_mma_pv(self, warpgroups: int):
         """O += P V with P from registers, ``warpgroups`` consumer warpgroups of 64 rows each."""
         return sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN,
             cutlass.Float32, (warpgroups, 1, 1), (_WG_ROWS, self.head_dim_v), warpgroup.OperandSource.RMEM,
         )
 
@@ -769,7 +770,7 @@ class GdpaFwdSm90:
         """(S = Q Kᵀ from shared memory, O += P V with P from registers), one wgmma atom per consumer
         warpgroup; the matmuls run on fresh atoms (``fresh_gemm``), these give the partitions."""
         qk_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K,
             cutlass.Float32, (self.num_mma_wg, 1, 1), (_WG_ROWS, self.tile_n),
         )
         return qk_mma, self._tiled_mma_pv(self.num_mma_wg)
