@@ -34,7 +34,7 @@ gdpa_varlen(x, x, x, cu, cu, 5, 5, causal=True).sum().backward()
 
 
 def _run(code: str, extra_env: dict | None = None, pythonpath: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter on this checkout, without the test session's TORCH_LOGS or TRITON_INTERPRET
+    """``code`` in a fresh interpreter on this checkout, without the test run's TORCH_LOGS or TRITON_INTERPRET
     (conftest turns the interpreter on for CPU-only runs)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOGS", "TRITON_INTERPRET")}
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, str(ROOT), env.get("PYTHONPATH", "")])
