@@ -1,6 +1,6 @@
 """Pure-PyTorch GDPA: the semantics every kernel is tested against, and the fallback on any device.
 
-    S = scale * Q Kᵀ + bias;  P = act(S) * post_scale * keep;  O = P V
+    S = scale * Q Kᵀ + bias;  P = act(S) * post_scale * keep * multiplier;  O = P V
     dV = Pᵀ dO;  dS = (dO Vᵀ) * act'(S) * post_scale * keep;  dQ = scale dS K;  dK = scale dSᵀ Q
 
 Half-precision inputs are computed in fp32 (fp64 stays fp64) and the result is cast back. Grouped-query
@@ -58,6 +58,12 @@ def _grouped_views(q, k, v, bias):
     return qg, kg, vg, bg
 
 
+def _grouped_multiplier(multiplier, q, k, v, dtype):
+    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    full = (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
+    return multiplier.to(dtype).expand(full).unflatten(-3, (k.shape[-3], q.shape[-3] // max(k.shape[-3], 1)))
+
+
 def _scores(qg, kg, bg, scale):
     s = torch.matmul(qg, kg.transpose(-2, -1)) * scale
     return s if bg is None else s + bg
@@ -74,11 +80,16 @@ def gdpa_reference(
     causal: bool = False,
     negative_slope: float = 0.01,
     window: tuple[int, int] = (-1, -1),
+    multiplier: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """``multiplier``: a tensor broadcast to the scores [..., H, Nq, Nk] that multiplies P (a mask of any
+    value); its gradient is not computed."""
     act = get_activation(activation)
     qg, kg, vg, bg = _grouped_views(q, k, v, bias)
     s = _scores(qg, kg, bg, scale)
     p = act.torch_fn(s, negative_slope) * post_scale
+    if multiplier is not None:
+        p = p * _grouped_multiplier(multiplier, q, k, v, s.dtype)
     keep = band_keep_mask(q.shape[-2], k.shape[-2], causal, window, q.device)
     if keep is not None:
         p = torch.where(keep, p, 0.0)
@@ -99,6 +110,7 @@ def gdpa_reference_backward(
     negative_slope: float = 0.01,
     bias_requires_grad: bool = False,
     window: tuple[int, int] = (-1, -1),
+    multiplier: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Returns (dq, dk, dv, dbias), each contiguous in its input's shape and dtype; dbias is None
     unless ``bias_requires_grad``."""
@@ -108,6 +120,9 @@ def gdpa_reference_backward(
     s = _scores(qg, kg, bg, scale)
     p = act.torch_fn(s, negative_slope) * post_scale
     ds = torch.matmul(dog, vg.transpose(-2, -1)) * act.torch_grad(s, negative_slope) * post_scale
+    if multiplier is not None:
+        grouped = _grouped_multiplier(multiplier, q, k, v, s.dtype)
+        p, ds = p * grouped, ds * grouped
     keep = band_keep_mask(q.shape[-2], k.shape[-2], causal, window, q.device)
     if keep is not None:
         p = torch.where(keep, p, 0.0)

@@ -40,6 +40,23 @@ def causal_mask_kind(mask: fx.Node, scores: torch.Tensor) -> Optional[str]:
     return kind
 
 
+def buffers_read(mask: fx.Node) -> list[fx.Node]:
+    """The module buffers whose values a causal proof of ``mask`` read (``_buffer_value``): the proof holds
+    only while they keep those values."""
+    found, seen, stack = [], set(), [mask]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op in ("placeholder", "get_attr"):
+            if _buffer_value(node) is not None:
+                found.append(node)
+            continue
+        stack.extend(node.all_input_nodes)
+    return found
+
+
 def _flip(kind: Optional[str]) -> Optional[str]:
     return {"keep": "drop", "drop": "keep"}.get(kind)
 

@@ -35,6 +35,8 @@ class ChainRecipe:
     # Additive terms before the activation: nodes or floats, with their sign.
     bias_terms: list[tuple[Any, float]] = field(default_factory=list)
     causal: bool = False
+    # The masks the causal flag was proven from: (mask node, True if it marks the kept entries).
+    causal_masks: list[tuple[fx.Node, bool]] = field(default_factory=list)
     mask_note: str = "none"
     # Fill values of causal masks before the activation, checked once the activation is known.
     pre_mask_fills: list[tuple[fx.Node, Any]] = field(default_factory=list)
@@ -223,6 +225,7 @@ def _read_product(node, prev, recipe: ChainRecipe, after_activation: bool, seen_
         # other boolean mask a -max bias; a float tensor that is not provably causal could hold anything.
         if causal_mask_kind(other, fxn.example(node)) == "keep":
             recipe.causal, recipe.mask_note = True, "causal (multiply after the activation)"
+            recipe.causal_masks.append((other, True))
             return
         if _is_bool(other) and _broadcasts_to(other, node):
             recipe.dense_masks.append((other, True))
@@ -278,6 +281,7 @@ def _read_mask(node, prev, recipe: ChainRecipe, after_activation: bool, dtype, s
         recipe.pre_mask_fills.append((node, fill))
         recipe.mask_note = f"causal (fill {fill!r} before the activation)"
     recipe.causal = True
+    recipe.causal_masks.append((mask, keep_form))
 
 
 def _describe(node: fx.Node) -> str:

@@ -27,7 +27,7 @@ from torch._inductor.pattern_matcher import (
     register_graph_pattern,
 )
 
-from ..lowering import ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
+from ..lowering import buffer_mask_ops, ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
 from . import causal_mask
 from . import fx_nodes as fxn
 from .softmax_free_attention import GdpaMatch, OperandPlan, SoftmaxFreeAttention
@@ -278,13 +278,31 @@ def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node
     return b.emit("method", "transpose", (out, 1, 2))
 
 
+def _buffer_masked(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node, dtype: torch.dtype) -> fx.Node:
+    """A causal mask read from a module buffer: the op gets the mask (keep form) and the buffer, and runs causal
+    while the buffer holds it; a padding length mask goes with it as per-sample lengths."""
+    r, plan = m.recipe, m.lengths
+    mask, keep_form, buffer = m.buffer_mask
+    multiplier = mask if keep_form else b.emit("function", torch.logical_not, (mask,))
+    seqused_q = seqused_k = None
+    if plan is not None:
+        lengths = b.emit("method", "clamp", (plan.lengths, 0, fxn.example(k).shape[-2]))
+        lengths = b.emit("method", "to", (lengths, torch.int32))
+        seqused_q, seqused_k = (lengths if plan.rows else None), (lengths if plan.cols else None)
+    return b.emit("function", torch.ops.gdpa.attention_buffer_mask_fwd_v1.default,
+                  (q, k, v, _bias(b, m, dtype, with_masks=plan is None), seqused_q, seqused_k, multiplier, buffer,
+                   r.activation, float(r.scale), float(r.post_scale), float(r.negative_slope)))
+
+
 def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
     r = m.recipe
     dtype = m.compute_dtype
     q = _operand(b, m.q, dtype, r.pre_factors)
     k = _operand(b, m.k, dtype)
     v = _operand(b, m.v, dtype)
-    if m.lengths is not None:
+    if m.buffer_mask is not None:
+        out = _buffer_masked(b, m, q, k, v, dtype)
+    elif m.lengths is not None:
         out = _varlen_padded(b, m, q, k, v, dtype)
     else:
         bias = _bias(b, m, dtype)

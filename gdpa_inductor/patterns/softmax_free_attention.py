@@ -22,8 +22,9 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..lowering.dispatch import TRITON_MAX_HEAD_DIM
 from . import fx_nodes as fxn
-from .causal_mask import REAL_INPUTS
+from .causal_mask import REAL_INPUTS, buffers_read
 from .chain import ChainMismatch, ChainRecipe, _chain_input, read_chain
+from .equivalence import check_equivalent
 from .length_mask import LengthMask, length_mask
 
 FUSABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -60,6 +61,9 @@ class GdpaMatch:
     # Set when every mask is a padding length mask: the rewrite then uses the varlen op with per-sample
     # valid lengths (padding skipped) instead of a dense -finfo.max bias.
     lengths: Optional[LengthMask] = None
+    # Set when the causal flag was proven from a module buffer's value: (mask, True if it marks the kept
+    # entries, the buffer). The rewrite then passes both to an op that checks the buffer when it runs.
+    buffer_mask: Optional[tuple[fx.Node, bool, fx.Node]] = None
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -77,6 +81,8 @@ class GdpaMatch:
         )
 
     def _mask_note(self) -> str:
+        if self.buffer_mask is not None and self.lengths is None:
+            return f"{self.recipe.mask_note}, read from buffer {self.buffer_mask[2].name}: checked when it runs"
         if self.lengths is None:
             return self.recipe.mask_note
         skipped = " and ".join(w for w, on in (("query rows", self.lengths.rows), ("key columns", self.lengths.cols))
@@ -117,6 +123,12 @@ class SoftmaxFreeAttention:
         m.lengths = _length_plan(m)
         if m.lengths is None and recipe.masks_inexact_as_bias:
             return None, recipe.masks_inexact_as_bias
+        ok, reason = _plan_buffer_mask(m)
+        if not ok:
+            return None, reason
+        ok, reason = check_equivalent(m)
+        if not ok:
+            return None, reason
         return m, "matched"
 
     def check(self, m: GdpaMatch) -> tuple[bool, str]:
@@ -350,6 +362,19 @@ def _length_plan(m: GdpaMatch) -> Optional[LengthMask]:
     if r.causal and not (plan.rows and plan.cols):
         return None
     return plan
+
+
+def _plan_buffer_mask(m: GdpaMatch) -> tuple[bool, str]:
+    """Sets ``m.buffer_mask`` when the causal flag rests on a module buffer's value."""
+    read = [(mask, keep, buffers_read(mask)) for mask, keep in m.recipe.causal_masks]
+    from_buffers = [r for r in read if r[2]]
+    if not from_buffers:
+        return True, "ok"
+    if len(read) != 1 or len(from_buffers[0][2]) != 1:
+        return False, "a causal mask read from a module buffer together with another causal mask"
+    mask, keep, (buffer,) = from_buffers[0]
+    m.buffer_mask = (mask, keep, buffer)
+    return True, "ok"
 
 
 def _kind(m: GdpaMatch) -> str:

@@ -20,16 +20,15 @@ stop spilling the test says so.
 
 Each case is compiled once per run, by the first test (of any pytest-xdist worker) that needs its report, in a
 compile subprocess, and its report kept on disk for the next run until the kernel sources or what is measured
-change (``cute_compile_reports``, which also says why the compiles run in a subprocess).
+change (``compile_reports``, which also says why the compiles run in a subprocess).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from cute_compile_reports import CompileWorker, ReportStore, report_dir, report_fingerprint
+from compile_reports import CompileWorker, ReportStore, report_dir, run_dir
+from cute_compile_reports import WORKER_ARGV, report_fingerprint
 
 from gdpa_inductor import config
 
@@ -235,12 +234,9 @@ class Reports:
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    run_dir = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        run_dir = run_dir.parent  # the run's own, shared by its workers
-    fingerprint, worker = report_fingerprint(), CompileWorker()
-    yield Reports(ReportStore(report_dir(config.kernel_cache_dir, run_dir, fingerprint), worker.compile,
-                              still_current=lambda: report_fingerprint() == fingerprint))
+    fingerprint, worker = report_fingerprint(), CompileWorker(WORKER_ARGV)
+    directory = report_dir(config.kernel_cache_dir, run_dir(tmp_path_factory), fingerprint)
+    yield Reports(ReportStore(directory, worker.compile, still_current=lambda: report_fingerprint() == fingerprint))
     worker.close()
 
 

@@ -139,8 +139,9 @@ def forward(self, L_x_ : torch.Tensor, L_self_modules_uvqk_parameters_weight_ : 
     view_2 = v.view(2, 16, 2, 16);  v = None
     v_1 = view_2.transpose(1, 2);  view_2 = None
     getitem_4 = l_self_parameters_rel_bias_[(slice(None, None, None), slice(None, 16, None), slice(None, 16, None))];  l_self_parameters_rel_bias_ = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q_1, k_1, v_1, getitem_4, 'silu', 1.0, 0.0625, True, 0.01);  q_1 = k_1 = v_1 = getitem_4 = None
-    transpose_4 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    getitem_5 = l_self_buffers_causal_[(slice(None, 16, None), slice(None, 16, None))]
+    attention_buffer_mask_fwd_v1_default = torch.ops.gdpa.attention_buffer_mask_fwd_v1.default(q_1, k_1, v_1, getitem_4, None, None, getitem_5, l_self_buffers_causal_, 'silu', 1.0, 0.0625, 0.01);  q_1 = k_1 = v_1 = getitem_4 = getitem_5 = l_self_buffers_causal_ = None
+    transpose_4 = attention_buffer_mask_fwd_v1_default.transpose(1, 2);  attention_buffer_mask_fwd_v1_default = None
     reshape = transpose_4.reshape(2, 16, 32);  transpose_4 = None
     mul_1 = reshape * u;  reshape = u = None
     linear_1 = torch._C._nn.linear(mul_1, l_self_modules_out_parameters_weight_, l_self_modules_out_parameters_bias_);  mul_1 = l_self_modules_out_parameters_weight_ = l_self_modules_out_parameters_bias_ = None
@@ -252,8 +253,11 @@ def forward(self, L_x_ : torch.Tensor, L_self_modules_c_attn_parameters_weight_ 
     k_1 = view_1.transpose(1, 2);  view_1 = None
     view_2 = v.view(2, 12, 4, 8);  v = None
     v_1 = view_2.transpose(1, 2);  view_2 = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q_1, k_1, v_1, None, 'gelu', 0.35355339059327373, 1.0, True, 0.01);  q_1 = k_1 = v_1 = None
-    transpose_4 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    getitem_3 = l_self_buffers_bias_[(slice(None, None, None), slice(None, None, None), slice(None, 12, None), slice(None, 12, None))]
+    eq = getitem_3 == 0;  getitem_3 = None
+    logical_not = torch.logical_not(eq);  eq = None
+    attention_buffer_mask_fwd_v1_default = torch.ops.gdpa.attention_buffer_mask_fwd_v1.default(q_1, k_1, v_1, None, None, None, logical_not, l_self_buffers_bias_, 'gelu', 0.35355339059327373, 1.0, 0.01);  q_1 = k_1 = v_1 = logical_not = l_self_buffers_bias_ = None
+    transpose_4 = attention_buffer_mask_fwd_v1_default.transpose(1, 2);  attention_buffer_mask_fwd_v1_default = None
     contiguous = transpose_4.contiguous();  transpose_4 = None
     view_3 = contiguous.view(2, 12, 32);  contiguous = None
     linear_1 = torch._C._nn.linear(view_3, l_self_modules_c_proj_parameters_weight_, l_self_modules_c_proj_parameters_bias_);  view_3 = l_self_modules_c_proj_parameters_weight_ = l_self_modules_c_proj_parameters_bias_ = None
@@ -354,14 +358,11 @@ def forward(self, L_q_ : torch.Tensor, L_lengths_ : torch.Tensor, L_k_ : torch.T
     l_k_ = L_k_
     l_self_buffers_tril_ = L_self_buffers_tril_
     l_v_ = L_v_
+    getitem_1 = l_self_buffers_tril_[(slice(None, 12, None), slice(None, 12, None))]
     clamp = l_lengths_.clamp(0, 12);  l_lengths_ = None
     to = clamp.to(torch.int32);  clamp = None
-    transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
-    transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
-    transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
-    varlen_fwd_v2_default = torch.ops.gdpa.varlen_fwd_v2.default(transpose_1, transpose_2, transpose_3, None, None, None, to, to, 0, 0, 'silu', 1.0, 0.08333333333333333, True, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
-    transpose_4 = varlen_fwd_v2_default.transpose(1, 2);  varlen_fwd_v2_default = None
-    return (transpose_4,)""")
+    attention_buffer_mask_fwd_v1_default = torch.ops.gdpa.attention_buffer_mask_fwd_v1.default(l_q_, l_k_, l_v_, None, to, to, getitem_1, l_self_buffers_tril_, 'silu', 1.0, 0.08333333333333333, 0.01);  l_q_ = l_k_ = l_v_ = to = getitem_1 = l_self_buffers_tril_ = None
+    return (attention_buffer_mask_fwd_v1_default,)""")
 
     def test_right_aligned_padding_silu(self):
         self.assertExpectedInline(rewritten_code("right_aligned_padding_silu"), """\
@@ -402,8 +403,13 @@ def forward(self, L_q_ : torch.Tensor, L_self_buffers_attn_mask_ : torch.Tensor,
     l_self_buffers_attn_mask_ = L_self_buffers_attn_mask_
     l_k_ = L_k_
     l_v_ = L_v_
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, None, 'silu', 1.0, 0.0625, True, 0.01);  l_q_ = l_k_ = l_v_ = None
-    return (attention_fwd_v1_default,)""")
+    to = l_self_buffers_attn_mask_.to(torch.float32)
+    invalid_attn_mask = 1.0 - to;  to = None
+    getitem = invalid_attn_mask[(slice(None, 16, None), slice(None, 16, None))];  invalid_attn_mask = None
+    unsqueeze = getitem.unsqueeze(0);  getitem = None
+    unsqueeze_1 = unsqueeze.unsqueeze(0);  unsqueeze = None
+    attention_buffer_mask_fwd_v1_default = torch.ops.gdpa.attention_buffer_mask_fwd_v1.default(l_q_, l_k_, l_v_, None, None, None, unsqueeze_1, l_self_buffers_attn_mask_, 'silu', 1.0, 0.0625, 0.01);  l_q_ = l_k_ = l_v_ = unsqueeze_1 = l_self_buffers_attn_mask_ = None
+    return (attention_buffer_mask_fwd_v1_default,)""")
 
     def test_hstu_padded_lengths_relbias(self):
         self.assertExpectedInline(rewritten_code("hstu_padded_lengths_relbias"), """\
@@ -415,11 +421,8 @@ def forward(self, L_q_ : torch.Tensor, L_lengths_ : torch.Tensor, L_k_ : torch.T
     l_self_buffers_tril_ = L_self_buffers_tril_
     l_v_ = L_v_
     getitem_1 = l_self_parameters_rab_[(slice(None, None, None), slice(None, 12, None), slice(None, 12, None))];  l_self_parameters_rab_ = None
+    getitem_2 = l_self_buffers_tril_[(slice(None, 12, None), slice(None, 12, None))]
     clamp = l_lengths_.clamp(0, 12);  l_lengths_ = None
     to = clamp.to(torch.int32);  clamp = None
-    transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
-    transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
-    transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
-    varlen_fwd_v2_default = torch.ops.gdpa.varlen_fwd_v2.default(transpose_1, transpose_2, transpose_3, getitem_1, None, None, to, to, 0, 0, 'silu', 1.0, 0.08333333333333333, True, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = getitem_1 = to = None
-    transpose_4 = varlen_fwd_v2_default.transpose(1, 2);  varlen_fwd_v2_default = None
-    return (transpose_4,)""")
+    attention_buffer_mask_fwd_v1_default = torch.ops.gdpa.attention_buffer_mask_fwd_v1.default(l_q_, l_k_, l_v_, getitem_1, to, to, getitem_2, l_self_buffers_tril_, 'silu', 1.0, 0.08333333333333333, 0.01);  l_q_ = l_k_ = l_v_ = getitem_1 = to = getitem_2 = l_self_buffers_tril_ = None
+    return (attention_buffer_mask_fwd_v1_default,)""")

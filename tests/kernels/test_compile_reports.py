@@ -1,4 +1,4 @@
-"""The machinery behind the CuTe compile checks (``cute_compile_reports``), with fake compiles: a report on disk is
+"""The machinery behind the sm_90a compile checks (``compile_reports``), with fake compiles: a report on disk is
 reused, a new fingerprint or spec compiles afresh, concurrent requesters of one build (threads, processes) compile
 it once, a failed compile names the case and is not kept, and a compile worker that dies, hangs or prints stays
 a clear failure naming the case."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import cute_compile_reports as ccr
 import pytest
-from cute_compile_reports import CompileWorker, ReportError, ReportStore
+from compile_reports import CompileWorker, ReportError, ReportStore, report_dir
 
 HERE = Path(__file__).resolve().parent
 SPEC = {"case": ["fwd", 128, 128, "relu"], "build": "fwd", "args": {"head_dim": 128, "activation": "relu"}}
@@ -103,10 +103,10 @@ def test_fingerprint_follows_kernel_sources_and_measuring_code(tmp_path, monkeyp
 
 def test_report_dir_is_the_runs_without_a_disk_cache(tmp_path):
     cache, run = tmp_path / "cache", tmp_path / "run"
-    assert ccr.report_dir(str(cache), run, "fp") == cache / "compile_checks" / "fp"
-    assert ccr.report_dir("", run, "fp") == run / "compile_checks" / "fp"
+    assert report_dir(str(cache), run, "fp") == cache / "compile_checks" / "fp"
+    assert report_dir("", run, "fp") == run / "compile_checks" / "fp"
     (tmp_path / "a_file").touch()  # a cache folder that cannot be made
-    assert ccr.report_dir(str(tmp_path / "a_file"), run, "fp") == run / "compile_checks" / "fp"
+    assert report_dir(str(tmp_path / "a_file"), run, "fp") == run / "compile_checks" / "fp"
     assert (run / "compile_checks" / "fp").is_dir()
 
 
@@ -131,7 +131,7 @@ def test_concurrent_threads_compile_once(tmp_path):
 REQUESTER = textwrap.dedent("""
     import json, os, sys, time
     from pathlib import Path
-    from cute_compile_reports import ReportStore
+    from compile_reports import ReportStore
     directory, calls, go = sys.argv[1:4]
     def compile_fn(spec):
         with open(calls, "a") as f:
@@ -196,7 +196,7 @@ def test_lock_wait_has_a_deadline(tmp_path):
 
 FAKE_WORKER = textwrap.dedent("""
     import os, sys, time
-    from cute_compile_reports import serve
+    from compile_reports import serve
     def compile_fn(spec, workdir):
         what = spec["case"][-1]
         print("some chatter on stdout", flush=True)

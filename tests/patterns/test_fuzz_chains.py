@@ -1,0 +1,110 @@
+"""Random programs between two matmuls, compiled vs eager in float64: every spelling the matcher reads and near
+misses of it (masks off the diagonal by one, fills that are not zero for the activation, a bias after a mask,
+two masks, scales on either side of the bias and of the activation). Whatever the matcher decides, the compiled
+program must give eager's values and NaN positions. A fixed seed set runs here; ``GDPA_FUZZ_PROGRAMS=N`` asks
+for N programs."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from harness import AOT_EAGER_GDPA, reset
+
+PROGRAMS = int(os.environ.get("GDPA_FUZZ_PROGRAMS", "40"))
+ACTIVATIONS = {
+    "relu": F.relu, "silu": F.silu, "gelu": F.gelu, "sigmoid": torch.sigmoid,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "leaky_relu": F.leaky_relu,
+}
+
+
+def _causal_keep(n: int, rng: random.Random) -> tuple[torch.Tensor, str]:
+    """A boolean keep mask: causal in one of several spellings, or a near miss of it."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    form = rng.choice(["tril", "triu_not", "arange", "arange_start", "arange_slice", "tril_off", "ge_off"])
+    if form == "tril":
+        return torch.tril(torch.ones(n, n, dtype=torch.bool)), form
+    if form == "triu_not":
+        return ~torch.triu(torch.ones(n, n, dtype=torch.bool), 1), form
+    if form == "arange":
+        return i >= j, form
+    if form == "arange_start":
+        return torch.arange(start=1, end=n + 1)[:, None] >= j, form
+    if form == "arange_slice":
+        return torch.arange(n + 1)[1:][:, None] >= j, form
+    if form == "tril_off":
+        return torch.tril(torch.ones(n, n, dtype=torch.bool), rng.choice([-1, 1])), form
+    return i + rng.choice([-1, 1]) >= j, form
+
+
+def make_program(seed: int):
+    """(fn, extra inputs, description): O = chain(Q Kᵀ) @ V with a random chain."""
+    rng = random.Random(seed)
+    act_name = rng.choice(list(ACTIVATIONS))
+    act = ACTIVATIONS[act_name]
+    pre_scale = rng.choice([None, 0.125, 2.0])
+    bias_kind = rng.choice([None, "tensor", "float"])
+    bias_first = rng.random() < 0.5
+    n_masks = rng.choice([0, 1, 1, 2])
+    mask_place = rng.choice(["before", "after", "multiply"])
+    fill = rng.choice([0.0, float("-inf"), "finfo", -1e4, 1.0])
+    post = rng.choice([None, 0.5, "div_n"])
+    extra = {}
+    if bias_kind == "tensor":
+        extra["bias"] = torch.randn(16, 16, generator=torch.Generator().manual_seed(seed))
+
+    def fn(q, k, v, bias=None):
+        n = q.shape[-2]
+        s = q @ k.transpose(-2, -1)
+        masks = [_causal_keep(n, random.Random(seed * 7 + t))[0] for t in range(n_masks)]
+
+        def add_bias(s):
+            if bias_kind == "tensor":
+                return s + bias
+            if bias_kind == "float":
+                return s - 0.5
+            return s
+
+        def scale(s):
+            return s * pre_scale if pre_scale is not None else s
+
+        s = add_bias(scale(s)) if bias_first else scale(add_bias(s))
+        value = -torch.finfo(torch.float32).max if fill == "finfo" else fill  # one value in fp32 and in float64
+        if mask_place == "before":
+            for m in masks:
+                s = s.masked_fill(~m, value)
+        p = act(s)
+        if mask_place == "after":
+            for m in masks:
+                p = p.masked_fill(~m, 0.0)
+        elif mask_place == "multiply":
+            for m in masks:
+                p = p * m
+        if post == "div_n":
+            p = p / n
+        elif post is not None:
+            p = p * post
+        return p @ v
+
+    steps = f"{act_name}, pre={pre_scale}, bias={bias_kind} (first={bias_first}), masks={n_masks} {mask_place} " \
+            f"fill={fill}, post={post}"
+    return fn, extra, steps
+
+
+@pytest.mark.parametrize("seed", range(PROGRAMS))
+def test_random_chain_gives_eagers_values(seed):
+    fn, extra, description = make_program(seed)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, 16, 8, generator=gen) for _ in range(3))
+    reset()
+    got = torch.compile(fn, backend=AOT_EAGER_GDPA)(q, k, v, **extra)
+    want = fn(q.double(), k.double(), v.double(), **{n: t.double() for n, t in extra.items()})
+    assert torch.equal(got.isnan(), want.isnan()), f"{description}: NaN positions differ"
+    assert torch.equal(got.isinf(), want.isinf()), f"{description}: infinities differ"
+    finite = ~want.isnan() & ~want.isinf()
+    if finite.any():
+        err = float((got.double()[finite] - want[finite]).abs().max())
+        assert err <= 1e-4 * max(1.0, float(want[finite].abs().max())), f"{description}: error {err:.3g}"
