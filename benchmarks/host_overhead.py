@@ -1,14 +1,14 @@
-"""Host time per call of the GDPA ops, and where it goes (the varlen op at Meta's shortest jagged shapes).
+"""Host time per fused call: what each GDPA op call of a compiled training step costs the CPU.
 
-A launch-timed call costs the host's time until its last kernel launch plus that kernel's GPU time, so at
-short sequences the host's dispatch decides the measured speed. This prints microseconds of host time per
-call for each layer of the varlen call (validation, the custom op with and without autograd, the schedule
-launch, the forward launch) and for the dense op, the same calls launch-timed and replayed from a CUDA graph
-(the GPU's time alone), then a cProfile of the full call. ``--backend`` picks the kernels (``config.backend``:
-"cute" for the CuTe-DSL kernels, "triton"); ``--max-len``/``--sparsity`` the jagged shape (lengths all N at
-1.0, uniform in [1, N] below).
+The demo's model (``gdpa_inductor.demo.DemoRecModel``: HSTU-style silu attention with a relative bias, a causal mask
+and padding; PFFN with per-sample weights; PMA pooling) is compiled with backend="gdpa" and trained one step while
+every GDPA op call is recorded with its arguments. Each recorded call is then replayed alone, as the compiled code
+calls it (``torch.ops.gdpa.<op>.default``), and its host time measured: the mean over ``--calls`` calls of the time
+until the call returns, median of five rounds, the GPU drained between rounds so a full launch queue never stalls
+the host. Beside them, two references: an aten op (``torch.add``) and an empty Triton kernel's launch. A cProfile
+of each call (``--profile``) says where its host time goes.
 
-    PYTHONPATH=$PWD python3 benchmarks/host_overhead.py [--backend cute] [--max-len 128 --sparsity 1.0]
+    PYTHONPATH=$PWD python3 benchmarks/host_overhead.py [--batch 64 --seq 256] [--profile]
         [--out benchmarks/results/<run>/host_overhead.json]
 """
 
@@ -16,27 +16,28 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import datetime
+import functools
 import io
 import json
 import pstats
+import sys
 import time
 
 import torch
 import triton
-from bench_varlen import lengths_for  # beside this file
+import triton.language as tl
 
 import gdpa_inductor
-from gdpa_inductor import gdpa, gdpa_varlen
-from gdpa_inductor.lowering import ops, varlen_ops
-from gdpa_inductor.lowering.varlen_ops import _sides, varlen_fwd
-from gdpa_inductor.validation_varlen import check_varlen_args
-
-H, D, N, BATCH, ACT = 4, 128, 256, 1152, "gelu_tanh"
+from gdpa_inductor.demo import DemoRecModel, _loss, make_batch
 
 
-def host_us(fn, calls: int = 200) -> float:
-    """Median over 5 rounds of the mean host time per call; the GPU is drained between rounds so that a
-    full launch queue never stalls the host."""
+@triton.jit
+def _empty_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+def host_us(fn, calls: int) -> float:
     fn()
     torch.cuda.synchronize()
     rounds = []
@@ -49,71 +50,77 @@ def host_us(fn, calls: int = 200) -> float:
     return sorted(rounds)[2]
 
 
+def record_step_calls(batch: int, seq: int) -> list:
+    """(op overload, args, kwargs) of every GDPA op call in one compiled training step of the demo's model."""
+    from torch._library.custom_ops import CustomOpDef
+
+    from gdpa_inductor.lowering import buffer_mask_ops, ops, varlen_ops
+
+    torch.manual_seed(0)
+    model = DemoRecModel(512, 4, seeds=4, dff=64, max_len=seq).to("cuda", torch.bfloat16)
+    inputs = make_batch(batch, seq, 512, "cuda", torch.bfloat16)
+    compiled = torch.compile(model, backend="gdpa")
+    _loss(compiled, inputs).backward()
+    calls, saved = [], []
+    # the op's Python kernels, wrapped to record their arguments (the compiled code calls them through the dispatcher)
+    for module in (ops, varlen_ops, buffer_mask_ops):
+        for opdef in vars(module).values():
+            if isinstance(opdef, CustomOpDef):
+                for key, fn in list(opdef._backend_fns.items()):
+                    def recording(*a, _fn=fn, _op=opdef._opoverload, **kw):
+                        calls.append((_op, a, kw))
+                        return _fn(*a, **kw)
+                    saved.append((opdef, key, fn))
+                    opdef._backend_fns[key] = recording
+    try:
+        _loss(compiled, inputs).backward()
+    finally:
+        for opdef, key, fn in saved:
+            opdef._backend_fns[key] = fn
+    return calls
+
+
+def describe(func, args) -> str:
+    shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+    return f"{func.name()} {shapes[:4]}"
+
+
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--backend", default="auto", choices=gdpa_inductor.config.BACKENDS)
-    parser.add_argument("--max-len", type=int, default=N)
-    parser.add_argument("--sparsity", type=float, default=0.5)
-    args = parser.parse_args()
-    gdpa_inductor.config.backend = args.backend
-    n = args.max_len
-    dev = torch.device("cuda")
-    gen = torch.Generator().manual_seed(0)
-    lengths = lengths_for(BATCH, n, args.sparsity, gen)
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).to(dev)
-    total = int(lengths.sum())
-    mk = lambda *s, g=False: torch.randn(*s, device=dev, dtype=torch.bfloat16, requires_grad=g)  # noqa: E731
-    q, k, v = mk(total, H, D), mk(total, H, D), mk(total, H, D)
-    qg, kg, vg = mk(total, H, D, g=True), mk(total, H, D, g=True), mk(total, H, D, g=True)
-    qd, kd, vd = mk(BATCH, H, n, D, g=True), mk(BATCH, H, n, D, g=True), mk(BATCH, H, n, D, g=True)
-    op_args = (None, cu, cu, None, None, n, n, ACT, D**-0.5, 1.0, False, -1, -1, 0.01)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
 
-    def call(a, b, c):
-        return gdpa_varlen(a, b, c, cu, cu, n, n, activation=ACT, scale=D**-0.5)
-
-    pieces = {
-        "validation": lambda: check_varlen_args(q, k, v, cu, cu, n, n, activation=ACT, scale=1.0, post_scale=1.0,
-                                                window=None, negative_slope=0.01, seqused_q=None, seqused_k=None),
-        "schedule launch (_sides)": lambda: _sides(q, k, v, cu, cu, None, None, n, n),
-        "forward_impl (launches only)": lambda: varlen_ops.forward_impl(q, k, v, *op_args),
-        "op .default, no grad (compiled code)": lambda: torch.ops.gdpa.varlen_fwd_v2.default(q, k, v, *op_args),
-        "custom op, no grad": lambda: varlen_fwd(q, k, v, *op_args),
-        "custom op, grad": lambda: varlen_fwd(qg, kg, vg, *op_args),
-        "gdpa_varlen, no grad": lambda: call(q, k, v),
-        "gdpa_varlen, grad": lambda: call(qg, kg, vg),
-        "gdpa (dense), grad": lambda: gdpa(qd, kd, vd, activation=ACT, scale=D**-0.5),
-        "dense custom op, grad": lambda: ops.attention_fwd(qd, kd, vd, None, ACT, D**-0.5, 1.0, False, 0.01),
-    }
-    rows = {name: host_us(fn) for name, fn in pieces.items()}
-    launch = dict(warmup=5, rep=60, return_mode="median")
-    rows["do_bench gdpa_varlen, grad (ms)"] = triton.testing.do_bench(lambda: call(qg, kg, vg), **launch)
-    rows["do_bench gdpa_varlen, no grad (ms)"] = triton.testing.do_bench(lambda: call(q, k, v), **launch)
-    rows["do_bench_cudagraph gdpa_varlen (ms)"] = triton.testing.do_bench_cudagraph(
-        lambda: call(q, k, v), rep=60, return_mode="median")
-    rows["do_bench gdpa dense, grad (ms)"] = triton.testing.do_bench(
-        lambda: gdpa(qd, kd, vd, activation=ACT, scale=D**-0.5), **launch)
-    qn, kn, vn = (t.detach() for t in (qd, kd, vd))
-    rows["do_bench gdpa dense, no grad (ms)"] = triton.testing.do_bench(
-        lambda: gdpa(qn, kn, vn, activation=ACT, scale=D**-0.5), **launch)
-    rows["do_bench_cudagraph gdpa dense (ms)"] = triton.testing.do_bench_cudagraph(
-        lambda: gdpa(qn, kn, vn, activation=ACT, scale=D**-0.5), rep=60, return_mode="median")
-    for name, value in rows.items():
-        print(f"{name:40s} {value:9.3f}")
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(200):
-        call(qg, kg, vg)
-    prof.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
-    print(text.getvalue())
+    rows = {}
+    a = torch.randn(64, device="cuda")
+    rows["reference: torch.add"] = host_us(lambda: torch.add(a, a), args.calls)
+    rows["reference: empty Triton kernel launch"] = host_us(lambda: _empty_kernel[(1,)](a, 64, BLOCK=64), args.calls)
+    for func, op_args, op_kwargs in record_step_calls(args.batch, args.seq):
+        name = describe(func, op_args)
+        rows[name] = host_us(functools.partial(func, *op_args, **op_kwargs), args.calls)
+        print(f"{name:80s} {rows[name]:8.1f} us", flush=True)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.calls):
+                func(*op_args, **op_kwargs)
+            prof.disable()
+            torch.cuda.synchronize()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
+            print(text.getvalue())
+    for name, us in rows.items():
+        print(f"{name:80s} {us:8.1f} us")
     if args.out:
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    backend=gdpa_inductor.config.backend, batch=args.batch, seq=args.seq,
+                    date=datetime.date.today().isoformat(), units="host us per call",
+                    command=" ".join(["python3 benchmarks/host_overhead.py", *sys.argv[1:]]))
         with open(args.out, "w") as f:
-            json.dump(dict(rows=rows, backend=args.backend, max_len=n, sparsity=args.sparsity,
-                           device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__),
-                      f, indent=1)
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

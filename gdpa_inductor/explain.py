@@ -34,8 +34,9 @@ class ExplainReport:
         from .patterns.softmax_free_attention import NO_PAIR
 
         lone = [c for c in self.rejected if c.reason == NO_PAIR]
+        left = len(self.rejected) + len([c for c in self.rejected if c.scores])
         lines = [f"gdpa explain: {self.graphs} graph(s), {len(self.fused)} GDPA subgraph(s) fused, "
-                 f"{len(self.rejected)} matmul(s) left to Inductor"]
+                 f"{left} matmul(s) left to Inductor"]
         lines += [str(c) for c in self.candidates if c not in lone]
         if lone:
             lines.append(f"  ({len(lone)} other matmul(s) are not the second matmul of an act(Q Kᵀ) V chain: "

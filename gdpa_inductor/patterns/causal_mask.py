@@ -27,7 +27,7 @@ def causal_mask_kind(mask: fx.Node, scores: torch.Tensor) -> Optional[str]:
     nq, nk = scores.shape[-2], scores.shape[-1]
     if not statically_known_true(nq == nk):
         return None
-    kind = _kind(mask, nq)
+    kind = _kind(mask, nq) or _evaluated_kind(mask)
     if kind is None:
         return None
     ev = fxn.example(mask)
@@ -93,6 +93,84 @@ def _kind(node, n) -> Optional[str]:
     if node.op == "call_function" and node.target is operator.getitem:
         return _kind(node.args[0], n) if _top_left_slice(node.args[1]) else None
     return _arange_compare_kind(node)
+
+
+# A mask computed from static sizes alone is evaluated up to this many elements per node.
+MAX_EVALUATED_ELEMENTS = 1 << 24
+# Targets whose values are not a function of their arguments: a subgraph with one is never evaluated.
+_NONDETERMINISTIC = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "poisson", "exponential",
+                     "empty")
+
+
+def band_window(mask: fx.Node, scores: torch.Tensor) -> Optional[tuple[str, tuple[int, int]]]:
+    """("keep" or "drop", (left, right)) when a mask computed from constants (``constant_value``) over square
+    scores is, in its keep form, the band ``-left <= j - i <= right`` around the diagonal (HSTU's
+    ``max_attn_len``: ``(max_attn_len, 0)``), the same in every leading index; else None."""
+    nq, nk = scores.shape[-2], scores.shape[-1]
+    if type(nq) is not int or nq != nk or nq < 2:
+        return None
+    value = constant_value(mask)
+    if value is None or value.dim() < 2 or tuple(value.shape[-2:]) != (nq, nk) or value.dim() > scores.dim():
+        return None
+    if any(n != 1 for n in value.shape[:-2]):
+        return None
+    for kind, keep in (("keep", value.reshape(nq, nk) != 0), ("drop", value.reshape(nq, nk) == 0)):
+        offsets = torch.arange(nk, device=keep.device)[None, :] - torch.arange(nq, device=keep.device)[:, None]
+        if not keep.any():
+            continue
+        left, right = int(-offsets[keep].min()), int(offsets[keep].max())
+        if left < 0 or right < 0:
+            continue
+        if torch.equal(keep, (offsets >= -left) & (offsets <= right)):
+            return kind, (left, right)
+    return None
+
+
+def _evaluated_kind(mask: fx.Node) -> Optional[str]:
+    """The kind of a mask that reads no graph input and has static sizes (HSTU builds its causal mask from
+    ``arange``, ``eye``, comparisons and ``logical_or``): every call of this graph computes the same value, so
+    the value is computed here and read as ``_triangle_kind`` reads a buffer's."""
+    value = constant_value(mask)
+    return _triangle_kind(value) if value is not None and value.dim() >= 2 else None
+
+
+def constant_value(node: fx.Node) -> Optional[torch.Tensor]:
+    """The value of ``node`` when it is computed from constants alone: no graph input, no random or uninitialized
+    values, static sizes of at most ``MAX_EVALUATED_ELEMENTS`` elements; else None."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    order, seen, stack = [], set(), [node]
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        if cur.op not in ("call_function", "call_method"):
+            return None
+        name = cur.target if isinstance(cur.target, str) else getattr(cur.target, "__name__", str(cur.target))
+        if any(word in name for word in _NONDETERMINISTIC):
+            return None
+        ev = fxn.example(cur)
+        if isinstance(ev, torch.Tensor):
+            if not all(type(n) is int for n in ev.shape) or ev.numel() > MAX_EVALUATED_ELEMENTS:
+                return None
+        elif not isinstance(ev, (int, float, bool, tuple)) or isinstance(ev, torch.SymInt):
+            return None
+        order.append(cur)
+        stack.extend(cur.all_input_nodes)
+    values: dict[fx.Node, object] = {}
+    try:
+        with unset_fake_temporarily(), torch.no_grad():
+            needed = set(order)
+            for cur in (n for n in node.graph.nodes if n in needed):  # graph order: inputs before their users
+                args = fx.node.map_arg(cur.args, lambda a: values[a])
+                kwargs = fx.node.map_arg(cur.kwargs, lambda a: values[a])
+                fn = getattr(args[0], cur.target) if cur.op == "call_method" else cur.target
+                values[cur] = fn(*args[1:], **kwargs) if cur.op == "call_method" else fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001  (a subgraph that cannot be evaluated proves nothing)
+        return None
+    value = values[node]
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _one_minus_operand(node: fx.Node) -> Optional[fx.Node]:

@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from ..kernels.activations import get_activation
 from . import fx_nodes as fxn
-from .causal_mask import causal_mask_kind
+from .causal_mask import band_window, causal_mask_kind, constant_value
 
 
 @dataclass
@@ -32,9 +32,12 @@ class ChainRecipe:
     # the op (pre-activation) or to the output (post-activation); (value, divide) pairs.
     pre_factors: list[tuple[Any, bool]] = field(default_factory=list)
     post_factors: list[tuple[Any, bool]] = field(default_factory=list)
-    # Additive terms before the activation: nodes or floats, with their sign.
-    bias_terms: list[tuple[Any, float]] = field(default_factory=list)
+    # Additive terms before the activation: (node or float, coefficient, factors): the coefficient is the sign
+    # times the Python-number scales applied after the term; factors, the other scales after it (value, divide).
+    bias_terms: list[tuple[Any, float, tuple]] = field(default_factory=list)
     causal: bool = False
+    # A band around the diagonal, -left <= j - i <= right (both >= 0), proven by evaluating a constant mask.
+    window: Optional[tuple[int, int]] = None
     # The masks the causal flag was proven from: (mask node, True if it marks the kept entries).
     causal_masks: list[tuple[fx.Node, bool]] = field(default_factory=list)
     mask_note: str = "none"
@@ -45,6 +48,9 @@ class ChainRecipe:
     dense_masks: list[tuple[fx.Node, bool]] = field(default_factory=list)
     masks_inexact_as_bias: Optional[str] = None  # why the dense masks cannot be a -finfo.max bias
     nodes: list[fx.Node] = field(default_factory=list)  # the chain, from P back to S (exclusive)
+    # Users of the chain (or of S) that read no value of it: dead ones, and ``x.expand_as(chain)`` of a static
+    # shape; the rewrite drops or re-points them (``detached_user``).
+    detached_users: list[fx.Node] = field(default_factory=list)
 
 
 class ChainMismatch(Exception):
@@ -93,18 +99,21 @@ def _fill_zeroes_activation(fill: Any, activation: str, slope: float, dtype: tor
 def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
     """The recipe for the chain from S (exclusive) to P (inclusive). Raises ChainMismatch."""
     steps: list[fx.Node] = []
+    detached: list[fx.Node] = []
     cur = p
     while cur is not s:
         if not isinstance(cur, fx.Node) or cur.op not in ("call_function", "call_method"):
             raise ChainMismatch(f"{getattr(cur, 'name', cur)}: not an operation between the matmuls")
-        if len(cur.users) != 1:
-            raise ChainMismatch(f"{cur.name}: the intermediate is also used elsewhere ({len(cur.users)} users)")
+        readers = _value_readers(cur, detached)
+        if readers != 1:
+            raise ChainMismatch(f"{cur.name}: the intermediate is also used elsewhere ({readers} users)")
         steps.append(cur)
         cur = _chain_input(cur)
-    if len(s.users) != 1:
-        raise ChainMismatch(f"{s.name}: the scores are also used elsewhere ({len(s.users)} users)")
+    readers = _value_readers(s, detached)
+    if readers != 1:
+        raise ChainMismatch(f"{s.name}: the scores are also used elsewhere ({readers} users)")
 
-    recipe = ChainRecipe(nodes=steps)
+    recipe = ChainRecipe(nodes=steps, detached_users=detached)
     seen_activation = False
     seen_bias = False
     dtype = fxn.example(s).dtype
@@ -138,9 +147,9 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
             if alpha != 1:
                 raise ChainMismatch(f"{node.name}: add/sub with alpha")
             if isinstance(other, numbers.Real) and not isinstance(other, bool):
-                recipe.bias_terms.append((float(other), sign))
+                recipe.bias_terms.append((float(other), sign, ()))
             elif fxn.is_tensor_node(other) and _same_shape(node, prev):
-                recipe.bias_terms.append((other, sign))
+                recipe.bias_terms.append((other, sign, ()))
             else:
                 raise ChainMismatch(f"{node.name}: added term is neither a number nor a bias of the scores' shape")
             seen_bias = True
@@ -164,6 +173,36 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
                 "(e.g. act(-inf) is NaN for gelu/silu/hardswish; -finfo.max is exact)"
             )
     return recipe
+
+
+def _value_readers(node: fx.Node, detached: list[fx.Node]) -> int:
+    """How many users of ``node`` read its values; the others (``detached_user``) are appended to ``detached``."""
+    readers = 0
+    for user in node.users:
+        if detached_user(user, node):
+            detached.append(user)
+        else:
+            readers += 1
+    return readers
+
+
+def detached_user(user: fx.Node, node: fx.Node) -> Optional[str]:
+    """"dead": ``user`` is pure and unused; "shape": ``user`` is ``x.expand_as(node)`` (x not ``node``) of a static
+    shape, which reads only that shape (the rewrite spells it out); None: ``user`` reads ``node``'s values."""
+    if not user.users and not user.is_impure():
+        return "dead"
+    if (fxn.fn_or_method(user, (), ("expand_as",)) and len(user.args) == 2 and user.args[1] is node
+            and user.args[0] is not node and static_shape(node) is not None):
+        return "shape"
+    return None
+
+
+def static_shape(node: fx.Node) -> Optional[tuple[int, ...]]:
+    """The node's shape when every size is a plain int, else None."""
+    ev = fxn.example(node)
+    if not isinstance(ev, torch.Tensor) or not all(type(n) is int for n in ev.shape):
+        return None
+    return tuple(ev.shape)
 
 
 def _chain_input(node: fx.Node) -> fx.Node:
@@ -204,6 +243,27 @@ def _broadcasts_to(mask: fx.Node, scores: fx.Node) -> bool:
                for a, b in zip(m.shape[::-1], s.shape[::-1]))
 
 
+def _constant_everywhere(mask: fx.Node, scores: fx.Node, value: bool) -> bool:
+    """A mask computed from constants (``constant_value``) that holds ``value`` (as a truth value) at every entry
+    and broadcasts to the scores without growing them."""
+    if not (isinstance(mask, fx.Node) and fxn.is_tensor_node(mask) and _broadcasts_to(mask, scores)):
+        return False
+    found = constant_value(mask)
+    if found is None or found.numel() == 0:
+        return False
+    truth = found != 0
+    return bool(truth.all()) if value else not bool(truth.any())
+
+
+def _is_row_factor(factor: fx.Node, scores: fx.Node) -> bool:
+    """A floating tensor of one value per row of the scores: it broadcasts to them and its last dim is 1."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    ev = fxn.example(factor)
+    return (ev.dtype.is_floating_point and ev.dim() >= 1 and statically_known_true(ev.shape[-1] == 1)
+            and _broadcasts_to(factor, scores))
+
+
 def _same_shape(a: fx.Node, b: fx.Node) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -223,28 +283,46 @@ def _read_product(node, prev, recipe: ChainRecipe, after_activation: bool, seen_
     if after_activation and fxn.is_tensor_node(other) and not fxn.is_one_element_tensor(other):
         # A bool mask, or a {0,1} float one (HSTU multiplies by a float tril): causal becomes the flag, any
         # other boolean mask a -max bias; a float tensor that is not provably causal could hold anything.
+        if not divide and _constant_everywhere(other, node, True):
+            return  # times a constant mask of ones (HSTU's non-causal mask: the diagonal or any other entry)
         if causal_mask_kind(other, fxn.example(node)) == "keep":
             recipe.causal, recipe.mask_note = True, "causal (multiply after the activation)"
             recipe.causal_masks.append((other, True))
             return
-        if _is_bool(other) and _broadcasts_to(other, node):
-            recipe.dense_masks.append((other, True))
+        band = None if divide else band_window(other, fxn.example(node))
+        if band is not None and band[0] == "keep" and recipe.window is None:
+            recipe.window = band[1]
+            recipe.mask_note = f"band {band[1]} around the diagonal (multiply after the activation)"
+            return
+        mask = other if _is_bool(other) else fxn.bool_cast_source(other)
+        if mask is not None and not divide and _broadcasts_to(mask, node):
+            recipe.dense_masks.append((mask, True))
             recipe.mask_note = "dense boolean mask (as a bias)"
             return
-        raise ChainMismatch(f"{node.name}: multiplied by a tensor that is neither a scalar nor a boolean mask")
+        if _is_row_factor(other, node):
+            # (P ⊙ a) V = a ⊙ (P V) for a factor a constant along the keys: the op's output rows are scaled
+            recipe.post_factors.append((other, divide))
+            return
+        raise ChainMismatch(f"{node.name}: multiplied by a tensor that is neither a scalar, a boolean mask nor "
+                            "one factor per query row")
     value = _scale_value(other)
     if value is None:
         raise ChainMismatch(f"{node.name}: multiplied by a tensor that is neither a scalar nor a causal mask")
-    if not after_activation and seen_bias:
-        raise ChainMismatch(f"{node.name}: a scale applied after the bias")
+    if not after_activation and seen_bias and not isinstance(value, float) and any(
+            not isinstance(term, fx.Node) for term, _, _ in recipe.bias_terms):
+        raise ChainMismatch(f"{node.name}: a tensor or symbolic scale applied after a constant bias")
+    # c · (S + b) = c·S + c·b: the bias terms so far take the factor with the scores
     if isinstance(value, float):
         factor = 1.0 / value if divide else value
         if after_activation:
             recipe.post_scale *= factor
         else:
             recipe.scale *= factor
+            recipe.bias_terms = [(term, coef * factor, fs) for term, coef, fs in recipe.bias_terms]
     else:
         (recipe.post_factors if after_activation else recipe.pre_factors).append((value, divide))
+        if not after_activation:
+            recipe.bias_terms = [(term, coef, (*fs, (value, divide))) for term, coef, fs in recipe.bias_terms]
 
 
 def _read_mask(node, prev, recipe: ChainRecipe, after_activation: bool, dtype, s):
@@ -261,8 +339,19 @@ def _read_mask(node, prev, recipe: ChainRecipe, after_activation: bool, dtype, s
             raise ChainMismatch(f"{node.name}: torch.where without the scores")
     if isinstance(fill, fx.Node):
         raise ChainMismatch(f"{node.name}: mask fill value is a tensor")
+    if _constant_everywhere(mask, node, keep_form):
+        return  # the mask keeps every entry: nothing is filled
     kind = causal_mask_kind(mask, out_ev)
     wanted = "keep" if keep_form else "drop"
+    band = band_window(mask, out_ev) if kind != wanted else None
+    if band is not None and band[0] == wanted and recipe.window is None:
+        if after_activation and not (isinstance(fill, numbers.Real) and float(fill) == 0.0):
+            raise ChainMismatch(f"{node.name}: masked after the activation with {fill!r}, not 0")
+        if not after_activation:
+            recipe.pre_mask_fills.append((node, fill))
+        recipe.window = band[1]
+        recipe.mask_note = f"band {band[1]} around the diagonal"
+        return
     if kind != wanted:
         if not (_is_bool(mask) and _broadcasts_to(mask, node)):
             raise ChainMismatch(f"{node.name}: mask is neither provably causal nor a boolean tensor")

@@ -13,7 +13,8 @@ the rewrite, ``check_equivalent`` evaluates both on the same concrete values and
 The operands of the chain (biases, masks, scale factors, lengths) are computed from the graph's own subgraphs:
 shape-only ones (``arange``, ``ones``/``tril``, comparisons) from the sizes, others from random graph inputs. No
 value of a graph input is read (a module buffer can change after the compile): floating inputs are random normal,
-integer ones random among the sampled coordinates and N, with 0 and N among them, boolean ones random with an all-False and an all-True row.
+integer ones random among the sampled coordinates and N, with 0 and N among them, boolean ones random with an
+all-False and an all-True row.
 A floating value derived from a floating input is drawn at random directly (the recipe reads such a bias or factor
 as it is, whatever its value). Two draws of the scores (mixed signs, then positive) on a sample of the scores'
 coordinates (all of them up to 1024 per axis; the first and last batch and head index) are compared: NaN and
@@ -172,13 +173,17 @@ class _Proof:
         a -finfo.max term, the constant last."""
         r, dtype = self.recipe, self.dtype
         total, constant = None, 0.0
-        for term, sign in r.bias_terms:
+        for term, coef, factors in r.bias_terms:
             if isinstance(term, fx.Node):
                 value = self.sampled(term)
-                total = (value if sign > 0 else -value) if total is None else (
-                    total + value if sign > 0 else total - value)
+                if abs(coef) != 1.0:
+                    value = value * abs(coef)
+                for factor, divide in factors:
+                    value = _apply_as_graph(value, self.scalar(factor), divide)
+                total = (value if coef > 0 else -value) if total is None else (
+                    total + value if coef > 0 else total - value)
             else:
-                constant += sign * term
+                constant += coef * term
         if self.m.lengths is None:
             big = -torch.finfo(dtype).max
             for mask, keep_form in r.dense_masks:
@@ -196,9 +201,12 @@ class _Proof:
 
     def _bias_magnitude(self) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
-        for term, _ in self.recipe.bias_terms:
+        for term, coef, factors in self.recipe.bias_terms:
             value = self.sampled(term) if isinstance(term, fx.Node) else torch.tensor(float(term))
-            total = total + value.float().abs().to(self.device)
+            value = value.float().abs().to(self.device) * abs(coef)
+            for factor, divide in factors:
+                value = _apply(value, torch.as_tensor(self.scalar(factor), device=self.device).abs().float(), divide)
+            total = total + value
         return total
 
     def _kept(self) -> Optional[torch.Tensor]:
@@ -207,6 +215,11 @@ class _Proof:
         keep = None
         if self.recipe.causal and self.m.buffer_mask is None:
             keep = cols[None, :] <= rows[:, None]
+        if self.recipe.window is not None:
+            left, right = self.recipe.window
+            offsets = cols[None, :] - rows[:, None]
+            band = (offsets >= -left) & (offsets <= right)
+            keep = band if keep is None else keep & band
         plan = self.m.lengths
         if plan is not None:
             n = self.shape[-1]
@@ -323,6 +336,11 @@ def _numel(shape) -> int:
     for s in shape:
         total *= int(s)
     return total
+
+
+def _apply_as_graph(x: torch.Tensor, factor: Any, divide: bool) -> torch.Tensor:
+    """x times (or over) the factor as the rewrite's graph computes it: in the operands' own dtypes."""
+    return x / factor if divide else x * factor
 
 
 def _apply(x: torch.Tensor, factor: Any, divide: bool) -> torch.Tensor:

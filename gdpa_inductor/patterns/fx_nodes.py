@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import string
 from typing import Any, Optional
 
 import torch
@@ -70,14 +71,40 @@ def matmul_operands(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
 
 
 def einsum_operands(node: fx.Node) -> Optional[tuple[str, fx.Node, fx.Node]]:
-    """(equation, a, b) for a two-operand einsum."""
+    """(equation, a, b) for a two-operand einsum, an ellipsis spelled out as letters of its own
+    (``explicit_equation``)."""
     if node.op == "call_function" and node.target in EINSUM_FUNCTIONS:
         args = node.args
         if len(args) == 2 and isinstance(args[1], (list, tuple)):
             args = (args[0], *args[1])
         if len(args) == 3 and isinstance(args[0], str) and is_tensor_node(args[1]) and is_tensor_node(args[2]):
-            return args[0].replace(" ", ""), args[1], args[2]
+            eq = explicit_equation(args[0].replace(" ", ""), [example(a).dim() for a in args[1:]])
+            return (eq, args[1], args[2]) if eq is not None else None
     return None
+
+
+def explicit_equation(eq: str, ranks: list[int]) -> Optional[str]:
+    """``eq`` with each operand's ``...`` replaced by letters the equation does not use, aligned from the right
+    as einsum broadcasts them (``'...id,...jd->...ij'`` on 4-D operands: ``'Aaid,Aajd->Aaij'``); None where the
+    ellipsis is not one per operand and in an explicit output."""
+    if "." not in eq:
+        return eq
+    if "->" not in eq:
+        return None
+    ins, out = eq.split("->")
+    parts = ins.split(",")
+    if len(parts) != len(ranks) or any(t.count("...") > 1 or "." in t.replace("...", "") for t in (*parts, out)):
+        return None
+    spans = [rank - len(t.replace("...", "")) if "..." in t else 0 for t, rank in zip(parts, ranks)]
+    if min(spans) < 0 or ("..." in out) != any("..." in t for t in parts):
+        return None
+    free = [c for c in string.ascii_letters if c not in eq]
+    letters = "".join(free[:max(spans)])
+
+    def spell(term: str, span: int) -> str:
+        return term.replace("...", letters[len(letters) - span:] if span else "")
+
+    return ",".join(spell(t, n) for t, n in zip(parts, spans)) + "->" + spell(out, len(letters))
 
 
 def transposed_source(node: fx.Node) -> Optional[fx.Node]:
@@ -145,7 +172,7 @@ def is_sub(node):
 
 
 # Value-preserving steps: dtype casts (the fused op computes in fp32 and rounds P to V's dtype once) and copies.
-PASSTHROUGH_METHODS = ("float", "half", "bfloat16", "to", "type_as", "contiguous", "clone")
+PASSTHROUGH_METHODS = ("float", "half", "bfloat16", "to", "type", "type_as", "contiguous", "clone")
 
 
 def is_passthrough(node: fx.Node) -> bool:
@@ -160,6 +187,15 @@ def is_passthrough(node: fx.Node) -> bool:
             node.kwargs
         ) <= {"dtype", "copy", "non_blocking", "device"}
     return True
+
+
+def bool_cast_source(node: Any) -> Optional[fx.Node]:
+    """m when ``node`` is a boolean tensor m cast to a floating dtype ({0, 1} values: ``m.float()``,
+    ``m.to(dtype)``, ``m.type(dtype)``, ``m.type_as(x)``)."""
+    if not isinstance(node, fx.Node) or not is_passthrough(node) or not is_tensor_node(node.args[0]):
+        return None
+    src = example(node.args[0])
+    return node.args[0] if src.dtype == torch.bool else None
 
 
 def is_noop_dropout(node: fx.Node) -> bool:

@@ -30,7 +30,8 @@ from torch._inductor.pattern_matcher import (
 from ..lowering import buffer_mask_ops, ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
 from . import causal_mask
 from . import fx_nodes as fxn
-from .softmax_free_attention import GdpaMatch, OperandPlan, SoftmaxFreeAttention
+from .chain import static_shape
+from .softmax_free_attention import NO_PAIR, GdpaMatch, OperandPlan, SoftmaxFreeAttention
 
 log = logging.getLogger("gdpa_inductor")
 
@@ -44,11 +45,14 @@ class CandidateReport:
     matched: bool
     reason: str
     details: Optional[dict] = None
+    # A refused block's first matmul (the scores), reported with the block rather than on its own.
+    scores: Optional[str] = None
 
     def __str__(self) -> str:
         where = f"{self.graph}:{self.node}"
         if not self.matched:
-            return f"  rejected  {where}: {self.reason}"
+            with_scores = f" (scores {self.scores})" if self.scores else ""
+            return f"  rejected  {where}{with_scores}: {self.reason}"
         d = self.details or {}
         return (f"  FUSED     {where}: {d.get('kind')}, activation={d.get('activation')}, q{d.get('q')} "
                 f"k{d.get('k')} v{d.get('v')} {d.get('dtype')}, scale={d.get('scale'):.4g}"
@@ -118,13 +122,15 @@ class _GdpaPass:
         if self.matcher.apply(self.gm) and not self.dry_run:
             self.gm.graph.lint()
             self.gm.recompile()
-        # A fused block's first matmul is a candidate too, and was reported as unpaired.
+        # A block's first matmul is a candidate too, and was reported as unpaired: the block's report covers it.
+        paired = {r.scores for _, r in self.reports if r.scores}
         return [r for _, r in sorted(self.reports, key=lambda pr: pr[0])
-                if r.matched or r.node not in self.consumed]
+                if r.matched or (r.node not in self.consumed and not (r.node in paired and r.reason == NO_PAIR))]
 
-    def _report(self, node: fx.Node, matched: bool, reason: str, details: Optional[dict] = None) -> None:
-        self.reports.append((self.position[node], CandidateReport(self.graph_name, node.name, matched, reason,
-                                                                  details)))
+    def _report(self, node: fx.Node, matched: bool, reason: str, details: Optional[dict] = None,
+                scores: Optional[fx.Node] = None) -> None:
+        self.reports.append((self.position[node], CandidateReport(
+            self.graph_name, node.name, matched, reason, details, scores.name if scores is not None else None)))
         if matched:
             log.debug("gdpa: %s:%s fused: %s", self.graph_name, node.name, details)
         else:
@@ -156,7 +162,7 @@ class _GdpaPass:
         if match is not None and ({match.scores, *match.recipe.nodes} & self.claimed):
             match, reason = None, "overlaps a GDPA block fused before it"
         if match is None:
-            self._report(node, False, reason)
+            self._report(node, False, reason, scores=_first_matmul(node))
             return False
         if self.dry_run:
             self._record(match)
@@ -179,6 +185,15 @@ class _GdpaPass:
         self._report(match.outer, True, "matched", match.describe())
         self.consumed.add(match.scores.name)
         self.claimed.update({match.outer, match.scores, *match.recipe.nodes})
+
+
+def _first_matmul(node: fx.Node) -> Optional[fx.Node]:
+    """The first matmul of the block whose second matmul is ``node``, whatever refused the block; else None."""
+    for pattern in PATTERNS:
+        scores = pattern.first_matmul(node)
+        if scores is not None:
+            return scores
+    return None
 
 
 # ---- building the replacement ------------------------------------------------------------------------
@@ -235,14 +250,18 @@ def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype, with_masks: bool = True
     """The bias terms summed, plus (``with_masks``) each dense mask as a ``-finfo.max`` term."""
     total: Optional[fx.Node] = None
     constant = 0.0
-    for term, sign in m.recipe.bias_terms:
+    for term, coef, factors in m.recipe.bias_terms:
         if isinstance(term, fx.Node):
+            if abs(coef) != 1.0:
+                term = b.emit("function", operator.mul, (term, abs(coef)))
+            for value, divide in factors:
+                term = b.emit("function", operator.truediv if divide else operator.mul, (term, value))
             if total is None:
-                total = term if sign > 0 else b.emit("function", operator.neg, (term,))
+                total = term if coef > 0 else b.emit("function", operator.neg, (term,))
             else:
-                total = b.emit("function", operator.add if sign > 0 else operator.sub, (total, term))
+                total = b.emit("function", operator.add if coef > 0 else operator.sub, (total, term))
         else:
-            constant += sign * term
+            constant += coef * term
     for mask, keep_form in m.recipe.dense_masks if with_masks else ():
         big = -torch.finfo(dtype).max
         term = b.emit("function", torch.where, (mask, 0.0, big) if keep_form else (mask, big, 0.0))
@@ -262,19 +281,21 @@ def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype, with_masks: bool = True
 
 
 def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node, dtype: torch.dtype) -> fx.Node:
-    """The block over a padded batch with a length mask: the varlen op reads [B, N, H, D] views and the
-    valid lengths (clamped to N, as ``arange(N) < lengths`` is), and never visits the padding. A bias keeps
-    its padded [.., N, N] coordinates, which are the varlen op's per-sample ones."""
+    """The block on the varlen op, which reads [B, N, H, D] views: over a padded batch with a length mask, the
+    valid lengths (clamped to N, as ``arange(N) < lengths`` is), and the padding is never visited; with a band
+    mask, its window. A bias keeps its padded [.., N, N] coordinates, which are the varlen op's per-sample ones."""
     r, plan = m.recipe, m.lengths
-    bias = _bias(b, m, dtype, with_masks=False)
-    n = fxn.example(k).shape[-2]
-    lengths = b.emit("method", "clamp", (plan.lengths, 0, n))
-    lengths = b.emit("method", "to", (lengths, torch.int32))
+    bias = _bias(b, m, dtype, with_masks=plan is None)
+    seqused_q = seqused_k = None
+    if plan is not None:
+        lengths = b.emit("method", "clamp", (plan.lengths, 0, fxn.example(k).shape[-2]))
+        lengths = b.emit("method", "to", (lengths, torch.int32))
+        seqused_q, seqused_k = (lengths if plan.rows else None), (lengths if plan.cols else None)
+    left, right = r.window if r.window is not None else (-1, -1)
     qt, kt, vt = (b.emit("method", "transpose", (x, 1, 2)) for x in (q, k, v))
     out = b.emit("function", torch.ops.gdpa.varlen_fwd_v2.default,
-                 (qt, kt, vt, bias, None, None, lengths if plan.rows else None, lengths if plan.cols else None, 0, 0,
-                  r.activation, float(r.scale), float(r.post_scale), bool(r.causal), -1, -1,
-                  float(r.negative_slope)))
+                 (qt, kt, vt, bias, None, None, seqused_q, seqused_k, 0, 0, r.activation, float(r.scale),
+                  float(r.post_scale), bool(r.causal), left, right, float(r.negative_slope)))
     return b.emit("method", "transpose", (out, 1, 2))
 
 
@@ -302,7 +323,7 @@ def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
     v = _operand(b, m.v, dtype)
     if m.buffer_mask is not None:
         out = _buffer_masked(b, m, q, k, v, dtype)
-    elif m.lengths is not None:
+    elif m.lengths is not None or r.window is not None:
         out = _varlen_padded(b, m, q, k, v, dtype)
     else:
         bias = _bias(b, m, dtype)
@@ -330,6 +351,8 @@ def _replace(graph: fx.Graph, m: GdpaMatch) -> None:
     except Exception:
         b.rollback()
         raise
+    for user in dict.fromkeys(m.recipe.detached_users):
+        _detach(graph, user)
     m.outer.replace_all_uses_with(out)
     dead = [m.outer, *m.recipe.nodes, m.scores]  # each node's only user precedes it here
     inputs = {i for n in dead for i in n.all_input_nodes} - set(dead)
@@ -337,6 +360,18 @@ def _replace(graph: fx.Graph, m: GdpaMatch) -> None:
         graph.erase_node(node)
     for node in inputs:
         _erase_if_dead(graph, node)
+
+
+def _detach(graph: fx.Graph, user: fx.Node) -> None:
+    """Drops a dead user of the block, or re-points ``x.expand_as(block node)`` to ``x.expand(its shape)``."""
+    if not user.users:
+        graph.erase_node(user)
+        return
+    with graph.inserting_before(user):
+        expand = graph.call_method("expand", (user.args[0], *static_shape(user.args[1])))
+    expand.meta.update(user.meta)
+    user.replace_all_uses_with(expand)
+    graph.erase_node(user)
 
 
 def _erase_if_dead(graph: fx.Graph, node: fx.Node) -> None:

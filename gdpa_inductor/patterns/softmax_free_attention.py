@@ -83,12 +83,13 @@ class GdpaMatch:
     def _mask_note(self) -> str:
         if self.buffer_mask is not None and self.lengths is None:
             return f"{self.recipe.mask_note}, read from buffer {self.buffer_mask[2].name}: checked when it runs"
+        window = f"band {self.recipe.window} + " if self.recipe.window is not None else ""
         if self.lengths is None:
-            return self.recipe.mask_note
+            return f"{self.recipe.mask_note} (varlen op's window)" if window else self.recipe.mask_note
         skipped = " and ".join(w for w, on in (("query rows", self.lengths.rows), ("key columns", self.lengths.cols))
                                if on)
         causal = "causal + " if self.recipe.causal else ""
-        return f"{causal}padding length mask: padded {skipped} skipped (varlen op, per-sample lengths)"
+        return f"{causal}{window}padding length mask: padded {skipped} skipped (varlen op, per-sample lengths)"
 
 
 class SoftmaxFreeAttention:
@@ -101,6 +102,8 @@ class SoftmaxFreeAttention:
         out_side = _output_side(outer)
         if out_side is None:
             return None, "not a matmul or two-operand einsum"
+        if isinstance(out_side, str):
+            return None, out_side
         p, v_plan, out_perm, p_letters = out_side
         scores = _find_scores(p)
         if scores is None:
@@ -123,6 +126,8 @@ class SoftmaxFreeAttention:
         m.lengths = _length_plan(m)
         if m.lengths is None and recipe.masks_inexact_as_bias:
             return None, recipe.masks_inexact_as_bias
+        if recipe.window is not None and not _varlen_layout(m):
+            return None, "a band mask needs [B, H, N, D] operands (the varlen op's windows)"
         ok, reason = _plan_buffer_mask(m)
         if not ok:
             return None, reason
@@ -130,6 +135,13 @@ class SoftmaxFreeAttention:
         if not ok:
             return None, reason
         return m, "matched"
+
+    def first_matmul(self, outer: fx.Node) -> Optional[fx.Node]:
+        """The matmul or einsum that feeds ``outer``'s P through an elementwise chain, matched or not."""
+        out_side = _output_side(outer)
+        if out_side is None or isinstance(out_side, str):
+            return None
+        return _find_scores(out_side[0])
 
     def check(self, m: GdpaMatch) -> tuple[bool, str]:
         """Whether the fused op computes exactly this subgraph (shapes, dtypes, devices)."""
@@ -207,7 +219,7 @@ def _output_side(outer: fx.Node):
     eq, p, v = es
     parsed = _parse_output_einsum(eq)
     if parsed is None:
-        return None
+        return f"einsum {eq!r}: not P·V (one contraction over P's last dim)"
     v_perm, out_perm, p_letters = parsed
     return p, OperandPlan(v, permute=v_perm), out_perm, p_letters
 
@@ -248,8 +260,8 @@ def _scores_side(scores: fx.Node, p_letters: Optional[str]):
     if es is None:
         return "scores are not a matmul"
     eq, a, b = es
-    if "->" not in eq or "." in eq:
-        return f"einsum {eq!r}: implicit output or ellipsis"
+    if "->" not in eq:
+        return f"einsum {eq!r}: implicit output"
     ins, out = eq.split("->")
     A, B = ins.split(",")
     if len(out) < 3 or len(set(A)) != len(A) or len(set(B)) != len(B):
@@ -350,7 +362,7 @@ def _length_plan(m: GdpaMatch) -> Optional[LengthMask]:
         return None
     plan = LengthMask(found[0].lengths, any(f.rows for f in found), any(f.cols for f in found))
     q, k, v = m.q.example(), m.k.example(), m.v.example()
-    if min(q.dim(), k.dim(), v.dim()) != 4 or m.out_permute is not None:
+    if not _varlen_layout(m):
         return None
     if fxn.example(plan.lengths).device != q.device:
         return None
@@ -359,9 +371,15 @@ def _length_plan(m: GdpaMatch) -> Optional[LengthMask]:
         return None
     if not (_static_eq(q.shape[0], b) or (_static_eq(q.shape[0], 1) and not plan.rows)):
         return None
-    if r.causal and not (plan.rows and plan.cols):
+    if (r.causal or r.window is not None) and not (plan.rows and plan.cols):
         return None
     return plan
+
+
+def _varlen_layout(m: GdpaMatch) -> bool:
+    """4-D operands and output in the scores' layout: what the varlen op reads as [B, N, H, D] views."""
+    q, k, v = m.q.example(), m.k.example(), m.v.example()
+    return min(q.dim(), k.dim(), v.dim()) == 4 and m.out_permute is None
 
 
 def _plan_buffer_mask(m: GdpaMatch) -> tuple[bool, str]:
@@ -370,8 +388,8 @@ def _plan_buffer_mask(m: GdpaMatch) -> tuple[bool, str]:
     from_buffers = [r for r in read if r[2]]
     if not from_buffers:
         return True, "ok"
-    if len(read) != 1 or len(from_buffers[0][2]) != 1:
-        return False, "a causal mask read from a module buffer together with another causal mask"
+    if len(read) != 1 or len(from_buffers[0][2]) != 1 or m.recipe.window is not None:
+        return False, "a causal mask read from a module buffer together with another causal or band mask"
     mask, keep, (buffer,) = from_buffers[0]
     m.buffer_mask = (mask, keep, buffer)
     return True, "ok"

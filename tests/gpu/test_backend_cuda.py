@@ -26,6 +26,11 @@ MODELS = [
     # padded batches whose length masks become the varlen op's per-sample lengths
     "padded_lengths_key_mask_gelu", "hstu_padded_lengths_causal_silu", "hstu_padded_lengths_relbias",
     "hstu_one_minus_triu_buffer", "causal_max_fill_before_gelu_tanh",
+    # a factor per query row, a scale over a biased sum, a cast mask, `...` einsums, a shape-only user, masks
+    # evaluated from sizes (causal, and a band on the varlen op's window)
+    "hstu_attn_scale_per_row", "fbgemm_alpha_times_biased_scores", "cast_bool_key_mask_after_sigmoid",
+    "ellipsis_einsums_silu", "sigmoid_expand_as_mask", "hstu_reference_mask_causal",
+    "hstu_reference_mask_max_attn_len", "band_fill_before_gelu",
 ]
 FLOOR = 2e-3
 

@@ -1,8 +1,9 @@
 """Random programs between two matmuls, compiled vs eager in float64: every spelling the matcher reads and near
 misses of it (masks off the diagonal by one, fills that are not zero for the activation, a bias after a mask,
-two masks, scales on either side of the bias and of the activation). Whatever the matcher decides, the compiled
-program must give eager's values and NaN positions. A fixed seed set runs here; ``GDPA_FUZZ_PROGRAMS=N`` asks
-for N programs."""
+two masks, scales on either side of the bias and of the activation, boolean masks cast to floats and divided by,
+a factor per query row or per key, einsums with ``...``, a dead clone of the scores). Whatever the matcher decides,
+the compiled program must give eager's values and NaN positions. A fixed seed set runs here;
+``GDPA_FUZZ_PROGRAMS=N`` asks for N programs."""
 
 from __future__ import annotations
 
@@ -22,9 +23,19 @@ ACTIVATIONS = {
 
 
 def _causal_keep(n: int, rng: random.Random) -> tuple[torch.Tensor, str]:
-    """A boolean keep mask: causal in one of several spellings, or a near miss of it."""
+    """A boolean keep mask: causal in one of several spellings, a near miss of it, a band around the diagonal, or
+    every entry."""
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    form = rng.choice(["tril", "triu_not", "arange", "arange_start", "arange_slice", "tril_off", "ge_off"])
+    form = rng.choice(["tril", "triu_not", "arange", "arange_start", "arange_slice", "tril_off", "ge_off",
+                       "eye_or_after", "band_causal", "band", "all"])
+    if form == "eye_or_after":  # generative-recommenders' causal mask: the diagonal, or row - col > 0
+        return torch.eye(n, dtype=torch.bool) | (i - j > 0), form
+    if form == "band_causal":
+        return (i - j >= 0) & (i - j <= rng.choice([0, 2, 5])), form
+    if form == "band":
+        return (i - j).abs() <= rng.choice([1, 3]), form
+    if form == "all":
+        return torch.ones(n, n, dtype=torch.bool), form
     if form == "tril":
         return torch.tril(torch.ones(n, n, dtype=torch.bool)), form
     if form == "triu_not":
@@ -45,20 +56,31 @@ def make_program(seed: int):
     rng = random.Random(seed)
     act_name = rng.choice(list(ACTIVATIONS))
     act = ACTIVATIONS[act_name]
-    pre_scale = rng.choice([None, 0.125, 2.0])
+    pre_scale = rng.choice([None, 0.125, 2.0, "tensor"])
     bias_kind = rng.choice([None, "tensor", "float"])
     bias_first = rng.random() < 0.5
     n_masks = rng.choice([0, 1, 1, 2])
-    mask_place = rng.choice(["before", "after", "multiply"])
+    mask_place = rng.choice(["before", "after", "multiply", "multiply_cast", "divide_cast"])
     fill = rng.choice([0.0, float("-inf"), "finfo", -1e4, 1.0])
-    post = rng.choice([None, 0.5, "div_n"])
+    post = rng.choice([None, 0.5, "div_n", "row", "row_div", "column"])
+    spelling = rng.choice(["matmul", "einsum_ellipsis"])
+    dead_clone = rng.random() < 0.25
     extra = {}
+    gen = torch.Generator().manual_seed(seed)
     if bias_kind == "tensor":
-        extra["bias"] = torch.randn(16, 16, generator=torch.Generator().manual_seed(seed))
+        extra["bias"] = torch.randn(16, 16, generator=gen)
+    if pre_scale == "tensor":
+        extra["temp"] = torch.rand(1, generator=gen) + 0.5
+    if post in ("row", "row_div"):
+        extra["factor"] = torch.rand(2, 1, 16, 1, generator=gen) + 0.25
+    if post == "column":
+        extra["factor"] = torch.rand(2, 1, 1, 16, generator=gen) + 0.25
 
-    def fn(q, k, v, bias=None):
+    def fn(q, k, v, bias=None, temp=None, factor=None):
         n = q.shape[-2]
-        s = q @ k.transpose(-2, -1)
+        s = q @ k.transpose(-2, -1) if spelling == "matmul" else torch.einsum("...id,...jd->...ij", q, k)
+        if dead_clone:
+            s.clone()
         masks = [_causal_keep(n, random.Random(seed * 7 + t))[0] for t in range(n_masks)]
 
         def add_bias(s):
@@ -69,6 +91,8 @@ def make_program(seed: int):
             return s
 
         def scale(s):
+            if pre_scale == "tensor":
+                return s * temp
             return s * pre_scale if pre_scale is not None else s
 
         s = add_bias(scale(s)) if bias_first else scale(add_bias(s))
@@ -83,14 +107,24 @@ def make_program(seed: int):
         elif mask_place == "multiply":
             for m in masks:
                 p = p * m
+        elif mask_place == "multiply_cast":
+            for m in masks:
+                p = p * m.type(p.dtype)
+        elif mask_place == "divide_cast":
+            for m in masks:
+                p = p / m.float()
         if post == "div_n":
             p = p / n
+        elif post in ("row", "column"):
+            p = p * factor
+        elif post == "row_div":
+            p = p / factor
         elif post is not None:
             p = p * post
-        return p @ v
+        return p @ v if spelling == "matmul" else torch.einsum("...ij,...jd->...id", p, v)
 
-    steps = f"{act_name}, pre={pre_scale}, bias={bias_kind} (first={bias_first}), masks={n_masks} {mask_place} " \
-            f"fill={fill}, post={post}"
+    steps = f"{spelling}, {act_name}, pre={pre_scale}, bias={bias_kind} (first={bias_first}), masks={n_masks} " \
+            f"{mask_place} fill={fill}, post={post}, dead clone={dead_clone}"
     return fn, extra, steps
 
 
@@ -101,10 +135,12 @@ def test_random_chain_gives_eagers_values(seed):
     q, k, v = (torch.randn(2, 2, 16, 8, generator=gen) for _ in range(3))
     reset()
     got = torch.compile(fn, backend=AOT_EAGER_GDPA)(q, k, v, **extra)
-    want = fn(q.double(), k.double(), v.double(), **{n: t.double() for n, t in extra.items()})
-    assert torch.equal(got.isnan(), want.isnan()), f"{description}: NaN positions differ"
-    assert torch.equal(got.isinf(), want.isinf()), f"{description}: infinities differ"
-    finite = ~want.isnan() & ~want.isinf()
+    # NaN and infinities where eager (fp32) has them; values as float64 gives them where both are finite
+    eager = fn(q, k, v, **extra)
+    want = fn(q.double(), k.double(), v.double(), **{name: t.double() for name, t in extra.items()})
+    assert torch.equal(got.isnan(), eager.isnan()), f"{description}: NaN positions differ"
+    assert torch.equal(got.isinf(), eager.isinf()), f"{description}: infinities differ"
+    finite = want.isfinite() & eager.isfinite()
     if finite.any():
         err = float((got.double()[finite] - want[finite]).abs().max())
         assert err <= 1e-4 * max(1.0, float(want[finite].abs().max())), f"{description}: error {err:.3g}"

@@ -30,6 +30,8 @@ class ZooEntry:
     rewrites: int
     # negative entries: a keyword of rewrite_gdpa's rejection reason (None: no candidate is matched at all)
     reason: Optional[str] = None
+    # the count with dynamic shapes, where a spelling is read only with static sizes (None: ``rewrites``)
+    dynamic_rewrites: Optional[int] = None
 
 
 def seed_of(name: str) -> int:
@@ -884,5 +886,159 @@ class IntCastInChain(nn.Module):
 
 
 NEGATIVE.append(ZooEntry("neg_tril_mask_argument", TrilMaskArgument, _tril_mask_inputs, 0,
-                         reason="neither a scalar nor a boolean mask"))
+                         reason="neither a scalar, a boolean mask nor one factor per query row"))
 NEGATIVE.append(ZooEntry("neg_int_cast_in_chain", IntCastInChain, qkv(2, 2, 12, 16), 0, reason="unsupported op to "))
+
+
+# ---- real code's spellings: a factor per query row, a scale over a biased sum, cast masks, `...` einsums,
+# users that read no value -------------------------------------------------------------------------------
+
+
+class HSTUAttnScale(nn.Module):
+    """generative-recommenders' per-token ``attn_scale`` in place of / N: silu(S + rab) * attn_scale[b, i]."""
+
+    def __init__(self, h=2, max_n=16):
+        super().__init__()
+        self.rel_bias = nn.Parameter(torch.randn(h, max_n, max_n) * 0.5)
+
+    def forward(self, q, k, v, attn_scale):
+        n = q.shape[-2]
+        p = F.silu(q @ k.transpose(-2, -1) + self.rel_bias[:, :n, :n])
+        return (p * attn_scale.unsqueeze(1).unsqueeze(-1)) @ v
+
+
+class RowDivisor(nn.Module):
+    """A per-row divisor after the activation (each query's own normaliser, not computed from P)."""
+
+    def forward(self, q, k, v, norm):
+        return (F.gelu(q @ k.transpose(-2, -1)) / (norm.abs() + 1.0)[..., None]) @ v
+
+
+class AlphaTimesBiasedScores(nn.Module):
+    """FBGEMM's HSTU reference: silu(alpha * (S + rab)), alpha a Python number, then / N."""
+
+    def __init__(self, h=2, max_n=16, alpha=0.25):
+        super().__init__()
+        self.alpha = alpha
+        self.rab = nn.Parameter(torch.randn(h, max_n, max_n))
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        s = q @ k.transpose(-2, -1)
+        return (F.silu(self.alpha * (s + self.rab[:, :n, :n])) / n) @ v
+
+
+class CastBoolKeyMask(nn.Module):
+    """``P * mask.type(dtype)`` of a boolean key mask after sigmoid."""
+
+    def forward(self, q, k, v, keep):
+        p = torch.sigmoid(q @ k.transpose(-2, -1) * 0.5)
+        return (p * keep[:, None, None, :].type(p.dtype)) @ v
+
+
+class EllipsisEinsum(nn.Module):
+    """Einsums with ``...`` for the batch and head dims."""
+
+    def forward(self, q, k, v):
+        s = torch.einsum("...id,...jd->...ij", q, k) * q.shape[-1] ** -0.5
+        return torch.einsum("...ij,...jd->...id", F.silu(s), v)
+
+
+class SigmoidExpandAsMask(nn.Module):
+    """Apple's sigmoid attention: ``masked_fill(~mask.expand_as(attn), -inf)`` before sigmoid, a -log n bias."""
+
+    def forward(self, q, k, v, keep):
+        attn = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 - math.log(k.shape[-2])
+        attn = attn.masked_fill(~keep[:, None, None, :].expand_as(attn), float("-inf"))
+        return torch.sigmoid(attn) @ v
+
+
+class DeadCloneOfScores(nn.Module):
+    """x-transformers' ``Attend``: a clone of the scores kept for a hook that is off, so nothing reads it."""
+
+    def forward(self, q, k, v):
+        sim = torch.einsum("b h i d, b h j d -> b h i j", q, k) * 0.5
+        sim.clone()
+        return torch.einsum("b h i j, b h j d -> b h i d", torch.sigmoid(sim), v)
+
+
+def _row_inputs(gen):
+    return (*qkv(2, 2, 12, 16)(gen), torch.rand(2, 12, generator=gen) + 0.1)
+
+
+def _keep_inputs(gen):
+    keep = torch.rand(2, 12, generator=gen) > 0.3
+    keep[:, 0] = True
+    return (*qkv(2, 2, 12, 16)(gen), keep)
+
+
+class HSTUMaskBuilder(nn.Module):
+    """generative-recommenders' reference mask: the diagonal (``eye``) or'ed with row - col > 0 (|row - col| > 0 when
+    not causal), and'ed with row - col <= max_attn_len; einsums, silu(S * alpha) / N, then times the mask."""
+
+    def __init__(self, causal=True, max_attn_len=0):
+        super().__init__()
+        self.causal, self.max_attn_len = causal, max_attn_len
+
+    def forward(self, q, k, v):
+        n = q.shape[2]
+        ids = torch.arange(0, n, device=q.device).view(1, n)
+        row = ids.view(n, 1).expand(n, n)
+        col = row.t()
+        dist = row.view(1, n, n) - col.view(1, n, n)
+        if not self.causal:
+            dist = torch.where(dist > 0, dist, -dist)
+        valid = torch.logical_or(torch.eye(n, device=q.device, dtype=torch.bool).view(1, n, n), dist > 0)
+        if self.max_attn_len > 0:
+            valid = torch.logical_and(valid, dist <= self.max_attn_len)
+        p = F.silu(torch.einsum("bhxa,bhya->bhxy", q, k) * 0.25) / n
+        return torch.einsum("bhxd,bhdv->bhxv", p * valid.unsqueeze(1), v)
+
+
+class BandFillBeforeGelu(nn.Module):
+    """A band mask built from ``arange`` differences, filled with -finfo.max before gelu."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        i, j = torch.arange(n, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
+        outside = (i - j).abs() > 2
+        s = q @ k.transpose(-2, -1)
+        return F.gelu(s.masked_fill(outside, -torch.finfo(s.dtype).max)) @ v
+
+
+ZOO += [
+    ZooEntry("hstu_reference_mask_causal", HSTUMaskBuilder, qkv(2, 2, 12, 16), 1),
+    ZooEntry("hstu_reference_mask_max_attn_len", lambda: HSTUMaskBuilder(max_attn_len=3), qkv(2, 2, 12, 16), 1),
+    ZooEntry("hstu_reference_mask_not_causal", lambda: HSTUMaskBuilder(causal=False), qkv(2, 2, 12, 16), 1),
+    ZooEntry("band_fill_before_gelu", BandFillBeforeGelu, qkv(2, 2, 12, 16), 1),
+    ZooEntry("hstu_attn_scale_per_row", HSTUAttnScale, _row_inputs, 1),
+    ZooEntry("row_divisor_after_gelu", RowDivisor, tensors((2, 2, 12, 16), (2, 2, 12, 16), (2, 2, 12, 16),
+                                                           (2, 2, 12)), 1),
+    ZooEntry("fbgemm_alpha_times_biased_scores", AlphaTimesBiasedScores, qkv(2, 2, 12, 16), 1),
+    ZooEntry("cast_bool_key_mask_after_sigmoid", CastBoolKeyMask, _keep_inputs, 1),
+    ZooEntry("ellipsis_einsums_silu", EllipsisEinsum, qkv(2, 2, 12, 16), 1),
+    ZooEntry("sigmoid_expand_as_mask", SigmoidExpandAsMask, _keep_inputs, 1, dynamic_rewrites=0),
+    ZooEntry("dead_clone_of_scores", DeadCloneOfScores, qkv(2, 2, 12, 16), 1),
+]
+ZOO_BY_NAME = {e.name: e for e in ZOO}
+
+
+class ColumnFactor(nn.Module):
+    """A factor per key after the activation: not a row scale of the output."""
+
+    def forward(self, q, k, v, c):
+        return (F.silu(q @ k.transpose(-2, -1)) * c[:, None, None, :]) @ v
+
+
+class TensorScaleAfterBias(nn.Module):
+    """(S + b) * t with t a per-head tensor: not a number to fold into the scale."""
+
+    def forward(self, q, k, v, t):
+        return F.silu((q @ k.transpose(-2, -1) + 1.0) * t[None, :, None, None]) @ v
+
+
+NEGATIVE.append(ZooEntry("neg_column_factor", ColumnFactor, _row_inputs, 0,
+                         reason="neither a scalar, a boolean mask nor one factor per query row"))
+NEGATIVE.append(ZooEntry("neg_tensor_scale_after_bias", TensorScaleAfterBias,
+                         tensors((2, 2, 12, 16), (2, 2, 12, 16), (2, 2, 12, 16), (2,)), 0,
+                         reason="neither a scalar nor a causal mask"))
