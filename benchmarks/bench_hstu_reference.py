@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import sys
 
@@ -78,46 +79,44 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().double() - b.detach()).norm() / b.detach().norm().clamp_min(1e-30))
 
 
+def bench_shape(b: int, n: int, max_attn_len: int, gen: torch.Generator) -> dict:
+    (q, k, v), offsets, rows = make_inputs(b, n, "cuda", gen)
+    fn = functools.partial(hstu_mha, offsets=offsets, rows=rows, n=n, max_attn_len=max_attn_len, alpha=D ** -0.5)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    dout = torch.randn(q.shape[0], H, D, generator=gen).to("cuda", torch.bfloat16)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = fn(*ref_leaves)
+    ref.backward(dout.double())
+    eager_err = rel_err(fn(q, k, v), ref)
+    row = dict(batch=b, max_len=n, max_attn_len=max_attn_len, eager_bf16_out_err=eager_err)
+    for backend in ("inductor", "gdpa"):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend=backend)
+
+        def step(compiled=compiled):
+            for t in leaves:
+                t.grad = None
+            out = compiled(*leaves)
+            out.backward(dout)
+            return out
+
+        out = step()
+        errs = [rel_err(out, ref)] + [rel_err(t.grad, r.grad) for t, r in zip(leaves, ref_leaves)]
+        ms = triton.testing.do_bench(step, warmup=10, rep=100, return_mode="median")
+        row[backend] = dict(ms=ms, rel_err=errs)
+        print(f"B={b} N={n} max_attn_len={max_attn_len} {backend}: {ms:.3f} ms, errors {errs} "
+              f"(eager bf16 out {eager_err:.2e})", flush=True)
+    row["speedup"] = row["inductor"]["ms"] / row["gdpa"]["ms"]
+    print(f"  gdpa vs inductor: {row['speedup']:.2f}x", flush=True)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
-    rows_out = []
-    for b, n, max_attn_len in SHAPES:
-        (q, k, v), offsets, rows = make_inputs(b, n, "cuda", gen)
-        alpha = D ** -0.5
-        fn = lambda q, k, v: hstu_mha(q, k, v, offsets, rows, n, max_attn_len, alpha)  # noqa: E731
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        dout = torch.randn(q.shape[0], H, D, generator=gen).to("cuda", torch.bfloat16)
-        ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-        ref = fn(*ref_leaves)
-        ref.backward(dout.double())
-        eager = fn(*[t.detach().requires_grad_() for t in (q, k, v)])
-        row = dict(batch=b, max_len=n, max_attn_len=max_attn_len)
-        eager_err = rel_err(eager, ref)
-        for backend in ("inductor", "gdpa"):
-            torch._dynamo.reset()
-            compiled = torch.compile(fn, backend=backend)
-            for t in leaves:
-                t.grad = None
-            out = compiled(*leaves)
-            out.backward(dout)
-            errs = [rel_err(out, ref)] + [rel_err(t.grad, r.grad) for t, r in zip(leaves, ref_leaves)]
-
-            def step(compiled=compiled):
-                for t in leaves:
-                    t.grad = None
-                compiled(*leaves).backward(dout)
-
-            ms = triton.testing.do_bench(step, warmup=10, rep=100, return_mode="median")
-            row[backend] = dict(ms=ms, rel_err=errs)
-            print(f"B={b} N={n} max_attn_len={max_attn_len} {backend}: {ms:.3f} ms, errors {errs} "
-                  f"(eager bf16 out {eager_err:.2e})", flush=True)
-        row["speedup"] = row["inductor"]["ms"] / row["gdpa"]["ms"]
-        row["eager_bf16_out_err"] = eager_err
-        rows_out.append(row)
-        print(f"  gdpa vs inductor: {row['speedup']:.2f}x", flush=True)
+    rows_out = [bench_shape(b, n, max_attn_len, gen) for b, n, max_attn_len in SHAPES]
     if args.out:
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                     date=datetime.date.today().isoformat(), heads=H, head_dim=D, dtype="bfloat16",

@@ -175,6 +175,12 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
     return recipe
 
 
+# Copies and views a graph may leave unused (x-transformers keeps ``sim.clone()`` for its intermediates): dropping one
+# changes nothing. An unused in-place method writes its input, so none is here.
+DEAD_USERS = ("clone", "detach", "contiguous", "float", "half", "bfloat16", "to", "view", "reshape", "transpose",
+              "permute", "unsqueeze", "squeeze", "expand")
+
+
 def _value_readers(node: fx.Node, detached: list[fx.Node]) -> int:
     """How many users of ``node`` read its values; the others (``detached_user``) are appended to ``detached``."""
     readers = 0
@@ -187,9 +193,10 @@ def _value_readers(node: fx.Node, detached: list[fx.Node]) -> int:
 
 
 def detached_user(user: fx.Node, node: fx.Node) -> Optional[str]:
-    """"dead": ``user`` is pure and unused; "shape": ``user`` is ``x.expand_as(node)`` (x not ``node``) of a static
-    shape, which reads only that shape (the rewrite spells it out); None: ``user`` reads ``node``'s values."""
-    if not user.users and not user.is_impure():
+    """"dead": ``user`` is an unused copy or view (``DEAD_USERS``); "shape": ``user`` is ``x.expand_as(node)`` (x not
+    ``node``) of a static shape, which reads only that shape (the rewrite spells it out); None: ``user`` reads
+    ``node``'s values, or may write them (an in-place method is never dropped)."""
+    if not user.users and not user.kwargs and fxn.fn_or_method(user, (torch.clone,), DEAD_USERS):
         return "dead"
     if (fxn.fn_or_method(user, (), ("expand_as",)) and len(user.args) == 2 and user.args[1] is node
             and user.args[0] is not node and static_shape(node) is not None):

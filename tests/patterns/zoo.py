@@ -1042,3 +1042,16 @@ NEGATIVE.append(ZooEntry("neg_column_factor", ColumnFactor, _row_inputs, 0,
 NEGATIVE.append(ZooEntry("neg_tensor_scale_after_bias", TensorScaleAfterBias,
                          tensors((2, 2, 12, 16), (2, 2, 12, 16), (2, 2, 12, 16), (2,)), 0,
                          reason="neither a scalar nor a causal mask"))
+
+
+class InPlaceUnusedScale(nn.Module):
+    """``s.mul_(2)`` whose result nothing reads: it still doubles the scores, so it is not a dead user."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1)
+        s.mul_(2.0)
+        return F.silu(s) @ v
+
+
+NEGATIVE.append(ZooEntry("neg_inplace_unused_scale", InPlaceUnusedScale, qkv(2, 2, 12, 16), 0,
+                         reason="also used elsewhere"))
