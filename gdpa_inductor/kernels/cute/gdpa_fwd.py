@@ -123,6 +123,10 @@ def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting)."""
     if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
         return False, "operands need [..., H, N, D]"
+    # the machine's answer first: the dispatch asks on every call, and the operands' 4-D views cost 35-60 µs
+    ok, reason = machine_support(q.device)
+    if not ok:
+        return ok, reason
     (q4, k4, v4), batch = _as_4d(q, k, v)
     if bias is not None and bias.numel() != 1:
         scores = (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
@@ -131,12 +135,20 @@ def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
     return fwd_supported(q4, k4, v4, _bias_4d(bias, batch, q4.shape[2]), causal, activation)
 
 
-def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
-    """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses."""
+def machine_support(device: torch.device) -> tuple[bool, str]:
+    """(ok, reason): the CuTe stack is installed and the tensors are on an sm_90 GPU."""
     if not cute_dsl_available():
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
-    if not on_sm90(q.device):
+    if not on_sm90(device):
         return False, "the CuTe kernel is built for sm_90 (Hopper)"
+    return True, ""
+
+
+def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+    """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses."""
+    ok, reason = machine_support(q.device)
+    if not ok:
+        return ok, reason
     ok, reason = score_bias_support(bias, q, k)
     if not ok:
         return ok, reason
