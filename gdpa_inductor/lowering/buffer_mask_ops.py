@@ -112,8 +112,7 @@ def attention_buffer_mask_fwd(
 @attention_buffer_mask_fwd.register_fake
 def _fwd_fake(q, k, v, bias, seqused_q, seqused_k, multiplier, source, activation, scale, post_scale,
               negative_slope):
-    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
-    return v.new_empty((*batch, q.shape[-3], q.shape[-2], v.shape[-1]))
+    return v.new_empty((*ops._broadcast_batch(q, k, v), q.shape[-3], q.shape[-2], v.shape[-1]))
 
 
 @torch.library.custom_op("gdpa::attention_buffer_mask_bwd_v1", mutates_args=())

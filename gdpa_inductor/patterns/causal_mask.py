@@ -43,18 +43,18 @@ def causal_mask_kind(mask: fx.Node, scores: torch.Tensor) -> Optional[str]:
 def buffers_read(mask: fx.Node) -> list[fx.Node]:
     """The module buffers whose values a causal proof of ``mask`` read (``_buffer_value``): the proof holds
     only while they keep those values."""
-    found, seen, stack = [], set(), [mask]
+    return [n for n in _upstream(mask) if n.op in ("placeholder", "get_attr") and _buffer_value(n) is not None]
+
+
+def _upstream(node: fx.Node):
+    """``node`` and every node it reads, directly or not, each once."""
+    seen, stack = set(), [node]
     while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if node.op in ("placeholder", "get_attr"):
-            if _buffer_value(node) is not None:
-                found.append(node)
-            continue
-        stack.extend(node.all_input_nodes)
-    return found
+        cur = stack.pop()
+        if cur not in seen:
+            seen.add(cur)
+            yield cur
+            stack.extend(cur.all_input_nodes)
 
 
 def _flip(kind: Optional[str]) -> Optional[str]:
@@ -139,12 +139,8 @@ def constant_value(node: fx.Node) -> Optional[torch.Tensor]:
     values, static sizes of at most ``MAX_EVALUATED_ELEMENTS`` elements; else None."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    order, seen, stack = [], set(), [node]
-    while stack:
-        cur = stack.pop()
-        if cur in seen:
-            continue
-        seen.add(cur)
+    needed = set()
+    for cur in _upstream(node):
         if cur.op not in ("call_function", "call_method"):
             return None
         name = cur.target if isinstance(cur.target, str) else getattr(cur.target, "__name__", str(cur.target))
@@ -156,17 +152,13 @@ def constant_value(node: fx.Node) -> Optional[torch.Tensor]:
                 return None
         elif not isinstance(ev, (int, float, bool, tuple)) or isinstance(ev, torch.SymInt):
             return None
-        order.append(cur)
-        stack.extend(cur.all_input_nodes)
+        needed.add(cur)
     values: dict[fx.Node, object] = {}
     try:
         with unset_fake_temporarily(), torch.no_grad():
-            needed = set(order)
             for cur in (n for n in node.graph.nodes if n in needed):  # graph order: inputs before their users
-                args = fx.node.map_arg(cur.args, lambda a: values[a])
-                kwargs = fx.node.map_arg(cur.kwargs, lambda a: values[a])
-                fn = getattr(args[0], cur.target) if cur.op == "call_method" else cur.target
-                values[cur] = fn(*args[1:], **kwargs) if cur.op == "call_method" else fn(*args, **kwargs)
+                values[cur] = fxn.call_node(cur, fx.node.map_arg(cur.args, values.__getitem__),
+                                            fx.node.map_arg(cur.kwargs, values.__getitem__))
     except Exception:  # noqa: BLE001  (a subgraph that cannot be evaluated proves nothing)
         return None
     value = values[node]

@@ -127,7 +127,7 @@ class _Proof:
         for node in reversed(self.recipe.nodes):
             args = fx.node.map_arg(node.args, lambda a: self._chain_operand(a, chain))
             kwargs = fx.node.map_arg(node.kwargs, lambda a: self._chain_operand(a, chain))
-            chain[node] = _call(node, args, kwargs)
+            chain[node] = fxn.call_node(node, args, kwargs)
         out = chain[self.recipe.nodes[0]] if self.recipe.nodes else s
         if tuple(out.shape) != self._sampled_shape():
             raise Unprovable(f"the chain's result has shape {tuple(out.shape)}, not the scores'")
@@ -280,7 +280,7 @@ class _Proof:
                 raise Unprovable(f"{node.name} is too large to evaluate ({tuple(shape)})")
             args = fx.node.map_arg(node.args, self.value)
             kwargs = fx.node.map_arg(node.kwargs, self.value)
-            value = _call(node, args, kwargs)
+            value = fxn.call_node(node, args, kwargs)
         self.values[node] = value
         return value
 
@@ -347,14 +347,6 @@ def _apply(x: torch.Tensor, factor: Any, divide: bool) -> torch.Tensor:
     if isinstance(factor, torch.Tensor):
         factor = factor.float()
     return x / factor if divide else x * factor
-
-
-def _call(node: fx.Node, args: tuple, kwargs: dict) -> Any:
-    if node.op == "call_method":
-        return getattr(args[0], node.target)(*args[1:], **kwargs)
-    if node.op == "call_function":
-        return node.target(*args, **kwargs)
-    raise Unprovable(f"{node.name}: a {node.op} node")
 
 
 def _agree(graph_p: torch.Tensor, recipe_p: torch.Tensor, magnitude: torch.Tensor,

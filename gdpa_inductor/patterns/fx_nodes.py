@@ -44,6 +44,15 @@ def example(node: Any) -> Any:
     return node
 
 
+def call_node(node: fx.Node, args: tuple, kwargs: dict) -> Any:
+    """What ``node`` computes on these concrete arguments (its own args and kwargs, evaluated)."""
+    if node.op == "call_method":
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)
+    raise ValueError(f"{node.name}: a {node.op} node computes nothing")
+
+
 def is_tensor_node(node: Any) -> bool:
     return isinstance(node, fx.Node) and isinstance(example(node), torch.Tensor)
 
