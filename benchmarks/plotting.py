@@ -424,6 +424,17 @@ def chart_model(data: dict) -> Chart:
                  "uniform in [1, N]", [panel])
 
 
+def chart_hstu_reference(data: dict) -> Chart:
+    meta, rows = _meta(data), data["rows"]
+    step = [{"inductor": r["inductor"]["ms"], "gdpa": r["gdpa"]["ms"], "speedup": r.get("speedup")} for r in rows]
+    labels = [f"B={r['batch']}, N≤{r['max_len']}" + (f", window {r['max_attn_len']}" if r["max_attn_len"] else "")
+              for r in rows]
+    panel = Panel("forward and backward", "ms (lower is better)", labels, step,
+                  [("gdpa", "backend_gdpa"), ("inductor", "inductor")], Ratio("speed-up over Inductor", stored="speedup"))
+    return Chart(f"HSTU's reference attention, {meta['device']}: H={meta['heads']}, D={meta['head_dim']}, bf16, "
+                 "lengths uniform in [N/2, N]", [panel])
+
+
 CHARTS: dict[str, Callable[[dict], Chart]] = {
     "bench_cute_bars": chart_cute_bars,
     "bench_gdpa": chart_gdpa,
@@ -436,6 +447,7 @@ CHARTS: dict[str, Callable[[dict], Chart]] = {
     "bench_varlen": chart_varlen,
     "bench_cute_varlen": chart_cute_varlen,
     "bench_model": chart_model,
+    "bench_hstu_reference": chart_hstu_reference,
 }
 
 
@@ -448,7 +460,10 @@ def benchmark_of(data: dict) -> str:
     named = re.search(r"\b(bench_\w+)\.py", meta.get("command", ""))
     if named and named.group(1) in CHARTS:
         return named.group(1)
-    keys = set().union(*(r.keys() for r in data.get("rows", [])))
+    rows = data.get("rows", [])
+    if not isinstance(rows, list):
+        raise ValueError("no plot for these results (rows by name: a table)")
+    keys = set().union(*(r.keys() for r in rows))
     if "backward" in data:
         return "bench_cute_varlen"
     if {"cute_ms", "cute_bwd_ms"} & keys:

@@ -95,13 +95,20 @@ def time_step_ms(model: torch.nn.Module, batch: tuple, loss_fn: LossFn, lr: floa
 
 
 def gdpa_kernels(model: torch.nn.Module, batch: tuple, loss_fn: LossFn) -> dict[str, float]:
-    """GPU kernels whose name contains 'gdpa' in one training step, with their CUDA time in µs."""
+    """The GDPA kernels of one training step, by readable name (``kernels.names``), with their CUDA time in µs."""
     from torch.profiler import ProfilerActivity, profile
+
+    from .kernels.names import kernel_name
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         loss_fn(model, batch).backward()
         torch.cuda.synchronize()
-    return {e.key: round(e.device_time_total, 1) for e in prof.key_averages() if "gdpa" in e.key}
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        name = kernel_name(event.key)
+        if name is not None:
+            times[name] = round(times.get(name, 0.0) + event.device_time_total, 1)
+    return times
 
 
 def compare_backends(model: torch.nn.Module, batches: Sequence[tuple], loss_fn: LossFn, *,

@@ -100,7 +100,7 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
 def _varlen_cute_else_select(cute_support, q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
                              rows: tuple, what: str) -> str:
     if _asks_cute(q, what):
-        ok, reason = cute_support(q, k, v, bias, causal, window, activation, rows)
+        ok, reason = _checked(cute_support, q, k, v, bias, causal, window, activation, rows)
         if ok:
             log.debug("gdpa %s: cute", what)
             return "cute"
@@ -112,7 +112,7 @@ def _cute_else_select(cute_support, q, k, v, bias, causal: bool, activation: str
     """"cute" where ``cute_support`` says the CuTe-DSL Hopper kernel takes the call (under "auto" and "cute"; a
     ValueError under "cute" when it cannot), otherwise as ``select_impl``."""
     if _asks_cute(q, what):
-        ok, reason = cute_support(q, k, v, bias, causal, activation)
+        ok, reason = _checked(cute_support, q, k, v, bias, causal, activation)
         if ok:
             log.debug("gdpa %s: cute", what)
             return "cute"
@@ -120,6 +120,14 @@ def _cute_else_select(cute_support, q, k, v, bias, causal: bool, activation: str
             raise ValueError(f"gdpa_inductor.config.backend='cute' cannot run this call: {reason}")
         log.debug("gdpa %s: not cute (%s)", what, reason)
     return select_impl(q, k, v, bias, what)
+
+
+def _checked(cute_support, *args) -> tuple[bool, str]:
+    """A support check that cannot run (a CuTe module that fails to import) says no, with why."""
+    try:
+        return cute_support(*args)
+    except Exception as e:
+        return False, f"the CuTe support check failed ({type(e).__name__}: {e})"
 
 
 def on_cuda(q: torch.Tensor) -> bool:

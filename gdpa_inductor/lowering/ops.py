@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.reference import gdpa_reference, gdpa_reference_backward
+from . import fallback
 from .dispatch import select_backward_impl, select_forward_impl
 
 
@@ -24,32 +25,42 @@ def _broadcast_batch(q, k, v) -> tuple:
 def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_slope) -> torch.Tensor:
     """The forward on the chosen kernel (what the op runs; the eager fast path calls it directly)."""
     args = (q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
+
+    def run_path(impl):
+        if impl == "cute":
+            from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_batched
+
+            return gdpa_fwd_cute_batched(q, k, v, activation, scale, post_scale, negative_slope, causal, bias)
+        if impl == "triton":
+            from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
+
+            return gdpa_fwd_triton(*args)
+        return gdpa_reference(*args)
+
     impl = select_forward_impl(q, k, v, bias, causal, activation)
-    if impl == "cute":
-        from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_batched
-
-        return gdpa_fwd_cute_batched(q, k, v, activation, scale, post_scale, negative_slope, causal, bias)
-    if impl == "triton":
-        from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
-
-        return gdpa_fwd_triton(*args)
-    return gdpa_reference(*args)
+    kind = fallback.call_kind("forward", q, v, bias, activation, causal)
+    return fallback.run(impl, kind, run_path, (q, k, v, bias))
 
 
 def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad):
     """(dq, dk, dv, dbias or None) on the chosen kernel."""
     args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
+
+    def run_path(impl):
+        if impl == "cute":
+            from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_batched
+
+            return gdpa_bwd_cute_batched(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias,
+                                         bias_requires_grad)
+        if impl == "triton":
+            from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
+
+            return gdpa_bwd_triton(*args)
+        return gdpa_reference_backward(*args)
+
     impl = select_backward_impl(q, k, v, bias, causal, activation, bias_requires_grad)
-    if impl == "cute":
-        from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_batched
-
-        return gdpa_bwd_cute_batched(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias,
-                                     bias_requires_grad)
-    if impl == "triton":
-        from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
-
-        return gdpa_bwd_triton(*args)
-    return gdpa_reference_backward(*args)
+    kind = fallback.call_kind("backward", q, v, bias, activation, causal, bias_requires_grad)
+    return fallback.run(impl, kind, run_path, (q, k, v, bias))
 
 
 @torch.library.custom_op("gdpa::attention_fwd_v1", mutates_args=())

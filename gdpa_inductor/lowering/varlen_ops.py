@@ -19,6 +19,7 @@ from ..kernels.reference_varlen import (
     varlen_batch,
     varlen_out_shape,
 )
+from . import fallback
 from .dispatch import select_varlen_backward_impl, select_varlen_forward_impl
 
 
@@ -36,24 +37,29 @@ def forward_impl(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k
     rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     window = (window_left, window_right)
     params = (activation, scale, post_scale, causal, window, negative_slope)
+
+    def run_path(impl):
+        if impl == "reference":
+            return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
+        from ..kernels.triton.varlen_layout import with_tensor
+
+        batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
+        # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
+        alloc = torch.zeros if seqused_q is not None else torch.empty
+        out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
+        if impl == "cute":
+            from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute, varlen_band
+
+            return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
+                                        negative_slope, causal, varlen_band(q, k, v, causal, window, rows), bias)
+        from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
+
+        gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params)
+        return out
+
     impl = select_varlen_forward_impl(q, k, v, bias, causal, window, activation, rows)
-    if impl == "reference":
-        return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
-    from ..kernels.triton.varlen_layout import with_tensor
-
-    batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-    # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
-    alloc = torch.zeros if seqused_q is not None else torch.empty
-    out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
-    if impl == "cute":
-        from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute, varlen_band
-
-        return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
-                                    negative_slope, causal, varlen_band(q, k, v, causal, window, rows), bias)
-    from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
-
-    gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params)
-    return out
+    kind = fallback.call_kind("varlen forward", q, v, bias, activation, causal, window, _row_kinds(rows))
+    return fallback.run(impl, kind, run_path, (q, k, v, bias))
 
 
 def backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -63,26 +69,32 @@ def backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, se
     rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     window = (window_left, window_right)
     params = (activation, scale, post_scale, causal, window, negative_slope)
-    impl = select_varlen_backward_impl(q, k, v, bias, causal, window, activation, rows, bias_requires_grad)
-    if impl == "reference":
-        dq, dk, dv, dbias = gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k,
-                                                           *params, bias_requires_grad)
-    elif impl == "cute":
-        from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
-        from ..kernels.cute.varlen_fwd import varlen_band
 
+    def run_path(impl):
+        if impl == "reference":
+            return gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params,
+                                                  bias_requires_grad)
         _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-        dq, dk, dv, dbias = gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale,
-                                                 negative_slope, causal, varlen_band(q, k, v, causal, window, rows),
-                                                 bias, bias_requires_grad)
-    else:
+        if impl == "cute":
+            from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
+            from ..kernels.cute.varlen_fwd import varlen_band
+
+            return gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
+                                        causal, varlen_band(q, k, v, causal, window, rows), bias, bias_requires_grad)
         from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
         from ..kernels.triton.varlen_layout import with_tensor
 
-        _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-        dq, dk, dv, dbias = gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, order, *params,
-                                                   bias_requires_grad)
-    return dq, dk, dv, dbias
+        return gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, order, *params, bias_requires_grad)
+
+    impl = select_varlen_backward_impl(q, k, v, bias, causal, window, activation, rows, bias_requires_grad)
+    kind = fallback.call_kind("varlen backward", q, v, bias, activation, causal, window, _row_kinds(rows),
+                              bias_requires_grad)
+    return fallback.run(impl, kind, run_path, (q, k, v, bias))
+
+
+def _row_kinds(rows: tuple) -> tuple[bool, ...]:
+    """Which of (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) the call gives: they pick the kernel variant."""
+    return tuple(r is not None for r in rows)
 
 
 @torch.library.custom_op("gdpa::varlen_fwd_v2", mutates_args=())
