@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels.activations import get_activation
 from . import fx_nodes as fxn
@@ -48,8 +49,8 @@ class ChainRecipe:
     dense_masks: list[tuple[fx.Node, bool]] = field(default_factory=list)
     masks_inexact_as_bias: Optional[str] = None  # why the dense masks cannot be a -finfo.max bias
     nodes: list[fx.Node] = field(default_factory=list)  # the chain, from P back to S (exclusive)
-    # Users of the chain (or of S) that read no value of it: dead ones, and ``x.expand_as(chain)`` of a static
-    # shape; the rewrite drops or re-points them (``detached_user``).
+    # Users of the chain (or of S) that read no value of it: dead ones, and ``x.expand_as(chain)`` of a shape the
+    # scores' operands spell; the rewrite drops or re-points them (``detached_user``).
     detached_users: list[fx.Node] = field(default_factory=list)
 
 
@@ -104,12 +105,12 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
     while cur is not s:
         if not isinstance(cur, fx.Node) or cur.op not in ("call_function", "call_method"):
             raise ChainMismatch(f"{getattr(cur, 'name', cur)}: not an operation between the matmuls")
-        readers = _value_readers(cur, detached)
+        readers = _value_readers(cur, detached, s.all_input_nodes)
         if readers != 1:
             raise ChainMismatch(f"{cur.name}: the intermediate is also used elsewhere ({readers} users)")
         steps.append(cur)
         cur = _chain_input(cur)
-    readers = _value_readers(s, detached)
+    readers = _value_readers(s, detached, s.all_input_nodes)
     if readers != 1:
         raise ChainMismatch(f"{s.name}: the scores are also used elsewhere ({readers} users)")
 
@@ -181,35 +182,51 @@ DEAD_USERS = ("clone", "detach", "contiguous", "float", "half", "bfloat16", "to"
               "permute", "unsqueeze", "squeeze", "expand")
 
 
-def _value_readers(node: fx.Node, detached: list[fx.Node]) -> int:
+def _value_readers(node: fx.Node, detached: list[fx.Node], sources: list[fx.Node]) -> int:
     """How many users of ``node`` read its values; the others (``detached_user``) are appended to ``detached``."""
     readers = 0
     for user in node.users:
-        if detached_user(user, node):
+        if detached_user(user, node, sources):
             detached.append(user)
         else:
             readers += 1
     return readers
 
 
-def detached_user(user: fx.Node, node: fx.Node) -> Optional[str]:
+def detached_user(user: fx.Node, node: fx.Node, sources: list[fx.Node]) -> Optional[str]:
     """"dead": ``user`` is an unused copy or view (``DEAD_USERS``); "shape": ``user`` is ``x.expand_as(node)`` (x not
-    ``node``) of a static shape, which reads only that shape (the rewrite spells it out); None: ``user`` reads
-    ``node``'s values, or may write them (an in-place method is never dropped)."""
+    ``node``), which reads only that shape, and ``shape_spelling`` can spell the shape from ``sources`` (the rewrite
+    spells it out); None: ``user`` reads ``node``'s values, or may write them (an in-place method is never dropped)."""
     if not user.users and not user.kwargs and fxn.fn_or_method(user, (torch.clone,), DEAD_USERS):
         return "dead"
     if (fxn.fn_or_method(user, (), ("expand_as",)) and len(user.args) == 2 and user.args[1] is node
-            and user.args[0] is not node and static_shape(node) is not None):
+            and user.args[0] is not node and shape_spelling(node, sources) is not None):
         return "shape"
     return None
 
 
-def static_shape(node: fx.Node) -> Optional[tuple[int, ...]]:
-    """The node's shape when every size is a plain int, else None."""
+def shape_spelling(node: fx.Node, sources: list[fx.Node]) -> Optional[list]:
+    """The node's shape from what stays in the graph: each size an int, or (source, dim) for a symbolic size that
+    dim of one of ``sources`` has; None when a symbolic size is in none of them."""
     ev = fxn.example(node)
-    if not isinstance(ev, torch.Tensor) or not all(type(n) is int for n in ev.shape):
+    if not isinstance(ev, torch.Tensor):
         return None
-    return tuple(ev.shape)
+    spelled = []
+    for size in ev.shape:
+        if type(size) is int:
+            spelled.append(size)
+            continue
+        found = next(((src, d) for src in sources for d, other in enumerate(_shape_of(src))
+                      if type(other) is not int and statically_known_true(other == size)), None)
+        if found is None:
+            return None
+        spelled.append(found)
+    return spelled
+
+
+def _shape_of(node: fx.Node) -> tuple:
+    ev = fxn.example(node)
+    return tuple(ev.shape) if isinstance(ev, torch.Tensor) else ()
 
 
 def _chain_input(node: fx.Node) -> fx.Node:

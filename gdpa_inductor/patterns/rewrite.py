@@ -30,7 +30,7 @@ from torch._inductor.pattern_matcher import (
 from ..lowering import buffer_mask_ops, ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
 from . import causal_mask
 from . import fx_nodes as fxn
-from .chain import static_shape
+from .chain import shape_spelling
 from .softmax_free_attention import NO_PAIR, GdpaMatch, OperandPlan, SoftmaxFreeAttention
 
 log = logging.getLogger("gdpa_inductor")
@@ -352,7 +352,7 @@ def _replace(graph: fx.Graph, m: GdpaMatch) -> None:
         b.rollback()
         raise
     for user in dict.fromkeys(m.recipe.detached_users):
-        _detach(graph, user)
+        _detach(graph, user, m.scores.all_input_nodes)
     m.outer.replace_all_uses_with(out)
     dead = [m.outer, *m.recipe.nodes, m.scores]  # each node's only user precedes it here
     inputs = {i for n in dead for i in n.all_input_nodes} - set(dead)
@@ -362,13 +362,22 @@ def _replace(graph: fx.Graph, m: GdpaMatch) -> None:
         _erase_if_dead(graph, node)
 
 
-def _detach(graph: fx.Graph, user: fx.Node) -> None:
-    """Drops a dead user of the block, or re-points ``x.expand_as(block node)`` to ``x.expand(its shape)``."""
+def _detach(graph: fx.Graph, user: fx.Node, sources: list[fx.Node]) -> None:
+    """Drops a dead user of the block, or re-points ``x.expand_as(block node)`` to ``x.expand(its shape)``, each
+    symbolic size read from the scores' operands (``sources``)."""
     if not user.users:
         graph.erase_node(user)
         return
+    sizes = []
     with graph.inserting_before(user):
-        expand = graph.call_method("expand", (user.args[0], *static_shape(user.args[1])))
+        for size in shape_spelling(user.args[1], sources):
+            if isinstance(size, tuple):
+                src, dim = size
+                node = graph.call_function(torch.ops.aten.sym_size.int, (src, dim))
+                node.meta["example_value"] = fxn.example(src).shape[dim]
+                size = node
+            sizes.append(size)
+        expand = graph.call_method("expand", (user.args[0], *sizes))
     expand.meta.update(user.meta)
     user.replace_all_uses_with(expand)
     graph.erase_node(user)

@@ -1,6 +1,6 @@
 # ruff: noqa: E501  (the pinned graphs are generated code)
-"""The rewritten Dynamo graphs of representative zoo models, pinned with expecttest (static shapes, fp32,
-inference). Each graph must contain torch.ops.gdpa.attention_fwd_v1.default with the model's activation,
+"""The rewritten Dynamo graphs of representative zoo models, pinned with expecttest (static shapes unless a test
+says otherwise, fp32, inference). Each graph must contain torch.ops.gdpa.attention_fwd_v1.default with the model's activation,
 scale, post_scale and causal flag, and none of the original S/P ops.
 
 Regenerate with ``EXPECTTEST_ACCEPT=1 python -m pytest tests/patterns/test_rewritten_graphs.py`` and read
@@ -15,14 +15,14 @@ from harness import Recorder, reset
 from zoo import ZOO_BY_NAME, build
 
 
-def rewritten_code(name: str, dtype: torch.dtype = torch.float32) -> str:
+def rewritten_code(name: str, dtype: torch.dtype = torch.float32, dynamic: bool = False) -> str:
     entry = ZOO_BY_NAME[name]
     model, inputs = build(entry)
     model, inputs = model.to(dtype), tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
     reset()
     recorder = Recorder(then_backend=False)
     with torch.no_grad():
-        torch.compile(model, backend=recorder, dynamic=False)(*inputs)
+        torch.compile(model, backend=recorder, dynamic=dynamic)(*inputs)
     fused = sum(r.matched for r in recorder.reports)
     assert fused == entry.rewrites, f"{name}: {fused} rewrites, expected {entry.rewrites}"
     assert len(recorder.codes) == 1, f"{name}: {len(recorder.codes)} graphs"
@@ -426,3 +426,43 @@ def forward(self, L_q_ : torch.Tensor, L_lengths_ : torch.Tensor, L_k_ : torch.T
     to = clamp.to(torch.int32);  clamp = None
     attention_buffer_mask_fwd_v1_default = torch.ops.gdpa.attention_buffer_mask_fwd_v1.default(l_q_, l_k_, l_v_, getitem_1, to, to, getitem_2, l_self_buffers_tril_, 'silu', 1.0, 0.08333333333333333, 0.01);  l_q_ = l_k_ = l_v_ = getitem_1 = to = getitem_2 = l_self_buffers_tril_ = None
     return (attention_buffer_mask_fwd_v1_default,)""")
+
+    def test_sigmoid_expand_as_mask(self):
+        self.assertExpectedInline(rewritten_code("sigmoid_expand_as_mask"), """\
+def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_keep_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_k_ = L_k_
+    l_q_ = L_q_
+    l_keep_ = L_keep_
+    l_v_ = L_v_
+    getitem = l_keep_[(slice(None, None, None), None, None, slice(None, None, None))];  l_keep_ = None
+    expand = getitem.expand(2, 2, 12, 12);  getitem = None
+    invert = ~expand;  expand = None
+    where = torch.where(invert, -3.4028234663852886e+38, 0.0);  invert = None
+    to = where.to(torch.float32);  where = None
+    add = to + -2.4849066497880004;  to = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, add, 'sigmoid', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = add = None
+    return (attention_fwd_v1_default,)""")
+
+    def test_sigmoid_expand_as_mask_dynamic(self):
+        """The mask's expand_as(scores) becomes an expand to sizes read from the scores' operands."""
+        self.assertExpectedInline(rewritten_code("sigmoid_expand_as_mask", dynamic=True), """\
+def forward(self, s37 : torch.SymInt, s89 : torch.SymInt, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_keep_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_k_ = L_k_
+    l_q_ = L_q_
+    l_keep_ = L_keep_
+    l_v_ = L_v_
+    pow_1 = s89 ** -0.5;  s89 = None
+    size_1 = l_k_.size()
+    getitem_6 = size_1[2];  size_1 = None
+    log = math_log(getitem_6);  getitem_6 = log = None
+    getitem_8 = l_keep_[(slice(None, None, None), None, None, slice(None, None, None))];  l_keep_ = None
+    sym_size_int = torch.ops.aten.sym_size.int(l_q_, 0)
+    sym_size_int_1 = torch.ops.aten.sym_size.int(l_q_, 0)
+    expand = getitem_8.expand(sym_size_int, sym_size_int_1, 12, 12);  getitem_8 = sym_size_int = sym_size_int_1 = None
+    invert = ~expand;  expand = None
+    mul_1 = l_q_ * pow_1;  l_q_ = pow_1 = None
+    where = torch.where(invert, -3.4028234663852886e+38, 0.0);  invert = None
+    to = where.to(torch.float32);  where = None
+    add = to + -2.4849066497880004;  to = None
+    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(mul_1, l_k_, l_v_, add, 'sigmoid', 1.0, 1.0, False, 0.01);  mul_1 = l_k_ = l_v_ = add = None
+    return (attention_fwd_v1_default,)""")

@@ -1017,7 +1017,7 @@ ZOO += [
     ZooEntry("fbgemm_alpha_times_biased_scores", AlphaTimesBiasedScores, qkv(2, 2, 12, 16), 1),
     ZooEntry("cast_bool_key_mask_after_sigmoid", CastBoolKeyMask, _keep_inputs, 1),
     ZooEntry("ellipsis_einsums_silu", EllipsisEinsum, qkv(2, 2, 12, 16), 1),
-    ZooEntry("sigmoid_expand_as_mask", SigmoidExpandAsMask, _keep_inputs, 1, dynamic_rewrites=0),
+    ZooEntry("sigmoid_expand_as_mask", SigmoidExpandAsMask, _keep_inputs, 1),
     ZooEntry("dead_clone_of_scores", DeadCloneOfScores, qkv(2, 2, 12, 16), 1),
 ]
 ZOO_BY_NAME = {e.name: e for e in ZOO}
