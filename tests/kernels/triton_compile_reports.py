@@ -1,11 +1,13 @@
-"""Compile reports of the Triton kernels for sm_90a (``compile_reports`` keeps them, one compile per case).
+"""Compile reports of the Triton kernels for sm_90a and sm_100a (``compile_reports`` keeps them, one compile per
+case).
 
 A case drives the package's own launchers (gdpa_fwd_triton, gdpa_bwd_triton, and the varlen ones, whose sample
 schedule is built by its torch fallback on CPU tensors) on CPU tensors of a typical shape, with a stand-in driver
-that reports an sm_90 target, and turns each kernel launch into a compile-only warmup: the kernels are therefore
-compiled with exactly the block sizes, warps, stages, flags and argument specializations (16-byte alignment, unit
-strides) that a real launch on an H100 would use. The register report is the one Triton's own ptxas run prints
-(``knobs.nvidia.dump_ptxas_log``), so each kernel goes through ptxas once.
+that reports the case's target (sm_90 unless the spec says ``capability``), and turns each kernel launch into a
+compile-only warmup: the kernels are therefore compiled with exactly the block sizes, warps, stages, flags and
+argument specializations (16-byte alignment, unit strides) that a real launch on an H100 (or a B200) would use.
+The register report is the one Triton's own ptxas run prints (``knobs.nvidia.dump_ptxas_log``), so each kernel goes
+through ptxas once.
 
 The compiles run in the worker this file runs as a script, without TRITON_INTERPRET (the interpreter replaces
 every @triton.jit function, so nothing could be compiled in the pytest process), with a Triton cache of its own:
@@ -61,8 +63,9 @@ class _Compiles:
         self.kernels[kernel.__name__] = compiled
 
 
-def compile_case(case, compiles: _Compiles) -> dict:
-    """Compiles every kernel the launchers start for ``case``; returns a report per kernel."""
+def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:
+    """Compiles every kernel the launchers start for ``case`` on a GPU of ``capability`` (90: H100, 100: B200);
+    returns a report per kernel."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -74,7 +77,6 @@ def compile_case(case, compiles: _Compiles) -> dict:
 
     assert not layout.interpreting()
     dtype_name, d, activation, variant, seq_len = case
-    capability = 90
 
     class SM90Driver:
         """Just what JITFunction.run asks of the driver before compiling."""
@@ -166,6 +168,7 @@ def _report(compiles: _Compiles, capability: int) -> dict:
             cubin_bytes=len(kernel.asm["cubin"]),
             target=target,
             wgmma=ptx.count("wgmma.mma_async"),
+            tcgen05_mma=len(re.findall(r"\btcgen05\.mma\b", ptx)),
             tanh_approx=ptx.count("tanh.approx.f32"),
             tma=ptx.count("cp.async.bulk.tensor"),
             spill_stores=int(spills[0][0]),
@@ -187,7 +190,7 @@ def main() -> None:
     from compile_reports import serve  # this file's folder leads sys.path when it runs as a script
 
     compiles = _Compiles()
-    serve(lambda spec, workdir: compile_case(tuple(spec["case"]), compiles))
+    serve(lambda spec, workdir: compile_case(tuple(spec["case"]), compiles, spec.get("capability", 90)))
 
 
 if __name__ == "__main__":
