@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compile_reports import CompileWorker, ReportStore, report_dir, run_dir
 from test_triton_compile_sm90 import DENSE_KERNELS, SPILL_BUDGET, TMA_KERNELS, VARLEN_KERNELS
-from triton_compile_reports import WORKER_ARGV, report_fingerprint
+from triton_compile_reports import case_id
 
-from gdpa_inductor import config
 from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
 
 # (dtype, head dim, activation, variant, kv length): each kernel family at short and long kv, with and without the
@@ -34,22 +32,9 @@ CASES = [
 ]
 
 
-def _case_id(case) -> str:
-    dtype, d, act, variant, kv_len = case
-    return f"{dtype}-D{d}-{act}-{variant}-kv{kv_len}"
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    fingerprint, worker = report_fingerprint(), CompileWorker(WORKER_ARGV)
-    directory = report_dir(config.kernel_cache_dir, run_dir(tmp_path_factory), f"triton-{fingerprint}")
-    yield ReportStore(directory, worker.compile, still_current=lambda: report_fingerprint() == fingerprint)
-    worker.close()
-
-
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_sm100_compile(case, reports, subtests):
-    kernels = reports.report({"case": list(case), "capability": 100})
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_sm100_compile(case, triton_reports, subtests):
+    kernels = triton_reports.report({"case": list(case), "capability": 100})
     variant = case[3]
     expected = {"varlen": VARLEN_KERNELS, "tma": TMA_KERNELS}.get(variant.split("_")[0], DENSE_KERNELS)
     assert expected == set(kernels), sorted(kernels)

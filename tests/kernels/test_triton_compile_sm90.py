@@ -9,10 +9,7 @@ on disk for the next run until the package's sources, Triton or what is measured
 from __future__ import annotations
 
 import pytest
-from compile_reports import CompileWorker, ReportStore, report_dir, run_dir
-from triton_compile_reports import WORKER_ARGV, report_fingerprint
-
-from gdpa_inductor import config
+from triton_compile_reports import case_id
 
 # (dtype, head dim, activation, variant, kv length). The launchers pick tiles by kv length (short kv: fewer
 # warps and stages), so both regimes are compiled: bf16 over both activations and all variants at short kv;
@@ -49,23 +46,10 @@ VARLEN_KERNELS = {"gdpa_varlen_fwd_kernel", "gdpa_varlen_bwd_dkdv_kernel", "gdpa
 SPILL_BUDGET = 2048
 
 
-def _case_id(case) -> str:
-    dtype, d, act, variant, kv_len = case
-    return f"{dtype}-D{d}-{act}-{variant}-kv{kv_len}"
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    fingerprint, worker = report_fingerprint(), CompileWorker(WORKER_ARGV)
-    directory = report_dir(config.kernel_cache_dir, run_dir(tmp_path_factory), f"triton-{fingerprint}")
-    yield ReportStore(directory, worker.compile, still_current=lambda: report_fingerprint() == fingerprint)
-    worker.close()
-
-
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_sm90_compile(case, reports, subtests):
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_sm90_compile(case, triton_reports, subtests):
     """One compile per case (seconds each); the properties are reported as separate subtests."""
-    kernels = reports.report({"case": list(case)})
+    kernels = triton_reports.report({"case": list(case)})
     variant = case[3]
     expected = {"varlen": VARLEN_KERNELS, "tma": TMA_KERNELS}.get(variant.split("_")[0], DENSE_KERNELS)
     assert expected == set(kernels), sorted(kernels)

@@ -31,6 +31,12 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gdpa_inductor"
 BATCH, HEADS = 2, 4
 
 
+def case_id(case) -> str:
+    """A test id for a (dtype, head dim, activation, variant, kv length) case."""
+    dtype, d, act, variant, kv_len = case
+    return f"{dtype}-D{d}-{act}-{variant}-kv{kv_len}"
+
+
 def report_fingerprint() -> str:
     """What every report depends on besides its case: the package's sources (the launchers choose the tiles),
     Triton's version (its compiler and ptxas) and this file (what is measured, and how)."""
