@@ -92,6 +92,20 @@ def test_every_activation_over_lengths(activation, dtype):
         check(*_qkv(1, 2, 2, nq, nk, 128, 128, dtype, seed=i), activation=activation)
 
 
+@pytest.fixture
+def pointer_forward(monkeypatch):
+    """The pointer forward kernel where Hopper would take the TMA one: what other GPUs run without a bias."""
+    monkeypatch.setattr("gdpa_inductor.kernels.triton.gdpa_fwd_tma.tma_supported", lambda *args: False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
+def test_pointer_forward_every_activation(activation, dtype, pointer_forward):
+    for i, (nq, nk) in enumerate(((17, 1000), (300, 2048))):
+        check(*_qkv(2, 2, 2, nq, nk, 128, 128, dtype, seed=i), activation=activation)
+    check(*_qkv(2, 2, 2, 250, 250, 64, 64, dtype, seed=9), activation=activation, causal=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("d", [32, 64, 256, 25, 72, 80])
 @pytest.mark.parametrize("activation", ["gelu", "silu", "sigmoid"])
