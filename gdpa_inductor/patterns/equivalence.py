@@ -16,7 +16,9 @@ value of a graph input is read (a module buffer can change after the compile): f
 integer ones random among the sampled coordinates and N, with 0 and N among them, boolean ones random with an
 all-False and an all-True row.
 A floating value derived from a floating input is drawn at random directly (the recipe reads such a bias or factor
-as it is, whatever its value). Two draws of the scores (mixed signs, then positive) on a sample of the scores'
+as it is, whatever its value). A value too large to compute whole (a [B, 1, N, N] padding mask of a large batch) is
+computed at the sampled coordinates alone where it is elementwise (a cast, an expand) in values that are not.
+Two draws of the scores (mixed signs, then positive) on a sample of the scores'
 coordinates (all of them up to 1024 per axis; the first and last batch and head index) are compared: NaN and
 infinity where the graph has them, and finite values within the rounding of the compute dtype.
 """
@@ -252,8 +254,12 @@ class _Proof:
             raise Unprovable(f"{node.name} has more dims than the scores")
         if any(size not in (1, self.shape[d + offset]) for d, size in enumerate(shape)):
             raise Unprovable(f"{node.name} does not broadcast to the scores")
+        sampled_shape = [1 if size == 1 else len(self.sample[d + offset]) for d, size in enumerate(shape)]
         if node not in self.values and self._is_float_data(node):
-            value = self._draw(ev, [1 if size == 1 else len(self.sample[d + offset]) for d, size in enumerate(shape)])
+            value = self._draw(ev, sampled_shape)
+        elif node not in self.values and _numel(shape) * ev.element_size() > MAX_VALUE_BYTES and (
+                fxn.is_elementwise(node) or fxn.is_cast(node) or fxn.is_expand(node)):
+            value = self._sampled_op(node, sampled_shape)
         else:
             value = self.value(node)
             for d, size in enumerate(shape):
@@ -261,6 +267,21 @@ class _Proof:
                     value = value.index_select(d, self.sample[d + offset].to(value.device))
         self.sampled_values[node] = value.to(self.device)
         return self.sampled_values[node]
+
+    def _sampled_op(self, node: fx.Node, sampled_shape: list[int]) -> torch.Tensor:
+        """An elementwise op (a cast, an expand) too large to compute whole, at the sampled coordinates alone: from
+        its operands there, each of which broadcasts to it and so to the scores."""
+        if fxn.is_expand(node):
+            return self.sampled(node.args[0]).expand(sampled_shape)
+        if fxn.is_cast(node):
+            return self.sampled(node.args[0]).to(fxn.example(node).dtype).expand(sampled_shape)
+
+        def operand(a):
+            return self.sampled(a) if fxn.is_tensor_node(a) else self.value(a)
+
+        args = fx.node.map_arg(node.args, operand)
+        kwargs = fx.node.map_arg(node.kwargs, operand)
+        return fxn.call_node(node, args, kwargs).expand(sampled_shape)
 
     def value(self, node: Any) -> Any:
         if not isinstance(node, fx.Node):

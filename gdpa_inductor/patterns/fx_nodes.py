@@ -207,6 +207,40 @@ def bool_cast_source(node: Any) -> Optional[fx.Node]:
     return node.args[0] if src.dtype == torch.bool else None
 
 
+# Ops whose every output element comes from the same (broadcast) element of each tensor operand: such a value can
+# be computed at a few coordinates from its operands at those coordinates alone.
+ELEMENTWISE_FUNCTIONS = tuple(dict.fromkeys((
+    operator.and_, operator.or_, operator.xor, operator.invert, operator.lt, operator.le, operator.gt, operator.ge,
+    operator.eq, operator.ne, operator.add, operator.sub, operator.mul, operator.truediv, operator.neg,
+    torch.logical_and, torch.logical_or, torch.logical_xor, torch.logical_not, torch.bitwise_and, torch.bitwise_or,
+    torch.bitwise_not, torch.lt, torch.le, torch.gt, torch.ge, torch.eq, torch.ne, torch.add, torch.sub, torch.mul,
+    torch.div, torch.neg,
+)))
+ELEMENTWISE_METHODS = (
+    "__and__", "__or__", "__xor__", "__invert__", "logical_and", "logical_or", "logical_xor", "logical_not",
+    "bitwise_and", "bitwise_or", "bitwise_not", "lt", "le", "gt", "ge", "eq", "ne", "add", "sub", "mul", "div",
+    "neg", "masked_fill",
+)
+# Casts: a value in another dtype (``to`` and ``type_as`` may take a tensor that only names the dtype).
+CAST_METHODS = ("float", "half", "bfloat16", "double", "bool", "int", "long", "to", "type_as")
+
+
+def is_elementwise(node: fx.Node) -> bool:
+    """Whether ``node`` computes each element from the same broadcast element of its tensor operands
+    (``torch.where`` with its three operands, not its one-operand ``nonzero`` form)."""
+    if node.op == "call_function" and node.target is torch.where:
+        return len(node.args) + len(node.kwargs) == 3
+    return fn_or_method(node, ELEMENTWISE_FUNCTIONS, ELEMENTWISE_METHODS)
+
+
+def is_cast(node: fx.Node) -> bool:
+    return fn_or_method(node, (), CAST_METHODS)
+
+
+def is_expand(node: fx.Node) -> bool:
+    return fn_or_method(node, (), ("expand", "expand_as"))
+
+
 def is_noop_dropout(node: fx.Node) -> bool:
     if not fn_or_method(node, (F.dropout, torch.dropout, torch.nn.functional.dropout), ("dropout",)):
         return False
