@@ -17,7 +17,8 @@ integer ones random among the sampled coordinates and N, with 0 and N among them
 all-False and an all-True row.
 A floating value derived from a floating input is drawn at random directly (the recipe reads such a bias or factor
 as it is, whatever its value). A value too large to compute whole (a [B, 1, N, N] padding mask of a large batch) is
-computed at the sampled coordinates alone where it is elementwise (a cast, an expand) in values that are not.
+drawn (a graph input) or computed (an elementwise op, a cast, an expand of smaller values) at the sampled coordinates
+alone.
 Two draws of the scores (mixed signs, then positive) on a sample of the scores'
 coordinates (all of them up to 1024 per axis; the first and last batch and head index) are compared: NaN and
 infinity where the graph has them, and finite values within the rounding of the compute dtype.
@@ -255,9 +256,11 @@ class _Proof:
         if any(size not in (1, self.shape[d + offset]) for d, size in enumerate(shape)):
             raise Unprovable(f"{node.name} does not broadcast to the scores")
         sampled_shape = [1 if size == 1 else len(self.sample[d + offset]) for d, size in enumerate(shape)]
-        if node not in self.values and self._is_float_data(node):
+        too_large = _numel(shape) * ev.element_size() > MAX_VALUE_BYTES
+        if node not in self.values and (self._is_float_data(node) or (
+                too_large and node.op in ("placeholder", "get_attr"))):
             value = self._draw(ev, sampled_shape)
-        elif node not in self.values and _numel(shape) * ev.element_size() > MAX_VALUE_BYTES and (
+        elif node not in self.values and too_large and (
                 fxn.is_elementwise(node) or fxn.is_cast(node) or fxn.is_expand(node)):
             value = self._sampled_op(node, sampled_shape)
         else:

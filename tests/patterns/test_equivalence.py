@@ -13,14 +13,14 @@ from harness import AOT_EAGER_GDPA, reset, rewrites
 import gdpa_inductor
 from gdpa_inductor.patterns import equivalence
 
-B, H, N, D = 3, 2, 24, 8
+B, H, N, D = 40, 2, 24, 8
 
 
 @pytest.fixture
 def small_value_limit(monkeypatch):
-    """Values over 256 bytes count as too large to compute whole: the [B, 1, N, N] masks here (1,728 bytes), not
-    the [B, N] ones they are built from."""
-    monkeypatch.setattr(equivalence, "MAX_VALUE_BYTES", 256)
+    """Values over 16 KiB count as too large to compute whole: the [B, 1, N, N] masks here (23,040 bytes), not the
+    [B, N] ones they are built from nor their values at the proof's sampled coordinates (the first and last sample)."""
+    monkeypatch.setattr(equivalence, "MAX_VALUE_BYTES", 1 << 14)
 
 
 def _pair_valid(lengths):
@@ -43,6 +43,12 @@ def cast_mask_after_sigmoid(q, k, v, lengths):
     return (torch.sigmoid(q @ k.transpose(-2, -1)) * _pair_valid(lengths).float()) @ v
 
 
+def mask_input_before_gelu(q, k, v, keep):
+    """A dense boolean mask passed in, as large as the scores but for the heads."""
+    s = q @ k.transpose(-2, -1) * D**-0.5
+    return F.gelu(s.masked_fill(~keep, -torch.finfo(s.dtype).max)) @ v
+
+
 def fill_zero_then_bias(q, k, v, lengths, bias):
     """Masked scores set to 0 before a bias: relu(0 + bias) is not 0 there, so this is not a padding mask."""
     s = (q @ k.transpose(-2, -1)).masked_fill(~_pair_valid(lengths), 0.0)
@@ -52,7 +58,7 @@ def fill_zero_then_bias(q, k, v, lengths, bias):
 def _inputs(seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, H, N, D, generator=gen) for _ in range(3))
-    return q, k, v, torch.tensor([N, 7, 1])
+    return q, k, v, torch.cat([torch.tensor([N, 7, 1]), torch.randint(1, N + 1, (B - 3,), generator=gen)])
 
 
 def _compiled_and_eager(fn, *inputs):
@@ -74,6 +80,14 @@ def _compiled_and_eager(fn, *inputs):
 def test_large_length_masks_are_proven_at_sampled_coordinates(fn, small_value_limit):
     count, err = _compiled_and_eager(fn, *_inputs())
     assert count == 1, gdpa_inductor.explain(fn, *_inputs())
+    assert err < 1e-5
+
+
+def test_large_mask_input_is_drawn_at_sampled_coordinates(small_value_limit):
+    q, k, v, lengths = _inputs()
+    keep = _pair_valid(lengths) | (torch.rand(B, 1, N, N, generator=torch.Generator().manual_seed(4)) < 0.2)
+    count, err = _compiled_and_eager(mask_input_before_gelu, q, k, v, keep)
+    assert count == 1, gdpa_inductor.explain(mask_input_before_gelu, q, k, v, keep)
     assert err < 1e-5
 
 
