@@ -22,33 +22,43 @@ ACTIVATIONS = {
 }
 
 
-def _causal_keep(n: int, rng: random.Random) -> tuple[torch.Tensor, str]:
+MASK_FORMS = ["tril", "triu_not", "arange", "arange_start", "arange_slice", "tril_off", "ge_off", "eye_or_after",
+              "band_causal", "band", "all"]
+
+
+def _mask_spec(rng: random.Random) -> tuple[str, int]:
+    """(form, parameter) of a boolean keep mask, drawn when the program is made: the program itself builds the mask
+    with torch ops alone, which Dynamo traces (a ``random`` call inside it would break the graph)."""
+    form = rng.choice(MASK_FORMS)
+    param = {"band_causal": rng.choice([0, 2, 5]), "band": rng.choice([1, 3])}.get(form, rng.choice([-1, 1]))
+    return form, param
+
+
+def _causal_keep(n: int, form: str, param: int) -> torch.Tensor:
     """A boolean keep mask: causal in one of several spellings, a near miss of it, a band around the diagonal, or
     every entry."""
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    form = rng.choice(["tril", "triu_not", "arange", "arange_start", "arange_slice", "tril_off", "ge_off",
-                       "eye_or_after", "band_causal", "band", "all"])
     if form == "eye_or_after":  # generative-recommenders' causal mask: the diagonal, or row - col > 0
-        return torch.eye(n, dtype=torch.bool) | (i - j > 0), form
+        return torch.eye(n, dtype=torch.bool) | (i - j > 0)
     if form == "band_causal":
-        return (i - j >= 0) & (i - j <= rng.choice([0, 2, 5])), form
+        return (i - j >= 0) & (i - j <= param)
     if form == "band":
-        return (i - j).abs() <= rng.choice([1, 3]), form
+        return (i - j).abs() <= param
     if form == "all":
-        return torch.ones(n, n, dtype=torch.bool), form
+        return torch.ones(n, n, dtype=torch.bool)
     if form == "tril":
-        return torch.tril(torch.ones(n, n, dtype=torch.bool)), form
+        return torch.tril(torch.ones(n, n, dtype=torch.bool))
     if form == "triu_not":
-        return ~torch.triu(torch.ones(n, n, dtype=torch.bool), 1), form
+        return ~torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
     if form == "arange":
-        return i >= j, form
+        return i >= j
     if form == "arange_start":
-        return torch.arange(start=1, end=n + 1)[:, None] >= j, form
+        return torch.arange(start=1, end=n + 1)[:, None] >= j
     if form == "arange_slice":
-        return torch.arange(n + 1)[1:][:, None] >= j, form
+        return torch.arange(n + 1)[1:][:, None] >= j
     if form == "tril_off":
-        return torch.tril(torch.ones(n, n, dtype=torch.bool), rng.choice([-1, 1])), form
-    return i + rng.choice([-1, 1]) >= j, form
+        return torch.tril(torch.ones(n, n, dtype=torch.bool), param)
+    return i + param >= j
 
 
 def make_program(seed: int):
@@ -65,6 +75,7 @@ def make_program(seed: int):
     post = rng.choice([None, 0.5, "div_n", "row", "row_div", "column"])
     spelling = rng.choice(["matmul", "einsum_ellipsis"])
     dead_clone = rng.random() < 0.25
+    mask_specs = [_mask_spec(rng) for _ in range(n_masks)]
     extra = {}
     gen = torch.Generator().manual_seed(seed)
     if bias_kind == "tensor":
@@ -81,7 +92,7 @@ def make_program(seed: int):
         s = q @ k.transpose(-2, -1) if spelling == "matmul" else torch.einsum("...id,...jd->...ij", q, k)
         if dead_clone:
             s.clone()
-        masks = [_causal_keep(n, random.Random(seed * 7 + t))[0] for t in range(n_masks)]
+        masks = [_causal_keep(n, *spec) for spec in mask_specs]
 
         def add_bias(s):
             if bias_kind == "tensor":
@@ -123,7 +134,7 @@ def make_program(seed: int):
             p = p * post
         return p @ v if spelling == "matmul" else torch.einsum("...ij,...jd->...id", p, v)
 
-    steps = f"{spelling}, {act_name}, pre={pre_scale}, bias={bias_kind} (first={bias_first}), masks={n_masks} " \
+    steps = f"{spelling}, {act_name}, pre={pre_scale}, bias={bias_kind} (first={bias_first}), masks={mask_specs} " \
             f"{mask_place} fill={fill}, post={post}, dead clone={dead_clone}"
     return fn, extra, steps
 
