@@ -1,7 +1,7 @@
 """The proof by evaluation at a model's real size: a mask too large to compute whole (a [B, 1, N, N] padding mask of
-a large batch) is computed at the sampled coordinates alone when it is elementwise in smaller values, so the block
-is still proven, and still refused where the recipe would differ. The size limit is lowered so that a small model
-stands in for a large one."""
+a large batch) is computed at the sampled coordinates alone when it is elementwise in smaller values, or drawn there
+when it is a graph input, so the block is still proven, and still refused where the recipe would differ. The size
+limit is lowered so that a small model stands in for a large one."""
 
 from __future__ import annotations
 
