@@ -1,12 +1,19 @@
 """Host time per fused call: what each GDPA op call of a compiled training step costs the CPU.
 
 The demo's model (``gdpa_inductor.demo.DemoRecModel``: HSTU-style silu attention with a relative bias, a causal mask
-and padding; PFFN with per-sample weights; PMA pooling) is compiled with backend="gdpa" and trained one step while
-every GDPA op call is recorded with its arguments. Each recorded call is then replayed alone, as the compiled code
+and padding; PFFN with per-sample weights; PMA pooling) is compiled with backend="gdpa", its fused blocks as calls of
+the opaque op (the path of dynamic shapes and of the CuTe kernels; with static shapes on the Triton path the compiled
+graph launches the kernels itself and makes no such call), and trained one step while every GDPA op call is recorded
+with its arguments. Each recorded call is then replayed alone, as the compiled code
 calls it (``torch.ops.gdpa.<op>.default``), and its host time measured: the mean over ``--calls`` calls of the time
 until the call returns, median of five rounds, the GPU drained between rounds so a full launch queue never stalls
 the host. Beside them, two references: an aten op (``torch.add``) and an empty Triton kernel's launch. A cProfile
 of each call (``--profile``) says where its host time goes.
+
+Then the same question inside compiled code: one fused block alone (a dense silu block and a length-masked varlen
+one, tiny shapes) compiled with backend="inductor", with backend="gdpa" as opaque op calls, and with backend="gdpa"
+launching the Triton kernels from the compiled graph; host time of a forward call (inference) and of a forward and
+backward call, with the compiled graph's own Python (guards, wrapper) included.
 
     PYTHONPATH=$PWD python3 benchmarks/host_overhead.py [--batch 64 --seq 256] [--profile]
         [--out benchmarks/results/<run>/host_overhead.json]
@@ -15,6 +22,7 @@ of each call (``--profile``) says where its host time goes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import datetime
 import functools
@@ -51,16 +59,19 @@ def host_us(fn, calls: int) -> float:
 
 
 def record_step_calls(batch: int, seq: int) -> list:
-    """(op overload, args, kwargs) of every GDPA op call in one compiled training step of the demo's model."""
+    """(op overload, args, kwargs) of every GDPA op call in one compiled training step of the demo's model, compiled
+    to call the opaque ops (as dynamic shapes and the CuTe kernels do)."""
     from torch._library.custom_ops import CustomOpDef
 
-    from gdpa_inductor.lowering import buffer_mask_ops, ops, varlen_ops
+    from gdpa_inductor.lowering import buffer_mask_ops, direct_launch, ops, varlen_ops
 
     torch.manual_seed(0)
     model = DemoRecModel(512, 4, seeds=4, dff=64, max_len=seq).to("cuda", torch.bfloat16)
     inputs = make_batch(batch, seq, 512, "cuda", torch.bfloat16)
     compiled = torch.compile(model, backend="gdpa")
-    _loss(compiled, inputs).backward()
+    # compiled with the opaque op calls: with static shapes the graph would launch the Triton kernels itself
+    with direct_launch.disabled():
+        _loss(compiled, inputs).backward()
     calls, saved = [], []
     # the op's Python kernels, wrapped to record their arguments (the compiled code calls them through the dispatcher)
     for module in (ops, varlen_ops, buffer_mask_ops):
@@ -78,6 +89,49 @@ def record_step_calls(batch: int, seq: int) -> list:
         for opdef, key, fn in saved:
             opdef._backend_fns[key] = fn
     return calls
+
+
+def dense_block(q, k, v):
+    return torch.nn.functional.silu(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5) @ v
+
+
+def varlen_block(q, k, v, lengths):
+    n = q.shape[-2]
+    valid = torch.arange(n, device=q.device)[None, :] < lengths[:, None]
+    p = torch.nn.functional.silu(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5) / n
+    return torch.where(valid[:, None, :, None] & valid[:, None, None, :], p, 0.0) @ v
+
+
+def backward_of(call, grad):
+    call().backward(grad)
+
+
+def compiled_block_rows(calls: int) -> dict:
+    """Host µs per call of one compiled fused block: Inductor's own kernels, gdpa's opaque op, gdpa's direct launch."""
+    from gdpa_inductor.lowering import direct_launch
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    lengths = torch.tensor([64, 40], device="cuda")
+    rows = {}
+    for block, args in (("dense", (q, k, v)), ("varlen", (q, k, v, lengths))):
+        fn = dense_block if block == "dense" else varlen_block
+        for provider in ("inductor", "gdpa opaque op", "gdpa direct launch"):
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, backend=provider.split()[0], fullgraph=True)
+            launch = direct_launch.disabled() if provider == "gdpa opaque op" else contextlib.nullcontext()
+            with launch:
+                compiled(*args).sum().backward()  # compiles forward and backward in this mode
+                with torch.no_grad():
+                    compiled(*args)
+            call = functools.partial(compiled, *args)
+            with torch.no_grad():
+                fwd = host_us(call, calls)
+            fwd_bwd = host_us(functools.partial(backward_of, call, torch.ones_like(q)), calls)
+            for what, us in (("forward", fwd), ("forward + backward", fwd_bwd)):
+                rows[f"compiled {block} block, {what}: {provider}"] = us
+                print(f"compiled {block} block, {what}: {provider:20s} {us:8.1f} us", flush=True)
+    return rows
 
 
 def describe(func, args) -> str:
@@ -112,6 +166,7 @@ def main():
             text = io.StringIO()
             pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
             print(text.getvalue())
+    rows.update(compiled_block_rows(args.calls))
     for name, us in rows.items():
         print(f"{name:80s} {us:8.1f} us")
     if args.out:

@@ -435,6 +435,21 @@ def chart_hstu_reference(data: dict) -> Chart:
                  "lengths uniform in [N/2, N]", [panel])
 
 
+def chart_demo_step(data: dict) -> Chart:
+    meta, rows = _meta(data), data["rows"]
+    panels = []
+    for mode in ("default", "reduce-overhead"):
+        sel = [{"inductor": r["inductor_ms"], "gdpa": r["gdpa_ms"], "speedup": r["speedup"]}
+               for r in rows if r["mode"] == mode]
+        labels = [f"B={r['batch']}, N≤{r['seq']}" for r in rows if r["mode"] == mode]
+        title = "default mode" if mode == "default" else 'mode="reduce-overhead" (CUDA graphs)'
+        panels.append(Panel(title, "ms per step (lower is better)", labels, sel,
+                            [("gdpa", "backend_gdpa"), ("inductor", "inductor")],
+                            Ratio("speed-up over Inductor", stored="speedup")))
+    return Chart(f"Training step of the demo's model, {meta['device']}: width {meta['dim']}, {meta['heads']} heads, "
+                 "bf16, lengths uniform in [1, N]", panels, ncols=2)
+
+
 CHARTS: dict[str, Callable[[dict], Chart]] = {
     "bench_cute_bars": chart_cute_bars,
     "bench_gdpa": chart_gdpa,
@@ -448,6 +463,7 @@ CHARTS: dict[str, Callable[[dict], Chart]] = {
     "bench_cute_varlen": chart_cute_varlen,
     "bench_model": chart_model,
     "bench_hstu_reference": chart_hstu_reference,
+    "bench_demo_step": chart_demo_step,
 }
 
 

@@ -9,6 +9,7 @@ graph (a change of the pass changes the graph; a change of the op's semantics ch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -35,10 +36,33 @@ def gdpa_backend(gm: torch.fx.GraphModule, example_inputs, *, inner: str = "indu
         rewrites = sum(r.matched for r in rewrite_gdpa(gm, example_inputs))
     except Exception:  # a bug in the pass must never break the user's compile: compile unfused
         log.exception("gdpa: the GDPA pass failed; compiling the graph unchanged")
-    compiled = _compile(gm, example_inputs, inner, inductor_config_patches(mode, options))
+    patches = inductor_config_patches(mode, options)
+    try:
+        with _autograd_cache_off(rewrites):
+            compiled = _compile(gm, example_inputs, inner, patches)
+    except Exception as e:
+        if not rewrites:
+            raise
+        from .lowering import direct_launch
+
+        # the fused ops' own launches are what Inductor compiles beyond a plain graph: retry with opaque calls
+        log.warning("gdpa: Inductor could not compile the graph with the fused kernels launched from it (%s: %s); "
+                    "compiling them as opaque calls", type(e).__name__, str(e).splitlines()[0][:300] if str(e) else "")
+        with direct_launch.disabled(), _autograd_cache_off(rewrites):
+            compiled = _compile(gm, example_inputs, inner, patches)
     # Counted once the compile returned: Dynamo may restart a backend call (and discard its graph).
     counters["gdpa"]["rewrites"] += rewrites
     return compiled
+
+
+def _autograd_cache_off(rewrites: int):
+    """The fused ops decide when they are traced whether the graph launches their kernels itself
+    (``lowering/direct_launch.py``), from state that AOT autograd's cache does not key on (``config.backend``, the
+    CuTe stack): a rewritten graph is never taken from that cache. Inductor's own cache keys on the traced graph,
+    which shows the decision."""
+    if not rewrites:
+        return contextlib.nullcontext()
+    return torch._functorch.config.patch(enable_autograd_cache=False)
 
 
 def inductor_config_patches(mode: str | None, options: dict | None) -> dict:

@@ -99,3 +99,26 @@ def test_compile_with_mode_runs(dynamo, gen):
     out = torch.compile(model, backend="gdpa", mode="max-autotune-no-cudagraphs")(q, k, v)
     torch.testing.assert_close(out, model(q, k, v), rtol=1e-5, atol=1e-5)
     assert torch._dynamo.utils.counters["gdpa"]["rewrites"] == before + 1
+
+
+@requires_entry_point
+def test_a_rewritten_graph_is_not_taken_from_the_autograd_cache(dynamo, gen, monkeypatch, tmp_path):
+    """The fused ops choose their launch path when traced, from state that AOT autograd's cache does not key on:
+    with the caches on, a plain graph compiled twice comes from that cache the second time, a fused one never."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    counters = torch._dynamo.utils.counters
+
+    def fused(q, k, v):
+        return F.silu(q @ k.transpose(-2, -1) * 0.25) @ v
+
+    def plain(q, k, v):
+        return F.silu(q * k * 0.25) + v
+
+    q, k, v = (randn(gen, 2, 2, 14, 16).requires_grad_() for _ in range(3))
+    with torch._functorch.config.patch(enable_autograd_cache=True), torch._inductor.config.patch(fx_graph_cache=True):
+        for fn, hits in ((plain, 1), (fused, 0)):
+            counters.clear()
+            for _ in range(2):
+                torch._dynamo.reset()
+                torch.compile(fn, backend="gdpa")(q, k, v).sum().backward()
+            assert counters["aot_autograd"]["autograd_cache_hit"] == hits, dict(counters["aot_autograd"])

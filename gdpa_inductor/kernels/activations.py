@@ -1,9 +1,9 @@
 """The one table of GDPA activations.
 
 Each entry names the activation and gives, side by side, its exact PyTorch form (what eager models
-compute), its derivative in PyTorch (the reference backward), and the two Triton functions the kernels
-call: the forward value, and the value together with its derivative (they share the one special-function
-op). Kernels receive the Triton functions as constexpr arguments, so no activation is ever a magic number.
+compute) and its derivative in PyTorch (the reference backward). The Triton kernels receive the name as a
+constexpr, and ``triton/activation_math.py`` holds the Triton form of each name (the value, and the value with its
+derivative, sharing the one special-function op), so no activation is ever a magic number.
 """
 
 from __future__ import annotations
@@ -67,19 +67,6 @@ class Activation:
     torch_grad: TorchAct
     # act(c * x) == c * act(x) for c > 0: a scale may then move across the activation.
     positively_homogeneous: bool
-
-    # The Triton forms are looked up when a kernel launches: importing Triton is for the calls that run it.
-    @property
-    def triton_fn(self):
-        from .triton import activation_math
-
-        return getattr(activation_math, self.name)
-
-    @property
-    def triton_fn_and_grad(self):
-        from .triton import activation_math
-
-        return getattr(activation_math, f"{self.name}_and_grad")
 
 
 ACTIVATIONS: dict[str, Activation] = {

@@ -5,8 +5,8 @@
 - ``gdpa::varlen_bwd_v2(dout, <the same>, bias_requires_grad) -> (dq, dk, dv, dbias)``
 
 Layouts and the bias's indexing are described in ``kernels/reference_varlen.py``; a window side of -1 is
-unbounded. dbias is an empty tensor when no bias gradient is asked for. The autograd saves the inputs and
-the offsets only.
+unbounded. dbias is an empty tensor when no bias gradient is asked for. The autograd saves the inputs and the
+offsets only. ``direct_launch.py`` adds the forms of these ops whose Triton launches a compiled graph makes itself.
 """
 
 from __future__ import annotations
@@ -23,12 +23,54 @@ from . import fallback
 from .dispatch import select_varlen_backward_impl, select_varlen_forward_impl
 
 
-def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
+def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, traced):
     from ..kernels.triton.varlen_schedule import varlen_sides
 
     batch = varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
     return batch, *varlen_sides(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
-                                max_seqlen_k, batch)
+                                max_seqlen_k, batch, traced)
+
+
+def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params) -> torch.Tensor:
+    """The forward on ``impl``; ``traced``: its Triton launches go into a compiled graph."""
+    if impl == "reference":
+        return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
+    from ..kernels.triton.varlen_layout import with_tensor
+
+    batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k, traced)
+    # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
+    alloc = torch.zeros if rows[2] is not None else torch.empty
+    out = alloc(varlen_out_shape(q, v, rows[0], batch), dtype=v.dtype, device=v.device)
+    activation, scale, post_scale, causal, window, negative_slope = params
+    if impl == "cute":
+        from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute, varlen_band
+
+        return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
+                                    negative_slope, causal, varlen_band(q, k, v, causal, window, rows), bias)
+    from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
+
+    gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params, traced=traced)
+    return out
+
+
+def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params, bias_requires_grad):
+    """(dq, dk, dv, dbias or None) on ``impl``; ``traced`` as for ``_forward_on``."""
+    if impl == "reference":
+        return gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params,
+                                              bias_requires_grad)
+    _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k, traced)
+    activation, scale, post_scale, causal, window, negative_slope = params
+    if impl == "cute":
+        from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
+        from ..kernels.cute.varlen_fwd import varlen_band
+
+        return gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
+                                    causal, varlen_band(q, k, v, causal, window, rows), bias, bias_requires_grad)
+    from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
+    from ..kernels.triton.varlen_layout import with_tensor
+
+    return gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, order, *params, bias_requires_grad,
+                                  traced=traced)
 
 
 def forward_impl(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -39,23 +81,7 @@ def forward_impl(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k
     params = (activation, scale, post_scale, causal, window, negative_slope)
 
     def run_path(impl):
-        if impl == "reference":
-            return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
-        from ..kernels.triton.varlen_layout import with_tensor
-
-        batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-        # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
-        alloc = torch.zeros if seqused_q is not None else torch.empty
-        out = alloc(varlen_out_shape(q, v, cu_seqlens_q, batch), dtype=v.dtype, device=v.device)
-        if impl == "cute":
-            from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute, varlen_band
-
-            return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
-                                        negative_slope, causal, varlen_band(q, k, v, causal, window, rows), bias)
-        from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
-
-        gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params)
-        return out
+        return _forward_on(impl, False, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params)
 
     impl = select_varlen_forward_impl(q, k, v, bias, causal, window, activation, rows)
     kind = fallback.call_kind("varlen forward", q, v, bias, activation, causal, window, _row_kinds(rows))
@@ -71,20 +97,8 @@ def backward_impl(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, se
     params = (activation, scale, post_scale, causal, window, negative_slope)
 
     def run_path(impl):
-        if impl == "reference":
-            return gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params,
-                                                  bias_requires_grad)
-        _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k)
-        if impl == "cute":
-            from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
-            from ..kernels.cute.varlen_fwd import varlen_band
-
-            return gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
-                                        causal, varlen_band(q, k, v, causal, window, rows), bias, bias_requires_grad)
-        from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
-        from ..kernels.triton.varlen_layout import with_tensor
-
-        return gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, order, *params, bias_requires_grad)
+        return _backward_on(impl, False, dout, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params,
+                            bias_requires_grad)
 
     impl = select_varlen_backward_impl(q, k, v, bias, causal, window, activation, rows, bias_requires_grad)
     kind = fallback.call_kind("varlen backward", q, v, bias, activation, causal, window, _row_kinds(rows),

@@ -2,8 +2,8 @@
 
 ``rewrite_gdpa(gm, example_inputs)`` runs an Inductor ``PatternMatcherPass`` whose anchors are the matmul-like
 nodes (every candidate second matmul); its extra check asks each GDPA pattern for a match, and its handler
-replaces the matched subgraph with ``torch.ops.gdpa.attention_fwd_v1`` (plus
-the views, casts and non-float scale factors the recipe needs). Subgraphs of higher-order ops (activation
+replaces the matched subgraph with ``torch.ops.gdpa.attention_fwd_direct_v1`` (``lowering/direct_launch.py``;
+plus the views, casts and non-float scale factors the recipe needs). Subgraphs of higher-order ops (activation
 checkpointing) are visited too. Every candidate is reported (matched with its parameters, or rejected with
 the reason) to the ``gdpa_inductor`` logger and to the returned list; ``dry_run`` only reports. The
 backend counts the rewrites of each graph it compiles (``counters["gdpa"]["rewrites"]``).
@@ -27,7 +27,7 @@ from torch._inductor.pattern_matcher import (
     register_graph_pattern,
 )
 
-from ..lowering import buffer_mask_ops, ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
+from ..lowering import buffer_mask_ops, direct_launch, ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
 from . import causal_mask
 from . import fx_nodes as fxn
 from .chain import shape_spelling
@@ -85,6 +85,8 @@ def _module_state(placeholder: fx.Node) -> bool:
 
 def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run: bool = False,
                  graph_name: str = "graph") -> list[CandidateReport]:
+    if not dry_run:
+        direct_launch.register()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     causal_mask.REAL_INPUTS.clear()
     causal_mask.REAL_INPUTS.update(
@@ -293,7 +295,7 @@ def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node
         seqused_q, seqused_k = (lengths if plan.rows else None), (lengths if plan.cols else None)
     left, right = r.window if r.window is not None else (-1, -1)
     qt, kt, vt = (b.emit("method", "transpose", (x, 1, 2)) for x in (q, k, v))
-    out = b.emit("function", torch.ops.gdpa.varlen_fwd_v2.default,
+    out = b.emit("function", torch.ops.gdpa.varlen_fwd_direct_v2.default,
                  (qt, kt, vt, bias, None, None, seqused_q, seqused_k, 0, 0, r.activation, float(r.scale),
                   float(r.post_scale), bool(r.causal), left, right, float(r.negative_slope)))
     return b.emit("method", "transpose", (out, 1, 2))
@@ -327,7 +329,7 @@ def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
         out = _varlen_padded(b, m, q, k, v, dtype)
     else:
         bias = _bias(b, m, dtype)
-        out = b.emit("function", torch.ops.gdpa.attention_fwd_v1.default,
+        out = b.emit("function", torch.ops.gdpa.attention_fwd_direct_v1.default,
                      (q, k, v, bias, r.activation, float(r.scale), float(r.post_scale), bool(r.causal),
                       float(r.negative_slope)))
     for value, divide in r.post_factors:

@@ -138,26 +138,25 @@ def test_gelu_erf_approximant_at_masking_scores(x):
 @triton.jit
 def _apply_activation_kernel(
     X, Y, Y2, DY, slope, N,
-    ACT_FN: tl.constexpr, ACT_FN_AND_GRAD: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr,
+    ACT: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     x = tl.load(X + offs, mask=ok, other=0.0)
-    y = ACT_FN(x, slope, TANH_APPROX, PRECISE)
-    y2, dy = ACT_FN_AND_GRAD(x, slope, TANH_APPROX, PRECISE)
+    y = tm.activate(x, slope, ACT, TANH_APPROX, PRECISE)
+    y2, dy = tm.activate_and_grad(x, slope, ACT, TANH_APPROX, PRECISE)
     tl.store(Y + offs, y, mask=ok)
     tl.store(Y2 + offs, y2, mask=ok)
     tl.store(DY + offs, dy, mask=ok)
 
 
 def _run_triton_activation(name, x, slope, precise):
-    act = ACTIVATIONS[name]
     y, y2, dy = (torch.full_like(x, 123.0) for _ in range(3))
     block = 1024
     _apply_activation_kernel[(triton.cdiv(x.numel(), block),)](
         x, y, y2, dy, slope, x.numel(),
-        ACT_FN=act.triton_fn, ACT_FN_AND_GRAD=act.triton_fn_and_grad, TANH_APPROX=False, PRECISE=precise,
+        ACT=name, TANH_APPROX=False, PRECISE=precise,
         BLOCK=block,
     )
     return y, y2, dy

@@ -232,7 +232,7 @@ def _jagged_sides(lengths):
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     total, longest = int(cu[-1]), max(lengths)
     q, k, v = _randn(total, 4, D), _randn(total, 2, D), _randn(total, 2, D)
-    _, qs, ks, order = _sides(q, k, v, cu, cu, None, None, longest, longest)
+    _, qs, ks, order = _sides(q, k, v, cu, cu, None, None, longest, longest, False)
     return qs, ks, v, order
 
 

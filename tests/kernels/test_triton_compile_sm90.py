@@ -75,3 +75,12 @@ def test_sm90_compile(case, triton_reports, subtests):
                 f"{k['spill_stores']} B spill stores, {k['spill_loads']} B spill loads "
                 f"({k['registers']} registers, {k['num_warps']} warps); budget {SPILL_BUDGET} B"
             )
+
+
+@pytest.mark.parametrize("case", [("bf16", 64, "gelu", "bias", 256), ("bf16", 64, "gelu_tanh", "varlen_bias", 256)],
+                         ids=case_id)
+def test_float_arguments_typed_fp64_compute_in_fp32(case, triton_reports):
+    """A compiled graph that launches a kernel itself passes its Python floats typed fp64 (Inductor's choice): the
+    kernels convert them, so no score reaches the fp32-only tanh.approx as fp64."""
+    kernels = triton_reports.report({"case": list(case), "fp64_floats": True})
+    assert kernels and all(lines == [] for lines in kernels.values()), kernels

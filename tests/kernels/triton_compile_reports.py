@@ -185,6 +185,28 @@ def _report(compiles: _Compiles, capability: int) -> dict:
     return report
 
 
+def fp64_float_report(compiles: _Compiles, capability: int) -> dict:
+    """Each kernel of the case compiled again with its float arguments typed fp64, as the code Inductor emits for a
+    kernel a compiled graph launches itself passes Python floats: per kernel, the lines of its Triton IR that
+    compute in fp64 (conversions to fp32 aside)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    report = {}
+    for name, kernel in compiles.kernels.items():
+        src = kernel.src
+        signature = {k: "fp64" if t == "fp32" else t for k, t in src.signature.items()}
+        assert signature != src.signature, f"{name} takes no float argument"
+        retyped = triton.compile(ASTSource(src.fn, signature, src.constants, src.attrs),
+                                 target=GPUTarget("cuda", capability, 32),
+                                 options=dict(num_warps=kernel.metadata.num_warps,
+                                              num_stages=kernel.metadata.num_stages))
+        report[name] = [line.strip() for line in retyped.asm["ttir"].splitlines()
+                        if "f64" in line and "arith.truncf" not in line and "tt.func" not in line]
+    return report
+
+
 def main() -> None:
     """The compile worker: a Triton cache of its own (in its working directory, removed when it stops) and
     ptxas's log printed for every compile, set before Triton is imported."""
@@ -196,7 +218,14 @@ def main() -> None:
     from compile_reports import serve  # this file's folder leads sys.path when it runs as a script
 
     compiles = _Compiles()
-    serve(lambda spec, workdir: compile_case(tuple(spec["case"]), compiles, spec.get("capability", 90)))
+
+    def compile_spec(spec, workdir):
+        report = compile_case(tuple(spec["case"]), compiles, spec.get("capability", 90))
+        if spec.get("fp64_floats"):
+            return fp64_float_report(compiles, spec.get("capability", 90))
+        return report
+
+    serve(compile_spec)
 
 
 if __name__ == "__main__":

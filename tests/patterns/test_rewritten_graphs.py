@@ -59,8 +59,8 @@ def forward(self, L_x_ : torch.Tensor, L_self_modules_qkv_parameters_weight_ : t
     q = unbind[0]
     k = unbind[1]
     v = unbind[2];  unbind = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q, k, v, None, 'gelu', 0.3535533905932738, 1.0, False, 0.01);  q = k = v = None
-    transpose_1 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(q, k, v, None, 'gelu', 0.3535533905932738, 1.0, False, 0.01);  q = k = v = None
+    transpose_1 = attention_fwd_direct_v1_default.transpose(1, 2);  attention_fwd_direct_v1_default = None
     o = transpose_1.reshape(2, 12, 32);  transpose_1 = None
     linear_1 = torch._C._nn.linear(o, l_self_modules_proj_parameters_weight_, l_self_modules_proj_parameters_bias_);  o = l_self_modules_proj_parameters_weight_ = l_self_modules_proj_parameters_bias_ = None
     return (linear_1,)""")
@@ -87,8 +87,8 @@ def forward(self, L_x_ : torch.Tensor, L_self_modules_q_parameters_weight_ : tor
     view_2 = linear_2.view(2, 16, 3, 8);  linear_2 = None
     transpose_2 = view_2.transpose(1, 2);  view_2 = None
     v = transpose_2.reshape(6, 16, 8);  transpose_2 = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q, k, v, None, 'relu', 0.3535533905932738, 1.0, False, 0.01);  q = k = v = None
-    view_3 = attention_fwd_v1_default.view(2, 3, 16, 8);  attention_fwd_v1_default = None
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(q, k, v, None, 'relu', 0.3535533905932738, 1.0, False, 0.01);  q = k = v = None
+    view_3 = attention_fwd_direct_v1_default.view(2, 3, 16, 8);  attention_fwd_direct_v1_default = None
     transpose_4 = view_3.transpose(1, 2);  view_3 = None
     reshape_3 = transpose_4.reshape(2, 16, 24);  transpose_4 = None
     return (reshape_3,)""")
@@ -102,8 +102,8 @@ def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor)
     permute = l_q_.permute(0, 2, 1, 3);  l_q_ = None
     permute_1 = l_k_.permute(0, 2, 1, 3);  l_k_ = None
     permute_2 = l_v_.permute(0, 2, 1, 3);  l_v_ = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(permute, permute_1, permute_2, None, 'sigmoid', 0.25, 1.0, False, 0.01);  permute = permute_1 = permute_2 = None
-    permute_3 = attention_fwd_v1_default.permute(0, 2, 1, 3);  attention_fwd_v1_default = None
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(permute, permute_1, permute_2, None, 'sigmoid', 0.25, 1.0, False, 0.01);  permute = permute_1 = permute_2 = None
+    permute_3 = attention_fwd_direct_v1_default.permute(0, 2, 1, 3);  attention_fwd_direct_v1_default = None
     return (permute_3,)""")
 
     def test_matmul_scores_einsum_out_hardswish(self):
@@ -112,8 +112,8 @@ def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_v_ : torch.Tensor)
     l_k_ = L_k_
     l_q_ = L_q_
     l_v_ = L_v_
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, None, 'hardswish', 0.75, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, None, 'hardswish', 0.75, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_hstu_silu_relbias_causal(self):
         self.assertExpectedInline(rewritten_code("hstu_silu_relbias_causal"), """\
@@ -154,8 +154,8 @@ def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_v_ : torch.Tensor)
     l_q_ = L_q_
     l_v_ = L_v_
     full = torch.full((), -2.772588722239781, dtype = torch.float32, device = device(type='cpu'))
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, full, 'sigmoid', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = full = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, full, 'sigmoid', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = full = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_sigmoid_attention_log_n_bias_bf16(self):
         """In bf16 the graph is the fp32 one pinned above, its constant an fp32 0-d bias, as eager adds the Python
@@ -178,8 +178,8 @@ def forward(self, L_x_ : torch.Tensor, L_self_modules_kv_parameters_weight_ : to
     k = view.transpose(1, 2);  view = None
     view_1 = t_1.view(2, 16, 4, 8);  t_1 = None
     v = view_1.transpose(1, 2);  view_1 = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_self_parameters_seed_, k, v, None, 'gelu', 0.3535533905932738, 1.0, False, 0.01);  l_self_parameters_seed_ = k = v = None
-    transpose_3 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_self_parameters_seed_, k, v, None, 'gelu', 0.3535533905932738, 1.0, False, 0.01);  l_self_parameters_seed_ = k = v = None
+    transpose_3 = attention_fwd_direct_v1_default.transpose(1, 2);  attention_fwd_direct_v1_default = None
     reshape = transpose_3.reshape(2, 4, 32);  transpose_3 = None
     return (reshape,)""")
 
@@ -197,8 +197,8 @@ def forward(self, L_x_ : torch.Tensor, L_self_modules_w1_parameters_weight_ : to
     linear_1 = torch._C._nn.linear(l_user_, l_self_modules_w2_parameters_weight_, l_self_modules_w2_parameters_bias_);  l_user_ = l_self_modules_w2_parameters_weight_ = l_self_modules_w2_parameters_bias_ = None
     w2 = linear_1.reshape(2, 24, 16);  linear_1 = None
     permute = w1.permute(0, 2, 1);  w1 = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_x_, permute, w2, None, 'relu', 1.0, 1.0, False, 0.01);  l_x_ = permute = w2 = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_x_, permute, w2, None, 'relu', 1.0, 1.0, False, 0.01);  l_x_ = permute = w2 = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_gqa_blocked_repeat_interleave(self):
         self.assertExpectedInline(rewritten_code("gqa_blocked_repeat_interleave"), """\
@@ -206,8 +206,8 @@ def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor)
     l_q_ = L_q_
     l_k_ = L_k_
     l_v_ = L_v_
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, None, 'silu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, None, 'silu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_gqa_interleaved_repeat(self):
         # interleaved heads (kv head h % Hkv) are not the op's blocked mapping: the .repeat must stay
@@ -218,8 +218,8 @@ def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor)
     l_v_ = L_v_
     k = l_k_.repeat(1, 2, 1, 1);  l_k_ = None
     v = l_v_.repeat(1, 2, 1, 1);  l_v_ = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, k, v, None, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = k = v = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, k, v, None, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = k = v = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_param_temperature_gelu(self):
         self.assertExpectedInline(rewritten_code("param_temperature_gelu"), """\
@@ -230,8 +230,8 @@ def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_self_parameters_te
     l_v_ = L_v_
     exp = l_self_parameters_temp_.exp();  l_self_parameters_temp_ = None
     mul_1 = l_q_ * exp;  l_q_ = exp = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(mul_1, l_k_, l_v_, None, 'gelu', 1.0, 1.0, False, 0.01);  mul_1 = l_k_ = l_v_ = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(mul_1, l_k_, l_v_, None, 'gelu', 1.0, 1.0, False, 0.01);  mul_1 = l_k_ = l_v_ = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_gpt2_causal_buffer_before_gelu(self):
         self.assertExpectedInline(rewritten_code("gpt2_causal_buffer_before_gelu"), """\
@@ -269,8 +269,8 @@ def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor)
     l_q_ = L_q_
     l_k_ = L_k_
     l_v_ = L_v_
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, None, 'silu', 0.25, 1.0, True, 0.01);  l_q_ = l_k_ = l_v_ = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, None, 'silu', 0.25, 1.0, True, 0.01);  l_q_ = l_k_ = l_v_ = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_cross_chunk_relu_pow2(self):
         self.assertExpectedInline(rewritten_code("cross_chunk_relu_pow2"), """\
@@ -292,8 +292,8 @@ def forward(self, L_self_modules_q_parameters_weight_ : torch.nn.parameter.Param
     k_1 = view_1.transpose(1, 2);  view_1 = None
     view_2 = v.view(2, 20, 2, 16);  v = None
     v_1 = view_2.transpose(1, 2);  view_2 = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q, k_1, v_1, None, 'relu_square', 0.25, 1.0, False, 0.01);  q = k_1 = v_1 = None
-    transpose_4 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(q, k_1, v_1, None, 'relu_square', 0.25, 1.0, False, 0.01);  q = k_1 = v_1 = None
+    transpose_4 = attention_fwd_direct_v1_default.transpose(1, 2);  attention_fwd_direct_v1_default = None
     reshape = transpose_4.reshape(2, 10, 32);  transpose_4 = None
     return (reshape,)""")
 
@@ -314,8 +314,8 @@ def forward(self, L_self_modules_qkv_parameters_weight_ : torch.nn.parameter.Par
     k = view_1.transpose(1, 2);  view_1 = None
     view_2 = t_2.view(2, 12, 2, 16);  t_2 = None
     v = view_2.transpose(1, 2);  view_2 = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(q, k, v, None, 'gelu', 0.25, 1.0, False, 0.01);  q = k = v = None
-    transpose_4 = attention_fwd_v1_default.transpose(1, 2);  attention_fwd_v1_default = None
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(q, k, v, None, 'gelu', 0.25, 1.0, False, 0.01);  q = k = v = None
+    transpose_4 = attention_fwd_direct_v1_default.transpose(1, 2);  attention_fwd_direct_v1_default = None
     reshape = transpose_4.reshape(2, 12, 32);  transpose_4 = None
     return (reshape,)""")
 
@@ -327,12 +327,12 @@ def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_vs_0_ : torch.Tens
     l_vs_0_ = L_vs_0_
     l_vs_1_ = L_vs_1_
     l_vs_2_ = L_vs_2_
-    attention_fwd_v1_default_1 = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_vs_0_, None, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_vs_0_ = None
-    mul_1 = attention_fwd_v1_default_1 * 0.25;  attention_fwd_v1_default_1 = None
+    attention_fwd_direct_v1_default_1 = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_vs_0_, None, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_vs_0_ = None
+    mul_1 = attention_fwd_direct_v1_default_1 * 0.25;  attention_fwd_direct_v1_default_1 = None
     silu = torch.nn.functional.silu(mul_1);  mul_1 = None
     transpose_1 = l_vs_1_.transpose(-2, -1);  l_vs_1_ = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(silu, transpose_1, l_vs_2_, None, 'sigmoid', 0.25, 1.0, False, 0.01);  silu = transpose_1 = l_vs_2_ = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(silu, transpose_1, l_vs_2_, None, 'sigmoid', 0.25, 1.0, False, 0.01);  silu = transpose_1 = l_vs_2_ = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_padded_lengths_key_mask_gelu(self):
         self.assertExpectedInline(rewritten_code("padded_lengths_key_mask_gelu"), """\
@@ -346,8 +346,8 @@ def forward(self, L_k_ : torch.Tensor, L_lengths_ : torch.Tensor, L_q_ : torch.T
     transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
     transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
     transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
-    varlen_fwd_v2_default = torch.ops.gdpa.varlen_fwd_v2.default(transpose_1, transpose_2, transpose_3, None, None, None, None, to, 0, 0, 'gelu', 0.25, 1.0, False, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
-    transpose_4 = varlen_fwd_v2_default.transpose(1, 2);  varlen_fwd_v2_default = None
+    varlen_fwd_direct_v2_default = torch.ops.gdpa.varlen_fwd_direct_v2.default(transpose_1, transpose_2, transpose_3, None, None, None, None, to, 0, 0, 'gelu', 0.25, 1.0, False, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
+    transpose_4 = varlen_fwd_direct_v2_default.transpose(1, 2);  varlen_fwd_direct_v2_default = None
     return (transpose_4,)""")
 
     def test_hstu_padded_lengths_causal_silu(self):
@@ -380,8 +380,8 @@ def forward(self, L_k_ : torch.Tensor, L_lengths_ : torch.Tensor, L_q_ : torch.T
     invert = ~getitem_2;  getitem_2 = None
     where = torch.where(invert, -3.4028234663852886e+38, 0.0);  invert = None
     to = where.to(torch.float32);  where = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, to, 'silu', 1.0, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = to = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, to, 'silu', 1.0, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = to = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_padding_mask_before_gelu(self):
         self.assertExpectedInline(rewritten_code("padding_mask_before_gelu"), """\
@@ -393,8 +393,8 @@ def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_valid_ : torch.Ten
     invert = ~l_valid_;  l_valid_ = None
     where = torch.where(invert, -3.4028234663852886e+38, 0.0);  invert = None
     to = where.to(torch.float32);  where = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, to, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = to = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, to, 'gelu', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = to = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_hstu_one_minus_triu_buffer(self):
         self.assertExpectedInline(rewritten_code("hstu_one_minus_triu_buffer"), """\
@@ -440,8 +440,8 @@ def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_keep_ : torch.Tens
     where = torch.where(invert, -3.4028234663852886e+38, 0.0);  invert = None
     to = where.to(torch.float32);  where = None
     add = to + -2.4849066497880004;  to = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(l_q_, l_k_, l_v_, add, 'sigmoid', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = add = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, add, 'sigmoid', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = add = None
+    return (attention_fwd_direct_v1_default,)""")
 
     def test_sigmoid_expand_as_mask_dynamic(self):
         """The mask's expand_as(scores) becomes an expand to sizes read from the scores' operands."""
@@ -464,5 +464,5 @@ def forward(self, s37 : torch.SymInt, s89 : torch.SymInt, L_k_ : torch.Tensor, L
     where = torch.where(invert, -3.4028234663852886e+38, 0.0);  invert = None
     to = where.to(torch.float32);  where = None
     add = to + -2.4849066497880004;  to = None
-    attention_fwd_v1_default = torch.ops.gdpa.attention_fwd_v1.default(mul_1, l_k_, l_v_, add, 'sigmoid', 1.0, 1.0, False, 0.01);  mul_1 = l_k_ = l_v_ = add = None
-    return (attention_fwd_v1_default,)""")
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(mul_1, l_k_, l_v_, add, 'sigmoid', 1.0, 1.0, False, 0.01);  mul_1 = l_k_ = l_v_ = add = None
+    return (attention_fwd_direct_v1_default,)""")

@@ -168,3 +168,59 @@ def hardswish_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexp
     y = x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
     dy = tl.where(x <= -3.0, 0.0, tl.where(x < 3.0, x * (1.0 / 3.0) + 0.5, 1.0))
     return y, dy
+
+
+@triton.jit
+def activate(x, slope, ACT: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    """act(x) for the table's activation named ``ACT``. A name, not a function, is the kernels' constexpr: a
+    compiled graph that launches the kernels itself (``torch.library.triton_op``) can only carry plain values."""
+    if ACT == "identity":
+        return identity(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "relu":
+        return relu(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "relu_square":
+        return relu_square(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "leaky_relu":
+        return leaky_relu(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "gelu":
+        return gelu(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "gelu_tanh":
+        return gelu_tanh(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "silu":
+        return silu(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "sigmoid":
+        return sigmoid(x, slope, TANH_APPROX, PRECISE)
+    else:
+        tl.static_assert(ACT == "hardswish", "activation not in the table")
+        return hardswish(x, slope, TANH_APPROX, PRECISE)
+
+
+@triton.jit
+def activate_and_grad(x, slope, ACT: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
+    """(act(x), act'(x)) for the table's activation named ``ACT``."""
+    if ACT == "identity":
+        return identity_and_grad(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "relu":
+        return relu_and_grad(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "relu_square":
+        return relu_square_and_grad(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "leaky_relu":
+        return leaky_relu_and_grad(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "gelu":
+        return gelu_and_grad(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "gelu_tanh":
+        return gelu_tanh_and_grad(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "silu":
+        return silu_and_grad(x, slope, TANH_APPROX, PRECISE)
+    elif ACT == "sigmoid":
+        return sigmoid_and_grad(x, slope, TANH_APPROX, PRECISE)
+    else:
+        tl.static_assert(ACT == "hardswish", "activation not in the table")
+        return hardswish_and_grad(x, slope, TANH_APPROX, PRECISE)
+
+
+@triton.jit
+def fp32_factors(scale, post_scale, slope):
+    """The kernels' float arguments in fp32. A compiled graph that launches a kernel itself passes Python floats as
+    fp64 (Inductor keeps their precision); fp64 scores would then reach the fp32-only tanh.approx."""
+    return tl.cast(scale, tl.float32), tl.cast(post_scale, tl.float32), tl.cast(slope, tl.float32)

@@ -12,6 +12,7 @@ batch or heads) is accumulated with atomics in fp32 and summed to the input's sh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,8 +20,9 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from .activation_math import activate_and_grad, fp32_factors
 from .gdpa_fwd import causal_key_tiles, query_tile_program
-from .layout import as_4d, block_dim, fit_tile, grad_buffer, kernel_flags, strides4
+from .layout import as_4d, block_dim, fit_tile, grad_buffer, grad_is_atomic, kernel_flags, launcher, strides4
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
 _RUNTIME_SIZES = ["H", "HKV", "GROUP", "NQ", "NK"]
@@ -67,7 +69,7 @@ def _dkdv_tile(
     dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
     stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
     NQ, NK, scale, post_scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DB_ATOMIC: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DB_ATOMIC: tl.constexpr,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -81,7 +83,7 @@ def _dkdv_tile(
     if HAS_BIAS:
         st += tl.load(b_base + offs_m[None, :] * stride_bm + offs_n[:, None] * stride_bn,
                       mask=m_ok[None, :] & (offs_n[:, None] < NK), other=0.0).to(tl.float32)
-    pt, dact = ACT_FN_AND_GRAD(st, slope, TANH_APPROX, PRECISE)
+    pt, dact = activate_and_grad(st, slope, ACT, TANH_APPROX, PRECISE)
     if MASKED:
         # Padded queries load as zeros, but a non-finite key makes their score inf * 0 = NaN.
         keep = m_ok[None, :]
@@ -111,12 +113,13 @@ def gdpa_bwd_dkdv_kernel(
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
     stride_dbz, stride_dbh, stride_dbm, stride_dbn,
     HKV, GROUP, NQ, NK, scale, post_scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     DB_ATOMIC: tl.constexpr, DK_ATOMIC: tl.constexpr, DV_ATOMIC: tl.constexpr, CAUSAL: tl.constexpr,
     EVEN_M: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     num_n = tl.cdiv(NK, BLOCK_N)
     pid = tl.program_id(0)
     pid_n = pid % num_n
@@ -158,14 +161,14 @@ def gdpa_bwd_dkdv_kernel(
                 dk, dv = _dkdv_tile(
                     dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
                     stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
-                    NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
+                    NQ, NK, scale, post_scale, slope, ACT, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
                     CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
                 )
         for start_m in range(full_start, full_end, BLOCK_M):
             dk, dv = _dkdv_tile(
                 dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
                 stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
-                NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
+                NQ, NK, scale, post_scale, slope, ACT, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
                 CAUSAL, False, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
             )
         if not EVEN_M:
@@ -173,7 +176,7 @@ def gdpa_bwd_dkdv_kernel(
                 dk, dv = _dkdv_tile(
                     dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
                     stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
-                    NQ, NK, scale, post_scale, slope, ACT_FN_AND_GRAD, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
+                    NQ, NK, scale, post_scale, slope, ACT, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
                     CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
                 )
 
@@ -190,7 +193,7 @@ def _dq_tile(
     dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
     stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
     NQ, NK, scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -204,7 +207,7 @@ def _dq_tile(
     if HAS_BIAS:
         s += tl.load(b_base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn,
                      mask=(offs_m[:, None] < NQ) & n_ok[None, :], other=0.0).to(tl.float32)
-    p, dact = ACT_FN_AND_GRAD(s, slope, TANH_APPROX, PRECISE)
+    p, dact = activate_and_grad(s, slope, ACT, TANH_APPROX, PRECISE)
     dp = tl.dot(do, vt, input_precision=DOT_PRECISION)
     ds = dp * dact
     if MASKED:
@@ -226,11 +229,12 @@ def gdpa_bwd_dq_kernel(
     stride_doz, stride_doh, stride_dom, stride_dod,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
     H, GROUP, NQ, NK, scale, post_scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, Q_ATOMIC: tl.constexpr, CAUSAL: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, Q_ATOMIC: tl.constexpr, CAUSAL: tl.constexpr,
     EVEN_N: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     pid_m, z, h, hk = query_tile_program(NQ, H, GROUP, BLOCK_M, CAUSAL)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -252,18 +256,28 @@ def gdpa_bwd_dq_kernel(
         dq = _dq_tile(
             dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, NQ, NK, scale, slope,
-            ACT_FN_AND_GRAD, HAS_BIAS, CAUSAL, False, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION,
+            ACT, HAS_BIAS, CAUSAL, False, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION,
         )
     if CAUSAL or not EVEN_N:
         for start_n in range(full_end, hi, BLOCK_N):
             dq = _dq_tile(
                 dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
                 stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, NQ, NK, scale, slope,
-                ACT_FN_AND_GRAD, HAS_BIAS, CAUSAL, True, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION,
+                ACT, HAS_BIAS, CAUSAL, True, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION,
             )
     dq = dq * (scale * post_scale)
     dq_ptrs = DQ + z * stride_dqz + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
     _store_grad(dq_ptrs, dq, m_ok[:, None] & (offs_d[None, :] < D), Q_ATOMIC)
+
+
+def atomic_grads(q, k, v, bias, bias_requires_grad: bool) -> bool:
+    """Whether ``gdpa_bwd_triton`` adds a broadcast input's gradient with atomics (``layout.grad_buffer``)."""
+    batch = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
+    z, (h, nq, d), (hkv, nk, dv) = math.prod(batch), q.shape[-3:], v.shape[-3:]
+    grads = [(q, (z, h, nq, d)), (k, (z, hkv, nk, d)), (v, (z, hkv, nk, dv))]
+    if bias is not None and bias_requires_grad:
+        grads.append((bias, (z, h, nq, nk)))
+    return any(grad_is_atomic(x, full4d, batch) for x, full4d in grads)
 
 
 def gdpa_bwd_triton(
@@ -279,9 +293,10 @@ def gdpa_bwd_triton(
     negative_slope: float,
     bias_requires_grad: bool,
     configs: tuple[BwdConfig, BwdConfig] | None = None,
+    traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launches both backward kernels; returns (dq, dk, dv, dbias or None), contiguous, in the inputs'
-    shapes and dtypes."""
+    shapes and dtypes. ``traced``: the launches go into a compiled graph (``layout.launcher``)."""
     batch = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
     h, nq, d = q.shape[-3:]
     hkv, nk, dv_dim = v.shape[-3:]
@@ -301,12 +316,12 @@ def gdpa_bwd_triton(
 
     common = dict(
         D=d, DV=dv_dim, BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv_dim), CAUSAL=bool(causal),
-        HAS_BIAS=b4 is not None, ACT_FN_AND_GRAD=get_activation(activation).triton_fn_and_grad,
+        HAS_BIAS=b4 is not None, ACT=get_activation(activation).name,
         **kernel_flags(v.dtype, v.device),
     )
     scalars = (nq, nk, float(scale), float(post_scale), float(negative_slope))
     bias_arg = b4 if b4 is not None else q4
-    gdpa_bwd_dkdv_kernel[(triton.cdiv(nk, kv_cfg.block_n) * zb * hkv,)](
+    launcher(gdpa_bwd_dkdv_kernel, traced)[(triton.cdiv(nk, kv_cfg.block_n) * zb * hkv,)](
         q4, k4, v4, bias_arg, do4, dk_buf.view4d, dv_buf.view4d, db4 if db4 is not None else q4,
         *q4.stride(), *k4.stride(), *v4.stride(), *strides4(b4), *do4.stride(),
         *dk_buf.view4d.stride(), *dv_buf.view4d.stride(), *strides4(db4),
@@ -316,7 +331,7 @@ def gdpa_bwd_triton(
         BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
         num_warps=kv_cfg.num_warps, num_stages=kv_cfg.num_stages, **common,
     )
-    gdpa_bwd_dq_kernel[(triton.cdiv(nq, q_cfg.block_m) * zb * h,)](
+    launcher(gdpa_bwd_dq_kernel, traced)[(triton.cdiv(nq, q_cfg.block_m) * zb * h,)](
         q4, k4, v4, bias_arg, do4, dq_buf.view4d,
         *q4.stride(), *k4.stride(), *v4.stride(), *strides4(b4), *do4.stride(), *dq_buf.view4d.stride(),
         h, h // hkv, *scalars,

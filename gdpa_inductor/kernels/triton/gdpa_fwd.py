@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
-from .layout import as_4d, block_dim, fit_tile, kernel_flags, strides4
+from .activation_math import activate, fp32_factors
+from .layout import as_4d, block_dim, fit_tile, kernel_flags, launcher, strides4
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
 _RUNTIME_SIZES = ["H", "GROUP", "NQ", "NK"]
@@ -80,7 +81,7 @@ def _fwd_tile(
     acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
     stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
     NQ, NK, scale, slope,
-    ACT_FN: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, EVEN_N: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, EVEN_N: tl.constexpr,
     MASKED: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -98,7 +99,7 @@ def _fwd_tile(
     if HAS_BIAS:
         b_ptrs = b_base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn
         s += tl.load(b_ptrs, mask=(offs_m[:, None] < NQ) & (offs_n[None, :] < NK), other=0.0).to(tl.float32)
-    p = ACT_FN(s, slope, TANH_APPROX, PRECISE)
+    p = activate(s, slope, ACT, TANH_APPROX, PRECISE)
     # Only where it can matter: a padded key (loaded as zeros) meets a non-finite query as inf * 0 = NaN;
     # with EVEN_N there is none, and the extra select measured ~20% slower at short kv even unexecuted.
     if MASKED and not EVEN_N:
@@ -117,11 +118,12 @@ def gdpa_fwd_kernel(
     stride_bz, stride_bh, stride_bm, stride_bn,
     stride_oz, stride_oh, stride_om, stride_od,
     H, GROUP, NQ, NK, scale, post_scale, slope,
-    ACT_FN: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, EVEN_N: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, EVEN_N: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     pid_m, z, h, hk = query_tile_program(NQ, H, GROUP, BLOCK_M, CAUSAL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -139,14 +141,14 @@ def gdpa_fwd_kernel(
         acc = _fwd_tile(
             acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, NQ, NK, scale, slope,
-            ACT_FN, HAS_BIAS, CAUSAL, EVEN_N, False, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+            ACT, HAS_BIAS, CAUSAL, EVEN_N, False, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
             TANH_APPROX, PRECISE, DOT_PRECISION,
         )
     for start_n in range(full_end, hi, BLOCK_N):
         acc = _fwd_tile(
             acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, NQ, NK, scale, slope,
-            ACT_FN, HAS_BIAS, CAUSAL, EVEN_N, True, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+            ACT, HAS_BIAS, CAUSAL, EVEN_N, True, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
             TANH_APPROX, PRECISE, DOT_PRECISION,
         )
     acc = acc * post_scale
@@ -166,9 +168,11 @@ def gdpa_fwd_triton(
     causal: bool,
     negative_slope: float,
     config: FwdConfig | None = None,
+    traced: bool = False,
 ) -> torch.Tensor:
-    """Launches the forward kernel: the TMA one where ``tma_supported`` (unless a config is forced), else the
-    pointer kernel. Inputs are checked, non-empty, and on one device."""
+    """Launches the forward kernel: the TMA one where ``tma_supported`` (unless a config is forced, or the call is
+    ``traced`` into a compiled graph, which launches the pointer kernel itself), else the pointer kernel. Inputs are
+    checked, non-empty, and on one device."""
     batch = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
     h, nq, d = q.shape[-3:]
     hkv, nk, dv = v.shape[-3:]
@@ -176,7 +180,7 @@ def gdpa_fwd_triton(
     b4 = as_4d(bias.expand(*batch, h, nq, nk), batch) if bias is not None else None
     out = torch.empty((*batch, h, nq, dv), dtype=v.dtype, device=v.device)
     o4 = out.view(q4.shape[0], h, nq, dv)
-    if config is None:
+    if config is None and not traced:
         from .gdpa_fwd_tma import TMA_CONFIG, gdpa_fwd_tma, tma_supported
 
         if tma_supported(q4, k4, v4, b4):
@@ -185,11 +189,11 @@ def gdpa_fwd_triton(
             return out
     cfg = fit_tile(config or default_fwd_config(d, dv, v.dtype, nk, bias is not None), nq, nk)
     grid = (triton.cdiv(nq, cfg.block_m) * q4.shape[0] * h,)
-    gdpa_fwd_kernel[grid](
+    launcher(gdpa_fwd_kernel, traced)[grid](
         q4, k4, v4, b4 if b4 is not None else q4, o4,
         *q4.stride(), *k4.stride(), *v4.stride(), *strides4(b4), *o4.stride(),
         h, h // hkv, nq, nk, float(scale), float(post_scale), float(negative_slope),
-        ACT_FN=get_activation(activation).triton_fn, HAS_BIAS=b4 is not None, CAUSAL=bool(causal),
+        ACT=get_activation(activation).name, HAS_BIAS=b4 is not None, CAUSAL=bool(causal),
         EVEN_N=nk % cfg.block_n == 0,
         D=d, DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **kernel_flags(v.dtype, v.device),

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from .activation_math import activate
 from .gdpa_fwd import FwdConfig, causal_key_tiles, query_tile_program
 from .layout import interpreting, kernel_flags
 
@@ -55,13 +56,13 @@ def tma_supported(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, bias: to
 
 @triton.jit
 def _tma_tile(acc, q, k_desc, v_desc, kv_z, kv_h, offs_m, start_n, NQ, NK, scale, slope,
-              ACT_FN: tl.constexpr, CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, MASKED: tl.constexpr,
+              ACT: tl.constexpr, CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, MASKED: tl.constexpr,
               D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, TANH_APPROX: tl.constexpr,
               PRECISE: tl.constexpr):
     k = k_desc.load([kv_z, kv_h, start_n, 0]).reshape(BLOCK_N, D)
     v = v_desc.load([kv_z, kv_h, start_n, 0]).reshape(BLOCK_N, DV)
     s = tl.dot(q, k.T) * scale
-    p = ACT_FN(s, slope, TANH_APPROX, PRECISE)
+    p = activate(s, slope, ACT, TANH_APPROX, PRECISE)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     # Rows past NK arrive as zeros (as the pointer kernel's masked loads give them); P is zeroed there so that
     # a non-finite query cannot turn 0 * inf into NaN.
@@ -75,7 +76,7 @@ def _tma_tile(acc, q, k_desc, v_desc, kv_z, kv_h, offs_m, start_n, NQ, NK, scale
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def gdpa_fwd_tma_kernel(
     q_desc, k_desc, v_desc, o_desc, H, GROUP, NQ, NK, scale, post_scale, slope,
-    ACT_FN: tl.constexpr, CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    ACT: tl.constexpr, CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr,
 ):
     pid_m, z, h, hk = query_tile_program(NQ, H, GROUP, BLOCK_M, CAUSAL)
@@ -86,10 +87,10 @@ def gdpa_fwd_tma_kernel(
     full_end, hi = causal_key_tiles(pid_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
     acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
     for start_n in range(0, full_end, BLOCK_N):
-        acc = _tma_tile(acc, q, k_desc, v_desc, z, hk, offs_m, start_n, NQ, NK, scale, slope, ACT_FN, CAUSAL,
+        acc = _tma_tile(acc, q, k_desc, v_desc, z, hk, offs_m, start_n, NQ, NK, scale, slope, ACT, CAUSAL,
                         EVEN_N, False, D, DV, BLOCK_N, TANH_APPROX, PRECISE)
     for start_n in range(full_end, hi, BLOCK_N):
-        acc = _tma_tile(acc, q, k_desc, v_desc, z, hk, offs_m, start_n, NQ, NK, scale, slope, ACT_FN, CAUSAL,
+        acc = _tma_tile(acc, q, k_desc, v_desc, z, hk, offs_m, start_n, NQ, NK, scale, slope, ACT, CAUSAL,
                         EVEN_N, True, D, DV, BLOCK_N, TANH_APPROX, PRECISE)
     acc = acc * post_scale
     o_desc.store([z, h, m0, 0], acc.to(o_desc.dtype).reshape(1, 1, BLOCK_M, DV))
@@ -110,7 +111,7 @@ def gdpa_fwd_tma(q4, k4, v4, o4, activation: str, scale: float, post_scale: floa
     grid = (triton.cdiv(nq, cfg.block_m) * q4.shape[0] * h,)
     gdpa_fwd_tma_kernel[grid](
         q_desc, k_desc, v_desc, o_desc, h, h // hkv, nq, nk, float(scale), float(post_scale), float(negative_slope),
-        ACT_FN=get_activation(activation).triton_fn, CAUSAL=bool(causal), EVEN_N=nk % cfg.block_n == 0, D=d, DV=dv,
+        ACT=get_activation(activation).name, CAUSAL=bool(causal), EVEN_N=nk % cfg.block_n == 0, D=d, DV=dv,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TANH_APPROX=flags["TANH_APPROX"], PRECISE=flags["PRECISE"],
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -63,6 +63,18 @@ class GradBuffer:
 FULL_GRAD_BUFFER_BYTES = 1 << 30
 
 
+def launcher(kernel, traced: bool):
+    """The kernel as a compiled graph launches it (``torch.library.wrap_triton``: Inductor emits the launch) when
+    the call is being traced into one, else the kernel itself."""
+    return torch.library.wrap_triton(kernel) if traced else kernel
+
+
+def grad_is_atomic(like: torch.Tensor, full4d: tuple[int, ...], batch: tuple[int, ...]) -> bool:
+    """Whether ``grad_buffer`` adds a broadcast input's gradient with atomics into one shared buffer."""
+    expanded = tuple(like.shape) != (*batch, *full4d[1:])
+    return expanded and math.prod(full4d) * like.element_size() > FULL_GRAD_BUFFER_BYTES
+
+
 def grad_buffer(
     like: torch.Tensor,
     full4d: tuple[int, ...],
@@ -76,7 +88,7 @@ def grad_buffer(
     if tuple(like.shape) == expanded_shape:
         out = alloc(like.shape, dtype=like.dtype, device=like.device)
         return GradBuffer(out.view(full4d), False, lambda: out)
-    if math.prod(full4d) * like.element_size() <= FULL_GRAD_BUFFER_BYTES:
+    if not grad_is_atomic(like, full4d, batch):
         full = alloc(full4d, dtype=like.dtype, device=like.device)
         return GradBuffer(
             full, False, lambda: full.view(expanded_shape).sum_to_size(like.shape).to(like.dtype).contiguous()

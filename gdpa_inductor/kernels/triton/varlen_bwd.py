@@ -14,8 +14,9 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from .activation_math import activate_and_grad, fp32_factors
 from .gdpa_bwd import BwdConfig, default_bwd_configs
-from .layout import FULL_GRAD_BUFFER_BYTES, block_dim, fit_tile, kernel_flags
+from .layout import FULL_GRAD_BUFFER_BYTES, block_dim, fit_tile, kernel_flags, launcher
 from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span, query_span
 from .varlen_fwd import bias_view
 from .varlen_layout import VarlenSide, with_tensor
@@ -40,7 +41,7 @@ def _dkdv_tile(
     dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
     stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
     nq, nk, LEFT, RIGHT, scale, post_scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    ACT: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     DB_ATOMIC: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -58,7 +59,7 @@ def _dkdv_tile(
     if HAS_BIAS:
         st += tl.load(b_base + offs_n[:, None] * stride_bn + offs_m[None, :] * stride_bm, mask=in_sample,
                       other=0.0).to(tl.float32)
-    pt, dact = ACT_FN_AND_GRAD(st, slope, TANH_APPROX, PRECISE)
+    pt, dact = activate_and_grad(st, slope, ACT, TANH_APPROX, PRECISE)
     if MASKED:
         keep = band_keep(offs_m[None, :], offs_n[:, None], nq, nk, LEFT, RIGHT)
         pt = tl.where(keep, pt, 0.0)
@@ -87,11 +88,12 @@ def gdpa_varlen_bwd_dkdv_kernel(
     stride_dvb, stride_dvn, stride_dvh, stride_dvd,
     stride_dbb, stride_dbh, stride_dbm, stride_dbn,
     HKV, GROUP, MAX_N, LEFT, RIGHT, DB_GROUPS, scale, post_scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, RIGHT_BOUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    ACT: tl.constexpr, RIGHT_BOUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     DB_ATOMIC: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     pid_n, hk, z, nq, nk, q_row0, k_row0 = program_work(MAX_N, BLOCK_N, HKV, Order, StartQ, LenQ, StartK, LenK)
     n0 = pid_n * BLOCK_N
     if n0 < nk:
@@ -118,19 +120,19 @@ def gdpa_varlen_bwd_dkdv_kernel(
                     dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv,
                                         start_m, stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn,
                                         stride_dbm, stride_dbn, nq, nk, LEFT, RIGHT, scale, post_scale, slope,
-                                        ACT_FN_AND_GRAD, True, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
+                                        ACT, True, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
                                         TANH_APPROX, PRECISE, DOT_PRECISION)
             for start_m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv,
                                     start_m, stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn,
                                     stride_dbm, stride_dbn, nq, nk, LEFT, RIGHT, scale, post_scale, slope,
-                                    ACT_FN_AND_GRAD, False, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
+                                    ACT, False, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
                                     TANH_APPROX, PRECISE, DOT_PRECISION)
             for start_m in range(full_hi, hi, BLOCK_M):
                 dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv,
                                     start_m, stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn,
                                     stride_dbm, stride_dbn, nq, nk, LEFT, RIGHT, scale, post_scale, slope,
-                                    ACT_FN_AND_GRAD, True, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
+                                    ACT, True, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
                                     TANH_APPROX, PRECISE, DOT_PRECISION)
         dk = dk * (scale * post_scale)
         dv = dv * post_scale
@@ -146,7 +148,7 @@ def gdpa_varlen_bwd_dkdv_kernel(
 def _dq_tile(
     dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd, stride_vn, stride_vd,
     stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    ACT: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_N: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -162,7 +164,7 @@ def _dq_tile(
     if HAS_BIAS:
         s += tl.load(b_base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn,
                      mask=(offs_m[:, None] < nq) & (offs_n[None, :] < nk), other=0.0).to(tl.float32)
-    p, dact = ACT_FN_AND_GRAD(s, slope, TANH_APPROX, PRECISE)
+    p, dact = activate_and_grad(s, slope, ACT, TANH_APPROX, PRECISE)
     ds = tl.dot(do, vt, input_precision=DOT_PRECISION) * dact
     if MASKED:
         ds = tl.where(band_keep(offs_m[:, None], offs_n[None, :], nq, nk, LEFT, RIGHT), ds, 0.0)
@@ -179,11 +181,12 @@ def gdpa_varlen_bwd_dq_kernel(
     stride_dob, stride_dom, stride_doh, stride_dod,
     stride_dqb, stride_dqm, stride_dqh, stride_dqd,
     HKV, GROUP, MAX_N, LEFT, RIGHT, scale, post_scale, slope,
-    ACT_FN_AND_GRAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr,
+    ACT: tl.constexpr, LEFT_BOUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     pid_m, h, z, nq, nk, q_row0, k_row0 = program_work(MAX_N, BLOCK_M, HKV * GROUP, Order, StartQ, LenQ, StartK,
                                                        LenK)
     m0 = pid_m * BLOCK_M
@@ -207,15 +210,15 @@ def gdpa_varlen_bwd_dq_kernel(
             for start_n in range(lo, full_lo, BLOCK_N):
                 dq = _dq_tile(dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn,
                               stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
-                              ACT_FN_AND_GRAD, True, HAS_BIAS, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
+                              ACT, True, HAS_BIAS, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn,
                           stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
-                          ACT_FN_AND_GRAD, False, HAS_BIAS, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
+                          ACT, False, HAS_BIAS, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         for start_n in range(full_hi, hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn,
                           stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
-                          ACT_FN_AND_GRAD, True, HAS_BIAS, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
+                          ACT, True, HAS_BIAS, D, DV, BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         dq = dq * (scale * post_scale)
         tl.store(DQ + z * stride_dqb + (q_row0 + offs_m[:, None]) * stride_dqm + h * stride_dqh
                  + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
@@ -259,8 +262,8 @@ class _BiasGrad:
 def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: torch.Tensor,
                            bias: torch.Tensor | None, order: torch.Tensor, activation: str, scale: float,
                            post_scale: float, causal: bool, window: tuple[int, int], negative_slope: float,
-                           bias_requires_grad: bool, configs=None) -> tuple:
-    """(dq, dk, dv, dbias or None)."""
+                           bias_requires_grad: bool, configs=None, traced: bool = False) -> tuple:
+    """(dq, dk, dv, dbias or None). ``traced``: the launches go into a compiled graph (``layout.launcher``)."""
     h, d = q.tensor.shape[-2:]
     hkv, dv_dim = v.shape[-2:]
     left, right = band_limits(causal, window)
@@ -270,7 +273,7 @@ def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: to
     dk_side, dk = _grad_buffer(k, k.tensor)
     dv_side, dv = _grad_buffer(k, v)
     common = dict(
-        ACT_FN_AND_GRAD=get_activation(activation).triton_fn_and_grad, D=d, DV=dv_dim,
+        ACT=get_activation(activation).name, D=d, DV=dv_dim,
         BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv_dim), **kernel_flags(v.dtype, v.device),
     )
     b4, b_strides = bias_view(bias, q, k)
@@ -279,7 +282,7 @@ def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: to
     strides = (*q.strides(), *k.strides(), *k.strides_of(v), *b_strides, *dout.strides())
     scalars = (float(scale), float(post_scale), float(negative_slope))
     bias_arg = b4 if b4 is not None else v
-    gdpa_varlen_bwd_dkdv_kernel[(triton.cdiv(k.max_len, kv_cfg.block_n) * hkv * k.batch,)](
+    launcher(gdpa_varlen_bwd_dkdv_kernel, traced)[(triton.cdiv(k.max_len, kv_cfg.block_n) * hkv * k.batch,)](
         q.tensor, k.tensor, v, bias_arg, dout.tensor, dk_side.tensor, dv_side.tensor,
         db.buf if db is not None else v, *rows, *strides, *dk_side.strides(), *dv_side.strides(),
         *(db.buf.stride() if db is not None else (0, 0, 0, 0)), hkv, h // hkv, k.max_len, left, right,
@@ -288,7 +291,7 @@ def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: to
         DB_ATOMIC=db is not None and db.atomic, BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
         num_warps=kv_cfg.num_warps, num_stages=kv_cfg.num_stages, **common,
     )
-    gdpa_varlen_bwd_dq_kernel[(triton.cdiv(q.max_len, q_cfg.block_m) * h * q.batch,)](
+    launcher(gdpa_varlen_bwd_dq_kernel, traced)[(triton.cdiv(q.max_len, q_cfg.block_m) * h * q.batch,)](
         q.tensor, k.tensor, v, bias_arg, dout.tensor, dq_side.tensor, *rows,
         *strides, *dq_side.strides(), hkv, h // hkv, q.max_len, left, right, *scalars,
         LEFT_BOUNDED=left != UNBOUNDED, HAS_BIAS=b4 is not None, BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n,

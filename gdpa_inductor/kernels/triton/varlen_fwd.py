@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from .activation_math import activate, fp32_factors
 from .gdpa_fwd import FwdConfig, default_fwd_config
-from .layout import block_dim, fit_tile, kernel_flags
+from .layout import block_dim, fit_tile, kernel_flags, launcher
 from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span
 from .varlen_layout import VarlenSide
 from .varlen_schedule import program_work
@@ -38,7 +39,7 @@ def default_varlen_fwd_config(d: int, dv: int, dtype: torch.dtype, max_kv_len: i
 def _fwd_tile(
     acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd, stride_vn, stride_vd,
     stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope,
-    ACT_FN: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    ACT: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_N: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -54,7 +55,7 @@ def _fwd_tile(
     if HAS_BIAS:
         s += tl.load(b_base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn,
                      mask=(offs_m[:, None] < nq) & (offs_n[None, :] < nk), other=0.0).to(tl.float32)
-    p = ACT_FN(s, slope, TANH_APPROX, PRECISE)
+    p = activate(s, slope, ACT, TANH_APPROX, PRECISE)
     if MASKED:
         p = tl.where(band_keep(offs_m[:, None], offs_n[None, :], nq, nk, LEFT, RIGHT), p, 0.0)
     return tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
@@ -69,10 +70,11 @@ def gdpa_varlen_fwd_kernel(
     stride_bb, stride_bh, stride_bm, stride_bn,
     stride_ob, stride_om, stride_oh, stride_od,
     H, GROUP, MAX_NQ, LEFT, RIGHT, scale, post_scale, slope,
-    ACT_FN: tl.constexpr, LEFT_BOUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    ACT: tl.constexpr, LEFT_BOUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     pid_m, h, z, nq, nk, q_row0, k_row0 = program_work(MAX_NQ, BLOCK_M, H, Order, StartQ, LenQ, StartK, LenK)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
@@ -94,16 +96,16 @@ def gdpa_varlen_fwd_kernel(
             for start_n in range(lo, full_lo, BLOCK_N):
                 acc = _fwd_tile(acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn,
                                 stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale,
-                                slope, ACT_FN, True, HAS_BIAS, D, DV,
+                                slope, ACT, True, HAS_BIAS, D, DV,
                                 BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             acc = _fwd_tile(acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
-                            stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN,
+                            stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope, ACT,
                             False, HAS_BIAS, D, DV,
                             BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         for start_n in range(full_hi, hi, BLOCK_N):
             acc = _fwd_tile(acc, q, k_base, v_base, b_base, offs_m, offs_d, offs_dv, start_n, stride_kn, stride_kd,
-                            stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope, ACT_FN,
+                            stride_vn, stride_vd, stride_bm, stride_bn, nq, nk, LEFT, RIGHT, scale, slope, ACT,
                             True, HAS_BIAS, D, DV,
                             BLOCK_N, TANH_APPROX, PRECISE, DOT_PRECISION)
         acc = acc * post_scale
@@ -122,19 +124,21 @@ def bias_view(bias: torch.Tensor | None, q: VarlenSide, k: VarlenSide) -> tuple[
 
 def gdpa_varlen_fwd_triton(q: VarlenSide, k: VarlenSide, v: torch.Tensor, bias: torch.Tensor | None, out: VarlenSide,
                            order: torch.Tensor, activation: str, scale: float, post_scale: float, causal: bool,
-                           window: tuple[int, int], negative_slope: float, config=None) -> None:
-    """Writes the forward into ``out.tensor`` (rows past a sample's length are left as they are)."""
+                           window: tuple[int, int], negative_slope: float, config=None,
+                           traced: bool = False) -> None:
+    """Writes the forward into ``out.tensor`` (rows past a sample's length are left as they are). ``traced``: the
+    launch goes into a compiled graph (``layout.launcher``)."""
     h, d = q.tensor.shape[-2:]
     hkv, dv = v.shape[-2:]
     left, right = band_limits(causal, window)
     cfg = fit_tile(config or default_varlen_fwd_config(d, dv, v.dtype, k.max_len), q.max_len, k.max_len)
     grid = (triton.cdiv(q.max_len, cfg.block_m) * h * q.batch,)
     b4, b_strides = bias_view(bias, q, k)
-    gdpa_varlen_fwd_kernel[grid](
+    launcher(gdpa_varlen_fwd_kernel, traced)[grid](
         q.tensor, k.tensor, v, b4 if b4 is not None else v, out.tensor, q.starts, q.lengths, k.starts, k.lengths,
         order, *q.strides(), *k.strides(), *k.strides_of(v), *b_strides, *out.strides(),
         h, h // hkv, q.max_len, left, right, float(scale), float(post_scale), float(negative_slope),
-        ACT_FN=get_activation(activation).triton_fn, LEFT_BOUNDED=left != UNBOUNDED, HAS_BIAS=b4 is not None,
+        ACT=get_activation(activation).name, LEFT_BOUNDED=left != UNBOUNDED, HAS_BIAS=b4 is not None,
         D=d, DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **kernel_flags(v.dtype, v.device),
     )

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import interpreting
+from .layout import interpreting, launcher
 from .varlen_layout import VarlenSide
 
 MAX_SORT = 8192
@@ -92,18 +92,18 @@ def _torch_rows(x, cu, used, batch):
     return starts, torch.full((batch,), x.shape[1], dtype=torch.int32, device=x.device)
 
 
-def varlen_sides(q, k, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int,
-                 batch: int) -> tuple[VarlenSide, VarlenSide, torch.Tensor]:
+def varlen_sides(q, k, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, batch: int,
+                 traced: bool = False) -> tuple[VarlenSide, VarlenSide, torch.Tensor]:
     """(query side, key side, sample order) for the varlen kernels; ``max_*`` count only for jagged sides
-    (a dense side's length is its N)."""
+    (a dense side's length is its N). ``traced``: the launch goes into a compiled graph (``layout.launcher``)."""
     nq = max_q if cu_q is not None else q.shape[1]
     nk = max_k if cu_k is not None else k.shape[1]
     on_kernel = (q.device.type == "cuda" or interpreting()) and 0 < batch <= MAX_SORT
     if on_kernel:
-        rows = torch.empty(5, batch, dtype=torch.int32, device=q.device)
-        sq, lq, sk, lk, order = rows.unbind(0)
-        dummy = rows
-        varlen_schedule_kernel[(1,)](
+        # five tensors, not views of one: a traced launch may write only whole tensors
+        sq, lq, sk, lk, order = (torch.empty(batch, dtype=torch.int32, device=q.device) for _ in range(5))
+        dummy = torch.empty(1, dtype=torch.int32, device=q.device)  # stands for the offsets a side does not have
+        launcher(varlen_schedule_kernel, traced)[(1,)](
             cu_q if cu_q is not None else dummy, used_q if used_q is not None else dummy,
             cu_k if cu_k is not None else dummy, used_k if used_k is not None else dummy,
             sq, lq, sk, lk, order, batch, q.shape[1] if cu_q is None else 0, k.shape[1] if cu_k is None else 0,

@@ -1,0 +1,84 @@
+"""Compiled graphs launch the fused Triton kernels themselves: with static shapes on a machine without the CuTe
+stack, Inductor's code for the forward and backward graphs holds the kernels' launches and no call of the opaque
+ops, and the values and gradients are eager's."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
+
+from gdpa_inductor.demo import DemoRecModel, make_batch
+from gdpa_inductor.kernels.cute.gdpa_fwd import machine_support
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(torch.cuda.is_available() and machine_support(torch.device("cuda"))[0],
+                       reason="the CuTe kernels are chosen per call on this machine"),
+]
+
+KERNEL = re.compile(r"def (gdpa\w*_kernel|varlen_schedule_kernel)\(")
+# a call of an opaque op: the op that chooses its kernel when it runs
+OPAQUE_CALL = re.compile(r"gdpa\.(attention|varlen)_(fwd|bwd)_v\d")
+
+
+def _compiled_step(fn, *inputs):
+    """fn's output and input gradients under backend="gdpa", and the kernels Inductor's code defines."""
+    torch._dynamo.reset()
+    rewrites = counters["gdpa"]["rewrites"]
+    compiled = torch.compile(fn, backend="gdpa")
+    result = {}
+
+    def step():
+        out = compiled(*inputs)
+        out.float().square().mean().backward()
+        result["out"] = out.detach()
+
+    _, codes = run_and_get_code(step)
+    code = "\n".join(codes)
+    return result["out"], counters["gdpa"]["rewrites"] - rewrites, set(KERNEL.findall(code)), code
+
+
+def _rel(x, ref):
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def test_dense_forward_and_backward_launch_from_the_graph():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(4, 2, 96, 64, device="cuda", generator=gen, requires_grad=True) for _ in range(3))
+    bias = torch.randn(2, 96, 96, device="cuda", generator=gen, requires_grad=True)
+
+    def attention(q, k, v, bias):
+        return torch.nn.functional.silu(q @ k.transpose(-2, -1) * 0.125 + bias) @ v
+
+    out, rewrites, kernels, code = _compiled_step(attention, q, k, v, bias)
+    assert rewrites == 1
+    assert kernels == {"gdpa_fwd_kernel", "gdpa_bwd_dkdv_kernel", "gdpa_bwd_dq_kernel"}
+    assert not OPAQUE_CALL.search(code)
+    grads = [t.grad for t in (q, k, v, bias)]
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
+    expected = attention(*leaves)
+    expected.square().mean().backward()
+    assert _rel(out, expected.detach()) < 1e-5
+    assert all(_rel(g, leaf.grad) < 1e-5 for g, leaf in zip(grads, leaves))
+
+
+def test_the_demo_model_launches_every_kernel_from_the_graph():
+    torch.manual_seed(0)
+    model = DemoRecModel(128, 4, seeds=4, dff=16, max_len=64).cuda()
+    batch = make_batch(8, 64, 128, "cuda", torch.float32)
+    out, rewrites, kernels, code = _compiled_step(model, *batch)
+    assert rewrites == 3
+    assert kernels == {"gdpa_fwd_kernel", "gdpa_bwd_dkdv_kernel", "gdpa_bwd_dq_kernel", "gdpa_varlen_fwd_kernel",
+                       "gdpa_varlen_bwd_dkdv_kernel", "gdpa_varlen_bwd_dq_kernel", "varlen_schedule_kernel"}
+    assert not OPAQUE_CALL.search(code)
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    expected = model.double()(*[t.double() if t.is_floating_point() else t for t in batch])
+    expected.square().mean().backward()
+    assert _rel(out, expected.detach()) < 1e-5
+    assert all(_rel(g, p.grad) < 1e-4 for g, p in zip(grads, model.parameters()))
