@@ -7,10 +7,12 @@ its own kernels. No Python of this package then runs per call: a fused call cost
 op's dispatch, support checks and launcher (``benchmarks/host_overhead.py``).
 
 That path is taken where every choice the op makes can be made when the graph compiles: CUDA tensors of static
-shapes, Triton chosen (the CuTe kernels, where the machine has them, are chosen per call), and no gradient added
-by atomics into a broadcast input's shared buffer (tracing would copy that buffer). Every other call is one call of
-the opaque op (``ops.py``, ``varlen_ops.py``) that chooses, and falls back, per call. If Inductor cannot compile the
-direct launches, the backend compiles the graph again with this path off (``disabled``).
+shapes, Triton chosen, and no gradient added by atomics into a broadcast input's shared buffer (tracing would copy
+that buffer). Where the machine has the CuTe kernels, a call takes them, through the opaque op, when the GPU time
+they save (estimated from the call's FLOPs) outweighs that op's host time, or under CUDA graphs; smaller calls are
+launched by the graph on Triton. Every other call is one call of the opaque op (``ops.py``, ``varlen_ops.py``) that
+chooses, and falls back, per call. If Inductor cannot compile the direct launches, the backend compiles the graph
+again with this path off (``disabled``).
 
 The direct ops are registered by ``register()``, which the rewrite calls: registering a triton_op imports Triton and
 Inductor's utilities, which a plain ``import gdpa_inductor`` (an eager call, the reference) does not need.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 
 import torch
 
@@ -46,9 +49,63 @@ def _static(*tensors: torch.Tensor | None) -> bool:
     return all(isinstance(n, int) for t in tensors if t is not None for n in (*t.shape, *t.stride()))
 
 
+# A call of the opaque op (the one path to the CuTe kernels) costs the host about this much per call, a launch
+# from the graph a few tens of us (benchmarks/host_overhead.py, H200: 175-590 us per opaque call).
+OPAQUE_CALL_HOST_S = 400e-6
+# The Triton kernels' rate at Meta's shapes (TF/s) and the share of their time the CuTe kernels save
+# (docs/benchmarks.md, every provider in one run, H100): forward ~400 and 25%, backward ~250 and 45%.
+TRITON_RATE = {"forward": 400e12, "backward": 250e12}
+CUTE_SAVES = {"forward": 0.25, "backward": 0.45}
+
+
+def forward_flops(query_rows: int, key_span: int, d: int, dv: int, causal: bool) -> float:
+    """The forward's matmul FLOPs: ``query_rows`` rows (every head and sample) against ``key_span`` keys each (about
+    half where causal)."""
+    keys = (key_span + 1) / 2 if causal else key_span
+    return 2.0 * query_rows * keys * (d + dv)
+
+
+def dense_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> float:
+    """``forward_flops`` of the dense op on [..., H, N, D] operands (a broadcast batch counted whole)."""
+    batch = math.prod(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3]))
+    return forward_flops(batch * q.shape[-3] * q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], causal)
+
+
+def varlen_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
+                 cu_seqlens_k: torch.Tensor | None, max_seqlen_k: int, causal: bool, window: tuple[int, int]) -> float:
+    """``forward_flops`` of the varlen op: q and k each jagged [total, H, D] (with cu_seqlens) or padded [B, N, H, D]
+    (a padded q of batch 1 broadcast over the samples), every sample taken at its longest."""
+    keys = max_seqlen_k if cu_seqlens_k is not None else k.shape[-3]
+    left, right = window
+    if left >= 0 and right >= 0:
+        keys, causal = min(keys, left + right + 1), False
+    if cu_seqlens_q is not None:
+        rows = q.shape[0] * q.shape[1]
+    else:
+        samples = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
+        rows = max(q.shape[0], samples) * q.shape[1] * q.shape[2]
+    return forward_flops(rows, keys, q.shape[-1], v.shape[-1], causal)
+
+
+def cute_worth_opaque_call(flops: float, backward: bool) -> tuple[bool, str]:
+    """(worth, reason): whether the GPU time the CuTe kernels save on a call of this work outweighs the host time
+    of the opaque call that runs them. Under CUDA graphs (mode="reduce-overhead") the host time is not paid per step."""
+    from torch._inductor import config as inductor_config
+
+    if inductor_config.triton.cudagraphs:
+        return True, "under CUDA graphs the opaque call's host time is not paid per step"
+    name = "backward" if backward else "forward"
+    factor = 2.5 if backward else 1.0
+    saved = factor * flops / TRITON_RATE[name] * CUTE_SAVES[name]
+    if saved > OPAQUE_CALL_HOST_S:
+        return True, f"the CuTe {name} saves ~{saved * 1e6:.0f} us of GPU time, more than the opaque call's host time"
+    return False, f"the CuTe {name} would save ~{saved * 1e6:.0f} us of GPU time, less than the opaque call's host time"
+
+
 def triton_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-                  *others: torch.Tensor | None) -> bool:
-    """Whether this call launches the Triton kernels from the compiled graph (``others``: its other tensors)."""
+                  *others: torch.Tensor | None, flops: float, backward: bool) -> bool:
+    """Whether this call launches the Triton kernels from the compiled graph (``others``: its other tensors;
+    ``flops``: its forward's, ``forward_flops``)."""
     if _disabled or q.device.type != "cuda" or interpreting() or config.backend not in ("auto", "triton"):
         return False
     if not _static(q, k, v, bias, *others):
@@ -57,7 +114,10 @@ def triton_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
         from ..kernels.cute.gdpa_fwd import machine_support
 
         if machine_support(q.device)[0]:
-            return False
+            worth, why = cute_worth_opaque_call(flops, backward)
+            log.debug("gdpa: %s", why)
+            if worth:
+                return False
     ok = triton_support(q, k, v, bias)[0]
     if ok:
         log.debug("gdpa: the compiled graph launches this call's Triton kernels itself (%s)",
@@ -88,7 +148,7 @@ def register() -> None:
         negative_slope: float,
     ) -> torch.Tensor:
         args = (q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
-        if triton_direct(q, k, v, bias):
+        if triton_direct(q, k, v, bias, flops=dense_flops(q, k, v, causal), backward=False):
             from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
 
             return gdpa_fwd_triton(*args, traced=True)
@@ -109,7 +169,7 @@ def register() -> None:
         bias_requires_grad: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
-        if triton_direct(q, k, v, bias, dout):
+        if triton_direct(q, k, v, bias, dout, flops=dense_flops(q, k, v, causal), backward=True):
             from ..kernels.triton.gdpa_bwd import atomic_grads, gdpa_bwd_triton
 
             if not atomic_grads(q, k, v, bias, bias_requires_grad):
@@ -146,7 +206,8 @@ def register() -> None:
         negative_slope: float,
     ) -> torch.Tensor:
         rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-        if _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k):
+        if _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, causal, (window_left, window_right),
+                          False):
             params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
             return varlen_ops._forward_on("triton", True, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params)
         return varlen_ops.varlen_fwd(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, activation, scale, post_scale,
@@ -175,7 +236,8 @@ def register() -> None:
         bias_requires_grad: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-        if _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, dout):
+        if _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, causal, (window_left, window_right),
+                          True, dout):
             params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
             dq, dk, dv, dbias = varlen_ops._backward_on("triton", True, dout, q, k, v, bias, rows, max_seqlen_q,
                                                         max_seqlen_k, params, bias_requires_grad)
@@ -193,6 +255,8 @@ def register() -> None:
     _registered = True
 
 
-def _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, *others) -> bool:
-    return (isinstance(max_seqlen_q, int) and isinstance(max_seqlen_k, int)
-            and triton_direct(q, k, v, bias, *rows, *others))
+def _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, causal, window, backward, *others) -> bool:
+    if not (isinstance(max_seqlen_q, int) and isinstance(max_seqlen_k, int)):
+        return False
+    flops = varlen_flops(q, k, v, rows[0], rows[1], max_seqlen_k, causal, window)
+    return triton_direct(q, k, v, bias, *rows, *others, flops=flops, backward=backward)

@@ -1,6 +1,7 @@
-"""Compiled graphs launch the fused Triton kernels themselves: with static shapes on a machine without the CuTe
-stack, Inductor's code for the forward and backward graphs holds the kernels' launches and no call of the opaque
-ops, and the values and gradients are eager's."""
+"""Compiled graphs launch the fused Triton kernels themselves: with static shapes, where the CuTe kernels are not
+worth the opaque call's host time (no CuTe stack, or a small call), Inductor's code for the forward and backward
+graphs holds the kernels' launches and no call of the opaque ops, and the values and gradients are eager's; a large
+call on a machine with the CuTe stack stays an opaque call that runs them."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from gdpa_inductor.kernels.cute.gdpa_fwd import machine_support
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(torch.cuda.is_available() and machine_support(torch.device("cuda"))[0],
-                       reason="the CuTe kernels are chosen per call on this machine"),
 ]
 
 KERNEL = re.compile(r"def (gdpa\w*_kernel|varlen_schedule_kernel)\(")
@@ -82,3 +81,19 @@ def test_the_demo_model_launches_every_kernel_from_the_graph():
     expected.square().mean().backward()
     assert _rel(out, expected.detach()) < 1e-5
     assert all(_rel(g, p.grad) < 1e-4 for g, p in zip(grads, model.parameters()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not machine_support(torch.device("cuda"))[0],
+                    reason="needs the CuTe stack on an sm_90 GPU")
+def test_a_large_call_stays_an_opaque_call_for_the_cute_kernels():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(128, 4, 2048, 128, device="cuda", dtype=torch.bfloat16, generator=gen,
+                           requires_grad=True) for _ in range(3))
+
+    def attention(q, k, v):
+        return torch.nn.functional.gelu(q @ k.transpose(-2, -1) * 0.088, approximate="tanh") @ v
+
+    _, rewrites, kernels, code = _compiled_step(attention, q, k, v)
+    assert rewrites == 1
+    assert not kernels & {"gdpa_fwd_kernel", "gdpa_bwd_dkdv_kernel", "gdpa_bwd_dq_kernel"}
+    assert set(OPAQUE_CALL.findall(code)) == {("attention", "fwd"), ("attention", "bwd")}

@@ -66,3 +66,59 @@ def test_direct_ops_trace_into_their_bodies(case, gen):
     assert opaque[0] in forward and opaque[1] in backward, (forward, backward)
     assert not any("direct" in name for name in forward | backward)
     torch.testing.assert_close(out, fn(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def _operands(batch, n, d=128, heads=4):
+    return (torch.empty(batch, heads, n, d, device="meta") for _ in range(3))
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_small_calls_stay_launched_by_the_graph_large_ones_take_cute(backward):
+    from gdpa_inductor.lowering.direct_launch import cute_worth_opaque_call, dense_flops
+
+    assert not cute_worth_opaque_call(dense_flops(*_operands(64, 256), causal=True), backward)[0]
+    worth, reason = cute_worth_opaque_call(dense_flops(*_operands(1152, 1024), causal=False), backward)
+    assert worth and "more than the opaque call's host time" in reason
+
+
+def test_the_backward_takes_cute_at_less_work_than_the_forward():
+    from gdpa_inductor.lowering.direct_launch import cute_worth_opaque_call, dense_flops
+
+    flops = dense_flops(*_operands(1152, 256), causal=False)
+    assert not cute_worth_opaque_call(flops, backward=False)[0]
+    assert cute_worth_opaque_call(flops, backward=True)[0]
+
+
+def test_dense_flops_count_the_broadcast_batch_and_half_the_keys_where_causal():
+    from gdpa_inductor.lowering.direct_launch import dense_flops
+
+    q, k, v = _operands(2, 512, d=64)
+    full = dense_flops(q, k, v, causal=False)
+    assert full == 2 * 2 * 4 * 512 * 512 * 128
+    assert dense_flops(q, k, v, causal=True) == pytest.approx(full * 513 / 1024)
+    seeds = torch.empty(1, 4, 512, 64, device="meta")
+    assert dense_flops(seeds, k, v, causal=False) == full
+
+
+def test_varlen_flops_read_every_layout():
+    from gdpa_inductor.lowering.direct_launch import varlen_flops
+
+    padded = [torch.empty(6, 256, 4, 64, device="meta") for _ in range(3)]
+    full = 2 * 6 * 256 * 4 * 256 * 128
+    # padded q and k (seqused): max_seqlen is 0 there, the padded length counts
+    assert varlen_flops(*padded, None, None, 0, False, (-1, -1)) == full
+    assert varlen_flops(*padded, None, None, 0, False, (31, 32)) == full / 4
+    seeds = torch.empty(1, 256, 4, 64, device="meta")
+    assert varlen_flops(seeds, *padded[1:], None, None, 0, False, (-1, -1)) == full
+    jagged = [torch.empty(6 * 256, 4, 64, device="meta") for _ in range(3)]
+    cu = torch.empty(7, dtype=torch.int32, device="meta")
+    assert varlen_flops(*jagged, cu, cu, 256, False, (-1, -1)) == full
+    assert varlen_flops(seeds, *jagged[1:], None, cu, 256, False, (-1, -1)) == full
+def test_under_cuda_graphs_the_cute_kernels_are_always_worth_the_call():
+    from torch._inductor import config as inductor_config
+
+    from gdpa_inductor.lowering.direct_launch import cute_worth_opaque_call
+
+    with inductor_config.patch({"triton.cudagraphs": True}):
+        assert cute_worth_opaque_call(1.0, backward=False)[0]
+    assert not cute_worth_opaque_call(1.0, backward=False)[0]
