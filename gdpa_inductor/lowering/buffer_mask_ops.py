@@ -1,4 +1,5 @@
-"""GDPA whose causal mask is read from a module buffer: causal when the buffer still holds it, exact when not.
+"""GDPA whose causal mask is read from a graph input (a module buffer, a float mask passed in): causal while the
+input holds it, exact when not.
 
 - ``gdpa::attention_buffer_mask_fwd_v1(q, k, v, bias?, seqused_q?, seqused_k?, multiplier, source, activation,
   scale, post_scale, negative_slope) -> out``: ``O = (act(scale · Q Kᵀ + bias) · post_scale · multiplier) V`` on
@@ -7,12 +8,14 @@
 - ``gdpa::attention_buffer_mask_bwd_v1(dout, ..., bias_requires_grad) -> (dq, dk, dv, dbias)``
 
 A mask such as ``self.mask[:n, :n]`` of a ``tril`` buffer is causal when the model is compiled, but the buffer
-can change afterwards (``load_state_dict``, ``fill_``) without a recompile. The rewrite therefore passes the
-mask (``multiplier``, in its keep form: 1 or True where a score is kept) and the buffer it is read from
-(``source``). Each call asks ``is_causal_keep_mask``: the answer is cached by the buffer's address and version
-counter (every in-place write bumps it, and the cache holds the buffer so that its address cannot be reused), so
-the mask's values are checked once (one device-to-host read) per state of the buffer. While it is causal the op
-runs the fused causal kernels; otherwise it computes the graph's answer with the mask as it is.
+can change afterwards (``load_state_dict``, ``fill_``) without a recompile; so can a float mask that another graph
+computes and passes in (``1.0 - triu(...).float()``). The rewrite therefore passes the mask (``multiplier``, in its
+keep form: 1 or True where a score is kept) and the graph input it is read from (``source``). Each call asks
+``is_causal_keep_mask``: the answer is cached by the source's address and version counter (every in-place write
+bumps it, and the cache holds the source so that its address cannot be reused), so the mask's values are checked
+once (one device-to-host read) per state of the source: once for a buffer, once per step for a mask made anew each
+step. While it is causal the op runs the fused causal kernels; otherwise it computes the graph's answer with the
+mask as it is. The ops are tagged ``cudagraph_unsafe``: a CUDA graph would replay the answer of its recording.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import torch
 from ..kernels.reference import gdpa_reference, gdpa_reference_backward
 from . import ops, varlen_ops
 
-# (buffer address, version, mask shape, dtype, device) -> (buffer, is causal); the oldest states are dropped.
+# (source address, version, mask shape, dtype, device) -> (source, is causal); the oldest states are dropped past
+# either bound (a mask made anew each step adds one state per step).
 _CHECKED: OrderedDict[tuple, tuple[torch.Tensor, bool]] = OrderedDict()
 MAX_CHECKED_STATES = 64
+MAX_HELD_BYTES = 256 << 20
 
 
 def is_causal_keep_mask(multiplier: torch.Tensor, source: torch.Tensor) -> bool:
@@ -42,9 +47,13 @@ def is_causal_keep_mask(multiplier: torch.Tensor, source: torch.Tensor) -> bool:
     causal = _values_are_causal(multiplier)
     if key is not None:
         _CHECKED[key] = (source, causal)
-        while len(_CHECKED) > MAX_CHECKED_STATES:
+        while len(_CHECKED) > 1 and (len(_CHECKED) > MAX_CHECKED_STATES or _held_bytes() > MAX_HELD_BYTES):
             _CHECKED.popitem(last=False)
     return causal
+
+
+def _held_bytes() -> int:
+    return sum(t.untyped_storage().nbytes() for t, _ in _CHECKED.values())
 
 
 def _values_are_causal(multiplier: torch.Tensor) -> bool:
@@ -88,7 +97,7 @@ def _fast_backward(dout, q, k, v, bias, seqused_q, seqused_k, activation, scale,
     return (*(g.transpose(1, 2).contiguous() for g in (dq, dk, dv)), dbias)
 
 
-@torch.library.custom_op("gdpa::attention_buffer_mask_fwd_v1", mutates_args=())
+@torch.library.custom_op("gdpa::attention_buffer_mask_fwd_v1", mutates_args=(), tags=torch.Tag.cudagraph_unsafe)
 def attention_buffer_mask_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -115,7 +124,7 @@ def _fwd_fake(q, k, v, bias, seqused_q, seqused_k, multiplier, source, activatio
     return v.new_empty((*ops._broadcast_batch(q, k, v), q.shape[-3], q.shape[-2], v.shape[-1]))
 
 
-@torch.library.custom_op("gdpa::attention_buffer_mask_bwd_v1", mutates_args=())
+@torch.library.custom_op("gdpa::attention_buffer_mask_bwd_v1", mutates_args=(), tags=torch.Tag.cudagraph_unsafe)
 def attention_buffer_mask_bwd(
     dout: torch.Tensor,
     q: torch.Tensor,

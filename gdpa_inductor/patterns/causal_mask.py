@@ -19,7 +19,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import fx_nodes as fxn
 
-# Real values of graph inputs (lifted buffers), keyed by placeholder node; set by the pass for its graph.
+# Real values of the graph inputs a proof may read (module state, the caller's float tensors), keyed by placeholder
+# node; set by the pass for its graph.
 REAL_INPUTS: dict[fx.Node, torch.Tensor] = {}
 
 
@@ -41,20 +42,23 @@ def causal_mask_kind(mask: fx.Node, scores: torch.Tensor) -> Optional[str]:
 
 
 def buffers_read(mask: fx.Node) -> list[fx.Node]:
-    """The module buffers whose values a causal proof of ``mask`` read (``_buffer_value``): the proof holds
-    only while they keep those values."""
-    return [n for n in _upstream(mask) if n.op in ("placeholder", "get_attr") and _buffer_value(n) is not None]
+    """The graph inputs (module buffers, the caller's float masks) whose values a causal proof of ``mask`` read
+    (``_buffer_value``): the proof holds only while they keep those values."""
+    return [n for n in _upstream(mask, values_only=True)
+            if n.op in ("placeholder", "get_attr") and _buffer_value(n) is not None]
 
 
-def _upstream(node: fx.Node):
-    """``node`` and every node it reads, directly or not, each once."""
+def _upstream(node: fx.Node, values_only: bool = False):
+    """``node`` and every node it reads, directly or not, each once; ``values_only``: not through a size read (a
+    node whose value is not a tensor reads no tensor's values)."""
     seen, stack = set(), [node]
     while stack:
         cur = stack.pop()
         if cur not in seen:
             seen.add(cur)
             yield cur
-            stack.extend(cur.all_input_nodes)
+            if not values_only or cur is node or isinstance(fxn.example(cur), torch.Tensor):
+                stack.extend(cur.all_input_nodes)
 
 
 def _flip(kind: Optional[str]) -> Optional[str]:
@@ -64,7 +68,8 @@ def _flip(kind: Optional[str]) -> Optional[str]:
 def _kind(node, n) -> Optional[str]:
     if not isinstance(node, fx.Node):
         return None
-    if fxn.is_passthrough(node) or fxn.fn_or_method(node, (torch.unsqueeze,), ("bool", "unsqueeze")):
+    if fxn.is_passthrough(node) or fxn.fn_or_method(node, (torch.unsqueeze, torch.detach),
+                                                    ("bool", "unsqueeze", "detach")):
         return _kind(node.args[0], n)  # leading size-1 dims are checked against the scores at the end
     if node.op == "call_function" and node.target is operator.getitem and _only_adds_leading_dims(node):
         return _kind(node.args[0], n)
@@ -188,8 +193,8 @@ def _is_ones(node) -> bool:
 
 
 def _buffer_value(node: fx.Node) -> Optional[torch.Tensor]:
-    """The value of a module buffer read by the graph (a lifted input or a get_attr), else None. A parameter's
-    value changes as it trains: never taken as a mask's."""
+    """The value of a graph input in ``REAL_INPUTS`` or of a get_attr, else None. A parameter's value changes as it
+    trains: never taken as a mask's."""
     value = REAL_INPUTS.get(node)
     if value is None and node.op == "get_attr":
         value = _get_attr(node)

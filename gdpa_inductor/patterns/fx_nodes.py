@@ -278,3 +278,14 @@ def is_square_of(node: fx.Node, inner: fx.Node) -> bool:
     if is_mul(node):
         return node.args[0] is inner and node.args[1] is inner
     return False
+
+
+def is_module_state(node: fx.Node) -> bool:
+    """Is this graph input (a placeholder or get_attr) a module's parameter or buffer? Graphs not from Dynamo (no
+    source recorded) count every input as one, as they have no later calls."""
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    if source is None:
+        return grapharg is None
+    name = source.name() if callable(source.name) else source.name
+    return "._buffers[" in name or "._parameters[" in name

@@ -71,16 +71,17 @@ _ANCHORS = (
 )
 
 
-def _module_state(placeholder: fx.Node) -> bool:
-    """Is this graph input a module's parameter or buffer? Only those values may be read at compile time (a
-    causal buffer, a parameter); a tensor the caller passes can differ on the next call without a recompile.
-    Graphs not from Dynamo (no source recorded) keep every input, as they have no later calls."""
-    grapharg = placeholder.meta.get("grapharg")
-    source = getattr(grapharg, "source", None)
-    if source is None:
-        return grapharg is None
-    name = source.name() if callable(source.name) else source.name
-    return "._buffers[" in name or "._parameters[" in name
+def _readable_inputs(placeholders: list[fx.Node], example_inputs: Sequence[Any]) -> dict[fx.Node, torch.Tensor]:
+    """The graph inputs whose compile-time values a causal proof may read: module state (a causal buffer, a
+    parameter), and float tensors the caller passes (a {0, 1} mask computed by another graph). Either can change
+    without a recompile, so a proof that read one is checked again when the op runs (``buffer_mask_ops``)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    readable = {}
+    for p, x in zip(placeholders, example_inputs):
+        if isinstance(x, torch.Tensor) and not is_fake(x) and (fxn.is_module_state(p) or x.is_floating_point()):
+            readable[p] = x
+    return readable
 
 
 def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run: bool = False,
@@ -89,9 +90,7 @@ def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run
         direct_launch.register()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     causal_mask.REAL_INPUTS.clear()
-    causal_mask.REAL_INPUTS.update(
-        {p: x for p, x in zip(placeholders, example_inputs) if isinstance(x, torch.Tensor) and _module_state(p)}
-    )
+    causal_mask.REAL_INPUTS.update(_readable_inputs(placeholders, example_inputs))
     try:
         reports = _GdpaPass(gm, dry_run, graph_name).run()
     finally:
@@ -302,8 +301,8 @@ def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node
 
 
 def _buffer_masked(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node, dtype: torch.dtype) -> fx.Node:
-    """A causal mask read from a module buffer: the op gets the mask (keep form) and the buffer, and runs causal
-    while the buffer holds it; a padding length mask goes with it as per-sample lengths."""
+    """A causal mask read from a module buffer or a float graph input: the op gets the mask (keep form) and that
+    source, and runs causal while the source holds it; a padding length mask goes with it as per-sample lengths."""
     r, plan = m.recipe, m.lengths
     mask, keep_form, buffer = m.buffer_mask
     multiplier = mask if keep_form else b.emit("function", torch.logical_not, (mask,))

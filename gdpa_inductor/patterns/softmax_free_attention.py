@@ -61,8 +61,8 @@ class GdpaMatch:
     # Set when every mask is a padding length mask: the rewrite then uses the varlen op with per-sample
     # valid lengths (padding skipped) instead of a dense -finfo.max bias.
     lengths: Optional[LengthMask] = None
-    # Set when the causal flag was proven from a module buffer's value: (mask, True if it marks the kept
-    # entries, the buffer). The rewrite then passes both to an op that checks the buffer when it runs.
+    # Set when the causal flag was proven from the value of a module buffer or of a float graph input: (mask, True
+    # if it marks the kept entries, that input). The rewrite passes both to an op that checks it when it runs.
     buffer_mask: Optional[tuple[fx.Node, bool, fx.Node]] = None
 
     @property
@@ -82,7 +82,9 @@ class GdpaMatch:
 
     def _mask_note(self) -> str:
         if self.buffer_mask is not None and self.lengths is None:
-            return f"{self.recipe.mask_note}, read from buffer {self.buffer_mask[2].name}: checked when it runs"
+            source = self.buffer_mask[2]
+            what = "buffer" if fxn.is_module_state(source) else "graph input"
+            return f"{self.recipe.mask_note}, read from {what} {source.name}: checked when it runs"
         window = f"band {self.recipe.window} + " if self.recipe.window is not None else ""
         if self.lengths is None:
             return f"{self.recipe.mask_note} (varlen op's window)" if window else self.recipe.mask_note
@@ -383,14 +385,16 @@ def _varlen_layout(m: GdpaMatch) -> bool:
 
 
 def _plan_buffer_mask(m: GdpaMatch) -> tuple[bool, str]:
-    """Sets ``m.buffer_mask`` when the causal flag rests on a module buffer's value."""
+    """Sets ``m.buffer_mask`` when the causal flag rests on a graph input's value (a buffer, a float mask)."""
     read = [(mask, keep, buffers_read(mask)) for mask, keep in m.recipe.causal_masks]
     from_buffers = [r for r in read if r[2]]
     if not from_buffers:
         return True, "ok"
     if len(read) != 1 or len(from_buffers[0][2]) != 1 or m.recipe.window is not None:
-        return False, "a causal mask read from a module buffer together with another causal or band mask"
+        return False, "a causal mask read from a graph input together with another causal or band mask"
     mask, keep, (buffer,) = from_buffers[0]
+    if fxn.example(mask).requires_grad:
+        return False, "a causal mask read from a graph input that requires grad (the op gives it no gradient)"
     m.buffer_mask = (mask, keep, buffer)
     return True, "ok"
 

@@ -411,6 +411,18 @@ def forward(self, L_q_ : torch.Tensor, L_self_buffers_attn_mask_ : torch.Tensor,
     attention_buffer_mask_fwd_v1_default = torch.ops.gdpa.attention_buffer_mask_fwd_v1.default(l_q_, l_k_, l_v_, None, None, None, unsqueeze_1, l_self_buffers_attn_mask_, 'silu', 1.0, 0.0625, 0.01);  l_q_ = l_k_ = l_v_ = unsqueeze_1 = l_self_buffers_attn_mask_ = None
     return (attention_buffer_mask_fwd_v1_default,)""")
 
+    def test_tril_mask_argument(self):
+        self.assertExpectedInline(rewritten_code("tril_mask_argument"), """\
+def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_mask_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_k_ = L_k_
+    l_mask_ = L_mask_
+    l_v_ = L_v_
+    detach = l_mask_.detach()
+    getitem = detach[(slice(None, 12, None), slice(None, 12, None))];  detach = None
+    attention_buffer_mask_fwd_v1_default = torch.ops.gdpa.attention_buffer_mask_fwd_v1.default(l_q_, l_k_, l_v_, None, None, None, getitem, l_mask_, 'silu', 1.0, 1.0, 0.01);  l_q_ = l_k_ = l_v_ = getitem = l_mask_ = None
+    return (attention_buffer_mask_fwd_v1_default,)""")
+
     def test_hstu_padded_lengths_relbias(self):
         self.assertExpectedInline(rewritten_code("hstu_padded_lengths_relbias"), """\
 def forward(self, L_q_ : torch.Tensor, L_lengths_ : torch.Tensor, L_k_ : torch.Tensor, L_self_parameters_rab_ : torch.nn.parameter.Parameter, L_self_buffers_tril_ : torch.Tensor, L_v_ : torch.Tensor):

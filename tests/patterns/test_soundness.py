@@ -180,3 +180,62 @@ def test_causal_check_is_cached_per_buffer_state():
     assert not is_causal_keep_mask(buffer[:6, :6], buffer)
     assert not is_causal_keep_mask(torch.ones(6, 6), torch.ones(6, 6))
     assert is_causal_keep_mask(torch.tril(torch.ones(1, 5, 5, dtype=torch.bool)), torch.zeros(1))
+
+
+class MaskFromAnotherGraph(nn.Module):
+    """The research HSTU's spelling: the model makes ``1.0 - triu`` of its buffer, and the attention, which a graph
+    break puts in another graph, multiplies silu(S) / N by it: there the mask is an input the caller passes."""
+
+    def __init__(self, max_n=N):
+        super().__init__()
+        self.register_buffer("_attn_mask", torch.triu(torch.ones(max_n, max_n, dtype=torch.bool), diagonal=1))
+
+    def forward(self, q, k, v):
+        mask = 1.0 - self._attn_mask.to(q.dtype)
+        torch._dynamo.graph_break()
+        n = q.shape[-2]
+        return (F.silu(q @ k.transpose(-2, -1)) / n * mask[:n, :n]) @ v
+
+
+@pytest.mark.parametrize("still_causal", [True, False])
+def test_float_mask_from_another_graph_is_checked_when_it_runs(still_causal):
+    def change(model):
+        if not still_causal:
+            with torch.no_grad():
+                model._attn_mask.copy_(torch.rand(N, N, generator=torch.Generator().manual_seed(5)) > 0.5)
+
+    count, err = compiled_vs_eager(MaskFromAnotherGraph(), *_qkv(3), before=change)
+    assert count >= 1 and err < 1e-5, (count, err)
+
+
+def test_checked_mask_ops_are_kept_out_of_cuda_graphs():
+    """A CUDA graph would replay the causal check's answer of its recording: Inductor leaves graphs with these ops
+    to run without one."""
+    from torch._inductor.utils import is_cudagraph_unsafe_fx_node
+
+    graph = torch.fx.Graph()
+    for name in ("attention_buffer_mask_fwd_v1", "attention_buffer_mask_bwd_v1"):
+        node = graph.call_function(getattr(torch.ops.gdpa, name).default, ())
+        assert is_cudagraph_unsafe_fx_node(node), name
+
+
+def test_checked_states_hold_bounded_memory(monkeypatch):
+    """A mask made anew each step adds a state per step; the cache keeps the newest within its byte budget."""
+    from gdpa_inductor.lowering import buffer_mask_ops
+
+    monkeypatch.setattr(buffer_mask_ops, "_CHECKED", type(buffer_mask_ops._CHECKED)())
+    monkeypatch.setattr(buffer_mask_ops, "MAX_HELD_BYTES", 3 * 16 * 16 * 4)
+    masks = [torch.tril(torch.ones(16, 16)) for _ in range(10)]
+    assert all(is_causal_keep_mask(m, m) for m in masks)
+    held = [source for source, _ in buffer_mask_ops._CHECKED.values()]
+    assert 1 <= len(held) <= 3 and held[-1] is masks[-1]
+
+
+def test_a_causal_mask_that_requires_grad_is_not_fused():
+    """The checked op gives its mask no gradient: a caller's mask that wants one is left to Inductor."""
+
+    def masked(q, k, v, mask):
+        return (F.silu(q @ k.transpose(-2, -1)) / N * mask) @ v
+
+    count, err = compiled_vs_eager(Fn(masked), *_qkv(4), torch.tril(torch.ones(N, N)))
+    assert count == 0 and err < 1e-5, (count, err)

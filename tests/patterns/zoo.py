@@ -581,12 +581,13 @@ class HSTUOneMinusTriuBuffer(nn.Module):
 
 
 class TrilMaskArgument(nn.Module):
-    """A {0, 1} mask passed by the caller: lower-triangular in this call, but nothing says it will be in the
-    next (no recompile follows a change of values), so it must not become the causal flag."""
+    """A {0, 1} float mask passed by the caller (the research HSTU's, computed by another graph), with no gradient
+    taken: lower-triangular in this call, but nothing says it will be in the next (no recompile follows a change of
+    values), so it becomes the causal flag of the op that checks it when it runs."""
 
     def forward(self, q, k, v, mask):
         n = q.shape[-2]
-        return (F.silu(q @ k.transpose(-2, -1)) * mask[:n, :n]) @ v
+        return (F.silu(q @ k.transpose(-2, -1)) * mask.detach()[:n, :n]) @ v
 
 
 def _tril_mask_inputs(gen):
@@ -885,8 +886,7 @@ class IntCastInChain(nn.Module):
         return F.relu(q @ k.transpose(-2, -1) * 4.0).to(torch.int32).to(q.dtype) @ v
 
 
-NEGATIVE.append(ZooEntry("neg_tril_mask_argument", TrilMaskArgument, _tril_mask_inputs, 0,
-                         reason="neither a scalar, a boolean mask nor one factor per query row"))
+ZOO.append(ZooEntry("tril_mask_argument", TrilMaskArgument, _tril_mask_inputs, 1))
 NEGATIVE.append(ZooEntry("neg_int_cast_in_chain", IntCastInChain, qkv(2, 2, 12, 16), 0, reason="unsupported op to "))
 
 
