@@ -19,10 +19,6 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import fx_nodes as fxn
 
-# Real values of the graph inputs a proof may read (module state, the caller's float tensors), keyed by placeholder
-# node; set by the pass for its graph.
-REAL_INPUTS: dict[fx.Node, torch.Tensor] = {}
-
 
 def causal_mask_kind(mask: fx.Node, scores: torch.Tensor) -> Optional[str]:
     nq, nk = scores.shape[-2], scores.shape[-1]
@@ -193,9 +189,9 @@ def _is_ones(node) -> bool:
 
 
 def _buffer_value(node: fx.Node) -> Optional[torch.Tensor]:
-    """The value of a graph input in ``REAL_INPUTS`` or of a get_attr, else None. A parameter's value changes as it
-    trains: never taken as a mask's."""
-    value = REAL_INPUTS.get(node)
+    """The value the pass recorded for a graph input (``fxn.real_value``: module state, the caller's float tensors)
+    or of a get_attr, else None. A parameter's value changes as it trains: never taken as a mask's."""
+    value = fxn.real_value(node)
     if value is None and node.op == "get_attr":
         value = _get_attr(node)
     if not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter) or value.dim() < 2:

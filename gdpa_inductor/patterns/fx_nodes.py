@@ -289,3 +289,13 @@ def is_module_state(node: fx.Node) -> bool:
         return grapharg is None
     name = source.name() if callable(source.name) else source.name
     return "._buffers[" in name or "._parameters[" in name
+
+
+# The key under which the pass keeps, for the length of one pass, the real value of a graph input that a proof may
+# read (``rewrite._readable_inputs``); removed when the pass ends, so the compiled graph holds no tensor of it.
+REAL_VALUE = "gdpa_real_value"
+
+
+def real_value(node: fx.Node) -> Optional[torch.Tensor]:
+    """The real value the pass recorded for this graph input, else None."""
+    return node.meta.get(REAL_VALUE)

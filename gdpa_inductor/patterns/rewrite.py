@@ -28,7 +28,6 @@ from torch._inductor.pattern_matcher import (
 )
 
 from ..lowering import buffer_mask_ops, direct_launch, ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
-from . import causal_mask
 from . import fx_nodes as fxn
 from .chain import shape_spelling
 from .softmax_free_attention import NO_PAIR, GdpaMatch, OperandPlan, SoftmaxFreeAttention
@@ -89,12 +88,14 @@ def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run
     if not dry_run:
         direct_launch.register()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    causal_mask.REAL_INPUTS.clear()
-    causal_mask.REAL_INPUTS.update(_readable_inputs(placeholders, example_inputs))
+    readable = _readable_inputs(placeholders, example_inputs)
+    for node, value in readable.items():
+        node.meta[fxn.REAL_VALUE] = value
     try:
         reports = _GdpaPass(gm, dry_run, graph_name).run()
     finally:
-        causal_mask.REAL_INPUTS.clear()
+        for node in readable:
+            node.meta.pop(fxn.REAL_VALUE, None)
     for name, sub in list(gm.named_children()):
         if isinstance(sub, fx.GraphModule):
             reports += _GdpaPass(sub, dry_run, f"{graph_name}.{name}").run()

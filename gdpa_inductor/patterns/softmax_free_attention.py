@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..lowering.dispatch import TRITON_MAX_HEAD_DIM
 from . import fx_nodes as fxn
-from .causal_mask import REAL_INPUTS, buffers_read
+from .causal_mask import buffers_read
 from .chain import ChainMismatch, ChainRecipe, _chain_input, read_chain
 from .equivalence import check_equivalent
 from .length_mask import LengthMask, length_mask
@@ -347,7 +347,7 @@ def _is_shared_weight(node: fx.Node) -> bool:
         return False
     if cur.op == "get_attr":
         return True
-    return isinstance(REAL_INPUTS.get(cur), torch.nn.Parameter)
+    return isinstance(fxn.real_value(cur), torch.nn.Parameter)
 
 
 def _length_plan(m: GdpaMatch) -> Optional[LengthMask]:

@@ -109,3 +109,22 @@ def test_caller_mask_values_are_not_baked_in():
         torch.testing.assert_close(compiled(q, k, v, tril), model(q, k, v, tril))
         other = (torch.rand(16, 16, generator=torch.Generator().manual_seed(1)) < 0.5).float()
         torch.testing.assert_close(compiled(q, k, v, other), model(q, k, v, other))
+
+
+def test_the_pass_keeps_no_input_value_in_the_graph():
+    """The real values a proof reads (a causal buffer here) are the pass's for its run only: the graph handed to
+    Inductor holds none of them."""
+    from gdpa_inductor.patterns import fx_nodes as fxn
+
+    model, inputs = build(ZOO_BY_NAME["gpt2_causal_buffer_before_gelu"])
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(sum(r.matched for r in gdpa_inductor.patterns.rewrite.rewrite_gdpa(gm, example_inputs)))
+        seen.append([n.name for n in gm.graph.nodes if fxn.REAL_VALUE in n.meta])
+        return gm.forward
+
+    reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(*inputs)
+    assert seen == [1, []]
