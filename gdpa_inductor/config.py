@@ -13,11 +13,16 @@
 
 ``GDPA_INDUCTOR_CACHE_DIR`` or ``gdpa_inductor.config.kernel_cache_dir``: where compiled CuTe-DSL kernels are
 kept between processes (default ``~/.cache/gdpa_inductor``; the empty string keeps them in memory only).
+
+An assignment is checked when it is made (a ValueError or TypeError naming the option); a bad environment value is
+reported by the first call that reads it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import types
 from typing import Literal
 
 Backend = Literal["auto", "triton", "reference", "cute"]
@@ -27,3 +32,17 @@ backend: Backend = os.environ.get("GDPA_INDUCTOR_BACKEND", "auto")
 kernel_cache_dir: str = os.environ.get(
     "GDPA_INDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "gdpa_inductor")
 )
+
+
+class _CheckedOptions(types.ModuleType):
+    """This module, with each assignment to an option checked."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "backend" and value not in BACKENDS:
+            raise ValueError(f"gdpa_inductor.config.backend: expected one of {BACKENDS}; got {value!r}")
+        if name == "kernel_cache_dir" and not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"gdpa_inductor.config.kernel_cache_dir: expected a path (str); got {type(value).__name__}")
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _CheckedOptions
