@@ -12,7 +12,7 @@
   nvidia-cutlass-dsl and an sm_90 GPU.
 
 ``GDPA_INDUCTOR_CACHE_DIR`` or ``gdpa_inductor.config.kernel_cache_dir``: where compiled CuTe-DSL kernels are
-kept between processes (default ``~/.cache/gdpa_inductor``; the empty string keeps them in memory only).
+kept between processes (default ``~/.cache/gdpa_inductor``; the empty string or None keeps them in memory only).
 
 An assignment is checked when it is made (a ValueError or TypeError naming the option); a bad environment value is
 reported by the first call that reads it.
@@ -40,8 +40,9 @@ class _CheckedOptions(types.ModuleType):
     def __setattr__(self, name: str, value) -> None:
         if name == "backend" and value not in BACKENDS:
             raise ValueError(f"gdpa_inductor.config.backend: expected one of {BACKENDS}; got {value!r}")
-        if name == "kernel_cache_dir" and not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"gdpa_inductor.config.kernel_cache_dir: expected a path (str); got {type(value).__name__}")
+        if name == "kernel_cache_dir" and not (value is None or isinstance(value, (str, os.PathLike))):
+            raise TypeError(f"gdpa_inductor.config.kernel_cache_dir: expected a path (str) or None; got "
+                            f"{type(value).__name__}")
         super().__setattr__(name, value)
 
 

@@ -21,6 +21,12 @@ def test_an_unknown_backend_is_refused_when_set(value):
     assert config.backend == saved
 
 
+@pytest.mark.parametrize("value", ["", None, "/tmp/kernels"])
+def test_a_cache_dir_is_a_path_or_none(monkeypatch, value):
+    monkeypatch.setattr(config, "kernel_cache_dir", value)
+    assert config.kernel_cache_dir == value
+
+
 def test_a_cache_dir_must_be_a_path():
     saved = config.kernel_cache_dir
     with pytest.raises(TypeError, match=r"gdpa_inductor\.config\.kernel_cache_dir: expected a path"):
