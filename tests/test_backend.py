@@ -122,3 +122,32 @@ def test_a_rewritten_graph_is_not_taken_from_the_autograd_cache(dynamo, gen, mon
                 torch._dynamo.reset()
                 torch.compile(fn, backend="gdpa")(q, k, v).sum().backward()
             assert counters["aot_autograd"]["autograd_cache_hit"] == hits, dict(counters["aot_autograd"])
+
+
+def test_a_graph_whose_launches_fail_to_compile_is_compiled_with_opaque_calls(dynamo, gen, monkeypatch, caplog):
+    """Where Inductor cannot compile a rewritten graph with the fused kernels launched from it, the backend
+    compiles it again with every fused call opaque, says so once, and the values are eager's; a graph with no
+    rewrite raises as Inductor raised."""
+    import gdpa_inductor.backend as backend
+    from gdpa_inductor.lowering import direct_launch
+
+    real_compile, launch_states = backend._compile, []
+
+    def compile_failing_with_launches(gm, example_inputs, inner, patches):
+        launch_states.append(direct_launch._disabled)
+        if not direct_launch._disabled:
+            raise RuntimeError("injected failure of the direct launches")
+        return real_compile(gm, example_inputs, inner, patches)
+
+    monkeypatch.setattr(backend, "_compile", compile_failing_with_launches)
+    q, k, v = (randn(gen, 2, 2, 14, 16) for _ in range(3))
+    fn = lambda q, k, v: F.silu(q @ k.transpose(-2, -1) * 0.25) @ v  # noqa: E731
+    with caplog.at_level("WARNING", logger="gdpa_inductor"):
+        out = torch.compile(fn, backend=backend.gdpa_backend)(q, k, v)
+    torch.testing.assert_close(out, fn(q, k, v), rtol=1e-5, atol=1e-5)
+    assert launch_states == [False, True]
+    assert "compiling them as opaque calls" in caplog.text
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="injected failure"):
+        torch.compile(lambda x: x.sin() + 1, backend=backend.gdpa_backend, fullgraph=True)(q)
