@@ -97,7 +97,7 @@ def _fast_backward(dout, q, k, v, bias, seqused_q, seqused_k, activation, scale,
     return (*(g.transpose(1, 2).contiguous() for g in (dq, dk, dv)), dbias)
 
 
-@torch.library.custom_op("gdpa::attention_buffer_mask_fwd_v1", mutates_args=(), tags=torch.Tag.cudagraph_unsafe)
+@torch.library.custom_op("gdpa::attention_buffer_mask_fwd_v1", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def attention_buffer_mask_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -124,7 +124,7 @@ def _fwd_fake(q, k, v, bias, seqused_q, seqused_k, multiplier, source, activatio
     return v.new_empty((*ops._broadcast_batch(q, k, v), q.shape[-3], q.shape[-2], v.shape[-1]))
 
 
-@torch.library.custom_op("gdpa::attention_buffer_mask_bwd_v1", mutates_args=(), tags=torch.Tag.cudagraph_unsafe)
+@torch.library.custom_op("gdpa::attention_buffer_mask_bwd_v1", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def attention_buffer_mask_bwd(
     dout: torch.Tensor,
     q: torch.Tensor,
