@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-import gdpa_inductor  # noqa: F401  (registers backend="gdpa")
+import gdpa_inductor
 
 H, D = 4, 128
 SHAPES = [  # (batch, max length, max_attn_len)
@@ -88,7 +88,8 @@ def bench_shape(b: int, n: int, max_attn_len: int, gen: torch.Generator) -> dict
     ref = fn(*ref_leaves)
     ref.backward(dout.double())
     eager_err = rel_err(fn(q, k, v), ref)
-    row = dict(batch=b, max_len=n, max_attn_len=max_attn_len, eager_bf16_out_err=eager_err)
+    row = dict(batch=b, max_len=n, max_attn_len=max_attn_len, eager_bf16_out_err=eager_err,
+               fused=[line.strip() for line in str(gdpa_inductor.explain(fn, q, k, v)).splitlines()[1:]])
     for backend in ("inductor", "gdpa"):
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend=backend)

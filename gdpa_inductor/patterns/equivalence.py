@@ -52,7 +52,7 @@ def check_equivalent(m) -> tuple[bool, str]:
     """(True, "ok") when the recipe of ``m`` (a ``GdpaMatch``) computes the block's P exactly as the graph does
     on every draw; else (False, why)."""
     try:
-        with _concrete_mode():
+        with concrete_mode():
             return _Proof(m).run()
     except Unprovable as e:
         return False, f"not proven equal to the graph: {e}"
@@ -60,7 +60,7 @@ def check_equivalent(m) -> tuple[bool, str]:
         return False, f"not proven equal to the graph: evaluating it raised {type(e).__name__}: {e}"
 
 
-def _concrete_mode():
+def concrete_mode():
     from contextlib import ExitStack
 
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -115,8 +115,13 @@ class _Proof:
         for positive in (False, True):
             s = torch.randn(self._sampled_shape(), generator=self.gen, device=self.device, dtype=torch.float32)
             s = (s.abs() + 0.25 if positive else 2.0 * s).to(self.dtype)
+            padded_rows, padded_cols = self._padding()
+            if padded_cols is not None:  # a zero row of Q or K gives zero scores
+                s = s.masked_fill(padded_cols | padded_rows, 0.0)
             graph_p = self._graph_p(s)
             recipe_p, magnitude = self._recipe_p(s)
+            if padded_cols is not None:  # V is zero there: any finite P adds nothing
+                graph_p = torch.where(padded_cols & graph_p.isfinite(), recipe_p.to(graph_p.dtype), graph_p)
             ok, why = _agree(graph_p, recipe_p, magnitude, self.dtype)
             if not ok:
                 return False, f"the fused op would differ from the graph ({why})"
@@ -187,7 +192,7 @@ class _Proof:
                     total + value if coef > 0 else total - value)
             else:
                 constant += coef * term
-        if self.m.lengths is None:
+        if self.m.lengths is None or self.m.lengths.from_padding:
             big = -torch.finfo(dtype).max
             for mask, keep_form in r.dense_masks:
                 mask_value = self.sampled(mask)
@@ -226,7 +231,8 @@ class _Proof:
         plan = self.m.lengths
         if plan is not None:
             n = self.shape[-1]
-            lengths = self.value(plan.lengths).clamp(0, n)[self.sample[0]].to(self.device)
+            lengths = self._padding_lengths() if plan.from_padding else (
+                self.value(plan.lengths).clamp(0, n)[self.sample[0]].to(self.device))
             shape = (-1,) + (1,) * (len(self.shape) - 1)
             valid = torch.ones(self._sampled_shape(), dtype=torch.bool, device=self.device)
             if plan.rows:
@@ -235,6 +241,26 @@ class _Proof:
                 valid = valid & (cols[None, :] < lengths.view(shape))
             keep = valid if keep is None else keep & valid
         return keep
+
+    def _padding_lengths(self) -> torch.Tensor:
+        """Lengths of the sampled batch entries for operands zero-padded past them: partial ones, so that both
+        the kept and the padded coordinates are compared."""
+        n = self.shape[-1]
+        picks = [max(1, n // 2), max(1, n - 1), max(1, n // 3)]
+        return torch.tensor([min(p, n) for p in picks[:len(self.sample[0])]], device=self.device)
+
+    def _padding(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """(padded query rows, padded key columns) as masks over the sampled scores when the operands are
+        zero-padded (the rows' mask all False unless Q is); (None, None) otherwise."""
+        plan = self.m.lengths
+        if plan is None or not plan.from_padding:
+            return None, None
+        lengths = self._padding_lengths().view((-1,) + (1,) * (len(self.shape) - 1))
+        rows, cols = self.sample[-2], self.sample[-1]
+        padded_cols = (cols[None, :] >= lengths).expand(self._sampled_shape())
+        padded_rows = (rows[:, None] >= lengths).expand(self._sampled_shape()) if plan.rows else torch.zeros_like(
+            padded_cols)
+        return padded_rows, padded_cols
 
     # ---- the graph's values ----
 

@@ -25,9 +25,13 @@ from . import fx_nodes as fxn
 
 @dataclass(frozen=True)
 class LengthMask:
-    lengths: fx.Node  # a 1-D integer tensor of the batch's valid lengths
+    lengths: fx.Node  # a 1-D integer tensor of the batch's valid lengths (offsets [B + 1] when ``offsets``)
     rows: bool  # masks query rows past the length
     cols: bool  # masks key columns past the length
+    # Set when the lengths come from zero-padded operands (``padded_operands.py``), not from a mask: the block's
+    # masks then stay in the op's bias.
+    from_padding: bool = False
+    offsets: bool = False
 
 
 @dataclass(frozen=True)

@@ -287,12 +287,8 @@ def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node
     valid lengths (clamped to N, as ``arange(N) < lengths`` is), and the padding is never visited; with a band
     mask, its window. A bias keeps its padded [.., N, N] coordinates, which are the varlen op's per-sample ones."""
     r, plan = m.recipe, m.lengths
-    bias = _bias(b, m, dtype, with_masks=plan is None)
-    seqused_q = seqused_k = None
-    if plan is not None:
-        lengths = b.emit("method", "clamp", (plan.lengths, 0, fxn.example(k).shape[-2]))
-        lengths = b.emit("method", "to", (lengths, torch.int32))
-        seqused_q, seqused_k = (lengths if plan.rows else None), (lengths if plan.cols else None)
+    bias = _bias(b, m, dtype, with_masks=plan is None or plan.from_padding)
+    seqused_q, seqused_k = _seqused(b, plan, fxn.example(k).shape[-2])
     left, right = r.window if r.window is not None else (-1, -1)
     qt, kt, vt = (b.emit("method", "transpose", (x, 1, 2)) for x in (q, k, v))
     out = b.emit("function", torch.ops.gdpa.varlen_fwd_direct_v2.default,
@@ -301,19 +297,30 @@ def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node
     return b.emit("method", "transpose", (out, 1, 2))
 
 
+def _seqused(b: _Builder, plan, n) -> tuple[Optional[fx.Node], Optional[fx.Node]]:
+    """(seqused_q, seqused_k): the plan's lengths (from offsets when it reads them) clamped to N, as int32."""
+    if plan is None:
+        return None, None
+    lengths = plan.lengths
+    if plan.offsets:
+        ends = b.emit("function", operator.getitem, (lengths, slice(1, None, None)))
+        starts = b.emit("function", operator.getitem, (lengths, slice(None, -1, None)))
+        lengths = b.emit("function", operator.sub, (ends, starts))
+    lengths = b.emit("method", "clamp", (lengths, 0, n))
+    lengths = b.emit("method", "to", (lengths, torch.int32))
+    return (lengths if plan.rows else None), (lengths if plan.cols else None)
+
+
 def _buffer_masked(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node, dtype: torch.dtype) -> fx.Node:
     """A causal mask read from a module buffer or a float graph input: the op gets the mask (keep form) and that
     source, and runs causal while the source holds it; a padding length mask goes with it as per-sample lengths."""
     r, plan = m.recipe, m.lengths
     mask, keep_form, buffer = m.buffer_mask
     multiplier = mask if keep_form else b.emit("function", torch.logical_not, (mask,))
-    seqused_q = seqused_k = None
-    if plan is not None:
-        lengths = b.emit("method", "clamp", (plan.lengths, 0, fxn.example(k).shape[-2]))
-        lengths = b.emit("method", "to", (lengths, torch.int32))
-        seqused_q, seqused_k = (lengths if plan.rows else None), (lengths if plan.cols else None)
+    seqused_q, seqused_k = _seqused(b, plan, fxn.example(k).shape[-2])
+    with_masks = plan is None or plan.from_padding
     return b.emit("function", torch.ops.gdpa.attention_buffer_mask_fwd_v1.default,
-                  (q, k, v, _bias(b, m, dtype, with_masks=plan is None), seqused_q, seqused_k, multiplier, buffer,
+                  (q, k, v, _bias(b, m, dtype, with_masks=with_masks), seqused_q, seqused_k, multiplier, buffer,
                    r.activation, float(r.scale), float(r.post_scale), float(r.negative_slope)))
 
 

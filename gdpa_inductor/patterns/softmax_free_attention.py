@@ -26,6 +26,7 @@ from .causal_mask import buffers_read
 from .chain import ChainMismatch, ChainRecipe, _chain_input, read_chain
 from .equivalence import check_equivalent
 from .length_mask import LengthMask, length_mask
+from .padded_operands import padded_lengths
 
 FUSABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The reason given for a matmul with no matmul feeding it through an elementwise chain (most matmuls).
@@ -91,6 +92,11 @@ class GdpaMatch:
         skipped = " and ".join(w for w, on in (("query rows", self.lengths.rows), ("key columns", self.lengths.cols))
                                if on)
         causal = "causal + " if self.recipe.causal else ""
+        if self.lengths.from_padding:
+            source = f"{'offsets' if self.lengths.offsets else 'lengths'} {self.lengths.lengths.name}"
+            masks = "" if self.recipe.mask_note == "none" else f"{self.recipe.mask_note}; "
+            return (f"{masks}operands zero-padded past the {source}: padded {skipped} skipped "
+                    f"(varlen op, per-sample lengths)")
         return f"{causal}{window}padding length mask: padded {skipped} skipped (varlen op, per-sample lengths)"
 
 
@@ -126,14 +132,14 @@ class SoftmaxFreeAttention:
             return None, reason
         m.kind = _kind(m)
         m.lengths = _length_plan(m)
-        if m.lengths is None and recipe.masks_inexact_as_bias:
+        if (m.lengths is None or m.lengths.from_padding) and recipe.masks_inexact_as_bias:
             return None, recipe.masks_inexact_as_bias
         if recipe.window is not None and not _varlen_layout(m):
             return None, "a band mask needs [B, H, N, D] operands (the varlen op's windows)"
         ok, reason = _plan_buffer_mask(m)
         if not ok:
             return None, reason
-        ok, reason = check_equivalent(m)
+        ok, reason = _prove(m)
         if not ok:
             return None, reason
         return m, "matched"
@@ -350,18 +356,34 @@ def _is_shared_weight(node: fx.Node) -> bool:
     return isinstance(fxn.real_value(cur), torch.nn.Parameter)
 
 
+def _prove(m: GdpaMatch) -> tuple[bool, str]:
+    """``check_equivalent``, and where lengths read from zero-padded operands are what fails it (padded query rows
+    the graph does not leave zero: an activation nonzero at 0, a bias), the block with fewer of them skipped."""
+    ok, reason = check_equivalent(m)
+    plan = m.lengths
+    if ok or plan is None or not plan.from_padding:
+        return ok, reason
+    m.lengths = None
+    if plan.rows and not m.recipe.causal and m.recipe.window is None:
+        m.lengths = LengthMask(plan.lengths, False, True, from_padding=True, offsets=plan.offsets)
+        if check_equivalent(m)[0]:
+            return True, "ok"
+        m.lengths = None
+    return check_equivalent(m)
+
+
 def _length_plan(m: GdpaMatch) -> Optional[LengthMask]:
     """The padding length mask when the varlen op computes this block exactly: every mask a length mask of
     one lengths tensor (a bias is read at its padded coordinates), 4-D operands whose batch is the lengths'
     (or 1 for the query), and with causal, both rows and columns masked (per-sample square, where the
-    alignments agree)."""
+    alignments agree). Without such masks, the lengths past which the operands are zero-padded."""
     r = m.recipe
     if not r.dense_masks:
-        return None
+        return _padded_plan(m)
     scores = fxn.example(m.scores)
     found = [length_mask(mask, keep, scores) for mask, keep in r.dense_masks]
     if any(f is None for f in found) or len({f.lengths for f in found}) != 1:
-        return None
+        return _padded_plan(m)
     plan = LengthMask(found[0].lengths, any(f.rows for f in found), any(f.cols for f in found))
     q, k, v = m.q.example(), m.k.example(), m.v.example()
     if not _varlen_layout(m):
@@ -376,6 +398,19 @@ def _length_plan(m: GdpaMatch) -> Optional[LengthMask]:
     if (r.causal or r.window is not None) and not (plan.rows and plan.cols):
         return None
     return plan
+
+
+def _padded_plan(m: GdpaMatch) -> Optional[LengthMask]:
+    """Lengths past which K and V (and Q: then rows too) are zero, proven by ``padded_operands``; with causal or a
+    band, only when Q is padded as well (per-sample square)."""
+    if not _varlen_layout(m):
+        return None
+    found = padded_lengths(m.q, m.k, m.v)
+    if found is None or fxn.example(found.source).device != m.q.example().device:
+        return None
+    if (m.recipe.causal or m.recipe.window is not None) and not found.rows:
+        return None
+    return LengthMask(found.source, found.rows, found.cols, from_padding=True, offsets=found.offsets)
 
 
 def _varlen_layout(m: GdpaMatch) -> bool:

@@ -13,7 +13,10 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "patterns"))  # the zoo is shared with CPU tests
+from hstu_reference import HSTUReferenceMHA, jagged_inputs  # noqa: E402
 from zoo import ZOO_BY_NAME, build  # noqa: E402
+
+import gdpa_inductor  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -69,3 +72,23 @@ def test_backend_cuda_bf16_training(name):
     for i, (c, e, r) in enumerate(zip(compiled, eager, ref)):
         err, eager_err = _rel(c, r), _rel(e, r)
         assert err <= 2 * eager_err + FLOOR, f"{name} tensor {i}: {err:.2e} > 2 x eager {eager_err:.2e} + {FLOOR}"
+
+
+@pytest.mark.parametrize("padding", ["gather", "custom_op"])
+@pytest.mark.parametrize("max_attn_len", [0, 48])
+def test_hstu_reference_skips_its_padding_cuda(max_attn_len, padding):
+    """HSTU's reference over jagged rows padded to N: fused on the varlen op with the padding skipped."""
+    n = 192
+    model = HSTUReferenceMHA(n, alpha=64 ** -0.5, max_attn_len=max_attn_len, padding=padding)
+    q, k, v, offsets = jagged_inputs(torch.Generator().manual_seed(0), [n, 5, 130, 77], h=2, d=64)
+    inputs = (q.cuda(), k.cuda(), v.cuda(), offsets.cuda())
+    assert "padded query rows and key columns skipped" in str(gdpa_inductor.explain(model, *inputs))
+    ref = _step(model, tuple(t.double() if t.is_floating_point() else t for t in inputs), False)
+    eager = _step(model, inputs, True)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = _step(torch.compile(model, backend="gdpa"), inputs, True)
+    assert counters["gdpa"]["rewrites"] == 1
+    for i, (c, e, r) in enumerate(zip(compiled, eager, ref)):
+        err, eager_err = _rel(c, r), _rel(e, r)
+        assert err <= 2 * eager_err + FLOOR, f"tensor {i}: {err:.2e} > 2 x eager {eager_err:.2e} + {FLOOR}"

@@ -478,3 +478,87 @@ def forward(self, s37 : torch.SymInt, s89 : torch.SymInt, L_k_ : torch.Tensor, L
     add = to + -2.4849066497880004;  to = None
     attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(mul_1, l_k_, l_v_, add, 'sigmoid', 1.0, 1.0, False, 0.01);  mul_1 = l_k_ = l_v_ = add = None
     return (attention_fwd_direct_v1_default,)""")
+
+    def test_hstu_reference_padded_gather(self):
+        self.assertExpectedInline(rewritten_code("hstu_reference_padded_gather"), """\
+def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.Tensor, L_k_ : torch.Tensor):
+    l_q_ = L_q_
+    l_v_ = L_v_
+    l_offsets_ = L_offsets_
+    l_k_ = L_k_
+    values = l_q_.reshape(26, 32);  l_q_ = None
+    getitem = l_offsets_[slice(1, None, None)]
+    getitem_1 = l_offsets_[slice(None, -1, None)]
+    lengths = getitem - getitem_1;  getitem = getitem_1 = None
+    arange = torch.arange(12, device = device(type='cpu'))
+    pos = arange[(None, slice(None, None, None))];  arange = None
+    getitem_3 = l_offsets_[(slice(None, -1, None), None)]
+    add = getitem_3 + pos;  getitem_3 = None
+    src = add.clamp(max = 25);  add = None
+    getitem_4 = lengths[(slice(None, None, None), None)];  lengths = None
+    lt = pos < getitem_4;  pos = getitem_4 = None
+    valid = lt.unsqueeze(-1);  lt = None
+    getitem_5 = values[src];  values = src = None
+    dense = getitem_5 * valid;  getitem_5 = valid = None
+    view = dense.view(-1, 12, 2, 16);  dense = None
+    qp = view.transpose(1, 2);  view = None
+    values_1 = l_k_.reshape(26, 32);  l_k_ = None
+    getitem_6 = l_offsets_[slice(1, None, None)]
+    getitem_7 = l_offsets_[slice(None, -1, None)]
+    lengths_1 = getitem_6 - getitem_7;  getitem_6 = getitem_7 = None
+    arange_1 = torch.arange(12, device = device(type='cpu'))
+    pos_1 = arange_1[(None, slice(None, None, None))];  arange_1 = None
+    getitem_9 = l_offsets_[(slice(None, -1, None), None)]
+    add_1 = getitem_9 + pos_1;  getitem_9 = None
+    src_1 = add_1.clamp(max = 25);  add_1 = None
+    getitem_10 = lengths_1[(slice(None, None, None), None)];  lengths_1 = None
+    lt_1 = pos_1 < getitem_10;  pos_1 = getitem_10 = None
+    valid_1 = lt_1.unsqueeze(-1);  lt_1 = None
+    getitem_11 = values_1[src_1];  values_1 = src_1 = None
+    dense_1 = getitem_11 * valid_1;  getitem_11 = valid_1 = None
+    view_1 = dense_1.view(-1, 12, 2, 16);  dense_1 = None
+    kp = view_1.transpose(1, 2);  view_1 = None
+    values_2 = l_v_.reshape(26, 32);  l_v_ = None
+    getitem_12 = l_offsets_[slice(1, None, None)]
+    getitem_13 = l_offsets_[slice(None, -1, None)]
+    lengths_2 = getitem_12 - getitem_13;  getitem_12 = getitem_13 = None
+    arange_2 = torch.arange(12, device = device(type='cpu'))
+    pos_2 = arange_2[(None, slice(None, None, None))];  arange_2 = None
+    getitem_15 = l_offsets_[(slice(None, -1, None), None)]
+    add_2 = getitem_15 + pos_2;  getitem_15 = None
+    src_2 = add_2.clamp(max = 25);  add_2 = None
+    getitem_16 = lengths_2[(slice(None, None, None), None)];  lengths_2 = None
+    lt_2 = pos_2 < getitem_16;  pos_2 = getitem_16 = None
+    valid_2 = lt_2.unsqueeze(-1);  lt_2 = None
+    getitem_17 = values_2[src_2];  values_2 = src_2 = None
+    dense_2 = getitem_17 * valid_2;  getitem_17 = valid_2 = None
+    view_2 = dense_2.view(-1, 12, 2, 16);  dense_2 = None
+    vp = view_2.transpose(1, 2);  view_2 = None
+    getitem_18 = l_offsets_[slice(1, None, None)]
+    getitem_19 = l_offsets_[slice(None, -1, None)]
+    sub_3 = getitem_18 - getitem_19;  getitem_18 = getitem_19 = None
+    max_ids = sub_3.view(-1, 1, 1);  sub_3 = max_ids = None
+    getitem_22 = l_offsets_[slice(1, None, None)]
+    getitem_23 = l_offsets_[slice(None, -1, None)]
+    sub_7 = getitem_22 - getitem_23;  getitem_22 = getitem_23 = None
+    clamp_3 = sub_7.clamp(0, 12);  sub_7 = None
+    to = clamp_3.to(torch.int32);  clamp_3 = None
+    transpose_4 = qp.transpose(1, 2);  qp = None
+    transpose_5 = kp.transpose(1, 2);  kp = None
+    transpose_6 = vp.transpose(1, 2);  vp = None
+    varlen_fwd_direct_v2_default = torch.ops.gdpa.varlen_fwd_direct_v2.default(transpose_4, transpose_5, transpose_6, None, None, None, to, to, 0, 0, 'silu', 0.5, 0.08333333333333333, True, -1, -1, 0.01);  transpose_4 = transpose_5 = transpose_6 = to = None
+    transpose_7 = varlen_fwd_direct_v2_default.transpose(1, 2);  varlen_fwd_direct_v2_default = None
+    transpose_3 = transpose_7.transpose(1, 2);  transpose_7 = None
+    flatten = transpose_3.flatten(2, 3);  transpose_3 = None
+    arange_4 = torch.arange(26, device = device(type='cpu'))
+    searchsorted = torch.searchsorted(l_offsets_, arange_4, right = True);  arange_4 = None
+    sample = searchsorted - 1;  searchsorted = None
+    arange_5 = torch.arange(26, device = device(type='cpu'))
+    getitem_20 = l_offsets_[sample];  l_offsets_ = None
+    pos_3 = arange_5 - getitem_20;  arange_5 = getitem_20 = None
+    reshape_3 = flatten.reshape(48, 32);  flatten = None
+    mul_5 = sample * 12;  sample = None
+    add_3 = mul_5 + pos_3;  mul_5 = pos_3 = None
+    getitem_21 = reshape_3[add_3];  reshape_3 = add_3 = None
+    view_9 = getitem_21.view(26, 2, 16);  getitem_21 = None
+    return (view_9,)""")

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from hstu_reference import HSTUReferenceMHA, jagged_inputs
 
 
 @dataclass(frozen=True)
@@ -1055,3 +1056,18 @@ class InPlaceUnusedScale(nn.Module):
 
 NEGATIVE.append(ZooEntry("neg_inplace_unused_scale", InPlaceUnusedScale, qkv(2, 2, 12, 16), 0,
                          reason="also used elsewhere"))
+
+
+# ---- jagged rows padded to [B, H, N, D]: HSTU's reference over its padding (hstu_reference.py) ----------------
+
+
+def _jagged_inputs(gen):
+    return jagged_inputs(gen, [5, 12, 0, 9], h=2, d=16)
+
+
+ZOO += [
+    ZooEntry("hstu_reference_padded_gather", lambda: HSTUReferenceMHA(12), _jagged_inputs, 1),
+    ZooEntry("hstu_reference_padded_custom_op_window",
+             lambda: HSTUReferenceMHA(12, max_attn_len=3, padding="custom_op"), _jagged_inputs, 1),
+]
+ZOO_BY_NAME = {e.name: e for e in ZOO}
