@@ -112,6 +112,9 @@ class _Proof:
     # ---- the two sides ----
 
     def run(self) -> tuple[bool, str]:
+        ok, why = self._zero_rows_give_zero()
+        if not ok:
+            return False, why
         for positive in (False, True):
             s = torch.randn(self._sampled_shape(), generator=self.gen, device=self.device, dtype=torch.float32)
             s = (s.abs() + 0.25 if positive else 2.0 * s).to(self.dtype)
@@ -241,6 +244,21 @@ class _Proof:
                 valid = valid & (cols[None, :] < lengths.view(shape))
             keep = valid if keep is None else keep & valid
         return keep
+
+    def _zero_rows_give_zero(self) -> tuple[bool, str]:
+        """For zero-padded operands, at every coordinate at once: scores of 0 (a zero row of Q or K) must give a finite
+        P, and, where padded query rows are skipped, P = 0 below the diagonal (the keys a padded row i can meet
+        are those before the length, j < len <= i), whatever the bias and masks there."""
+        plan = self.m.lengths
+        if plan is None or not plan.from_padding:
+            return True, "ok"
+        p = self._graph_p(torch.zeros(self._sampled_shape(), dtype=self.dtype, device=self.device))
+        if not bool(p.isfinite().all()):
+            return False, "the fused op would differ from the graph (a zero score gives NaN or infinity)"
+        below = self.sample[-1][None, :] < self.sample[-2][:, None]
+        if plan.rows and bool((p.masked_select(below.expand_as(p)) != 0).any()):
+            return False, "the fused op would differ from the graph (a zero query row does not give P = 0)"
+        return True, "ok"
 
     def _padding_lengths(self) -> torch.Tensor:
         """Lengths of the sampled batch entries for operands zero-padded past them: partial ones, so that both

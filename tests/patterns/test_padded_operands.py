@@ -113,6 +113,9 @@ class PaddedBlock(nn.Module):
             p = torch.sigmoid(s) * torch.tril(torch.ones(N, N, dtype=torch.bool))
         elif self.variant == "causal_silu_rab":
             p = F.silu(s + self.rab) * torch.tril(torch.ones(N, N, dtype=torch.bool))
+        elif self.variant == "band_relu_rab":
+            i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
+            p = F.relu((s + self.rab).masked_fill((i - j).abs() > 1, 0.0))
         else:
             p = F.silu(s) / N
         return p @ v
@@ -123,6 +126,7 @@ class PaddedBlock(nn.Module):
     ("sigmoid", SKIPS_KEYS),  # sigmoid(0) = 1/2: a padded query row's output is not zero
     ("causal_sigmoid", None),  # causal needs both skipped
     ("causal_silu_rab", None),  # silu(rab) at a padded query row is not zero
+    ("band_relu_rab", None),  # the band reaches a valid key from the first padded row: relu(rab) there
     ("nonzero_padding_value", None),
     ("shifted_keys", None),  # K is not zero past the lengths
 ])
