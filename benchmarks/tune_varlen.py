@@ -17,9 +17,9 @@ import json
 import torch
 import triton
 
+from gdpa_inductor.kernels.common.varlen_rows import with_tensor
 from gdpa_inductor.kernels.triton.gdpa_bwd import BwdConfig
 from gdpa_inductor.kernels.triton.varlen_bwd import default_varlen_bwd_configs, gdpa_varlen_bwd_triton
-from gdpa_inductor.kernels.triton.varlen_layout import with_tensor
 from gdpa_inductor.lowering.varlen_ops import _sides
 
 H, D, BATCH, ACT = 4, 128, 1152, "gelu_tanh"

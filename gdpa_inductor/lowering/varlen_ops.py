@@ -35,7 +35,7 @@ def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, p
     """The forward on ``impl``; ``traced``: its Triton launches go into a compiled graph."""
     if impl == "reference":
         return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
-    from ..kernels.triton.varlen_layout import with_tensor
+    from ..kernels.common.varlen_rows import with_tensor
 
     batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k, traced)
     # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
@@ -66,8 +66,8 @@ def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seql
 
         return gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
                                     causal, varlen_band(q, k, v, causal, window, rows), bias, bias_requires_grad)
+    from ..kernels.common.varlen_rows import with_tensor
     from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
-    from ..kernels.triton.varlen_layout import with_tensor
 
     return gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, order, *params, bias_requires_grad,
                                   traced=traced)

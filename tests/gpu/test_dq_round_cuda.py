@@ -1,4 +1,4 @@
-"""GPU check of the Triton pass that scales and rounds the CuTe backward's fp32 dQ sums (``kernels/triton/dq_round``):
+"""GPU check of the Triton pass that scales and rounds the CuTe backward's fp32 dQ sums (``kernels/common/dq_round``):
 bit for bit torch's fp32 product rounded once, in bf16 (which the CPU interpreter computes wrongly) and fp16, across
 programs' edges, with values that round, overflow and go subnormal; and the backward's dQ through it."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdpa_inductor.kernels.common.dq_round import BLOCK, scale_round_triton
 from gdpa_inductor.kernels.cute.gdpa_bwd import dq_of_sums
-from gdpa_inductor.kernels.triton.dq_round import BLOCK, scale_round_triton
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -30,7 +30,7 @@ def test_dq_of_sums_takes_the_triton_pass(monkeypatch, activation):
     """On a GPU dQ's rounding runs the Triton pass (and gives torch's product), a strided buffer torch's."""
     calls = []
     real = scale_round_triton
-    monkeypatch.setattr("gdpa_inductor.kernels.triton.dq_round.scale_round_triton",
+    monkeypatch.setattr("gdpa_inductor.kernels.common.dq_round.scale_round_triton",
                         lambda *a: calls.append(1) or real(*a))
     sums = torch.randn(2, 4, 300, 128, device="cuda")
     got = dq_of_sums(sums, torch.bfloat16, activation, 0.125, 1 / 300)

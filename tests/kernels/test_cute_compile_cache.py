@@ -1,11 +1,13 @@
 """The CuTe kernels' compile cache (kernels/cute/compile_cache.py), without a GPU: a kernel compiled for
 sm_90a against fake tensors goes to disk once, a later process (here: an emptied memory cache) loads it
 instead of compiling, an unreadable file is rebuilt, a failed export is only logged, and the cache directory
-setting turns the disk cache off."""
+setting turns the disk cache off; the fingerprint changes with any source a CuTe kernel is built from (its own,
+``kernels/common`` and the activation table), not with the Triton package's."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 
 import pytest
 
@@ -89,6 +91,59 @@ def test_failed_export_is_logged_not_raised(cache_dir, caplog):
         assert cached_compile(("test", "no-export"), build) is build.result
     assert "could not cache the compiled kernel" in caplog.text
     assert not cache_path(("test", "no-export")).exists()
+
+
+def test_fingerprinted_sources_are_the_cute_common_and_activation_files():
+    kernels = compile_cache.KERNELS_DIR
+    names = {src.relative_to(kernels).as_posix() for src in compile_cache.kernel_sources()}
+    expected = {p.relative_to(kernels).as_posix()
+                for p in [*kernels.glob("cute/*.py"), *kernels.glob("common/*.py"), kernels / "activations.py"]}
+    assert names == expected
+    assert {"cute/gdpa_bwd_sm90.py", "common/layout.py", "common/activation_constants.py", "activations.py"} <= names
+    assert not any(n.startswith("triton/") for n in names)
+
+
+@pytest.fixture
+def kernels_copy(tmp_path, monkeypatch):
+    """A copy of ``kernels/`` that the fingerprint reads instead (its memoized value dropped before and after)."""
+    root = tmp_path / "kernels"
+    shutil.copytree(compile_cache.KERNELS_DIR, root, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(compile_cache, "KERNELS_DIR", root)
+    compile_cache.source_fingerprint.cache_clear()
+    yield root
+    compile_cache.source_fingerprint.cache_clear()
+
+
+def _fingerprint_after(edit) -> str:
+    edit()
+    compile_cache.source_fingerprint.cache_clear()
+    return compile_cache.source_fingerprint()
+
+
+@pytest.mark.parametrize("changed", ["common/layout.py", "common/activation_constants.py", "common/dq_fragments.py",
+                                     "activations.py", "cute/gdpa_fwd_sm90.py"])
+def test_a_changed_source_changes_the_fingerprint(kernels_copy, changed):
+    """A CuTe kernel's imported helpers and constants are part of what it was compiled from: changing one must not
+    reload the kernel compiled before the change. Back to the old bytes, the old fingerprint (and its files)."""
+    path = kernels_copy / changed
+    original = path.read_bytes()
+    before = compile_cache.source_fingerprint()
+    after = _fingerprint_after(lambda: path.write_bytes(original + b"# changed\n"))
+    assert after != before
+    assert _fingerprint_after(lambda: path.write_bytes(original)) == before
+
+
+def test_a_new_common_module_changes_the_fingerprint(kernels_copy):
+    before = compile_cache.source_fingerprint()
+    assert _fingerprint_after(lambda: (kernels_copy / "common" / "new_helper.py").write_text("X = 1\n")) != before
+
+
+def test_a_triton_source_leaves_the_fingerprint(kernels_copy):
+    """The Triton package is none of a CuTe kernel's sources (the layering test keeps it so): editing it keeps the
+    compiled CuTe kernels."""
+    path = kernels_copy / "triton" / "gdpa_fwd.py"
+    before = compile_cache.source_fingerprint()
+    assert _fingerprint_after(lambda: path.write_bytes(path.read_bytes() + b"# changed\n")) == before
 
 
 @pytest.mark.parametrize("persist_dir, persist", [("", True), (None, False)])

@@ -8,7 +8,7 @@ import pytest
 import torch
 from gdpa_testing import requires_interpreter
 
-from gdpa_inductor.kernels.triton.dq_round import BLOCK, scale_round_triton
+from gdpa_inductor.kernels.common.dq_round import BLOCK, scale_round_triton
 
 
 @requires_interpreter

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdpa_inductor.kernels.common.layout import as_4d
 from gdpa_inductor.kernels.triton import gdpa_fwd_tma
-from gdpa_inductor.kernels.triton.layout import as_4d
 
 
 @pytest.fixture

@@ -77,8 +77,8 @@ def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.runtime.jit import JITFunction
 
+    from gdpa_inductor.kernels.common.varlen_rows import with_tensor
     from gdpa_inductor.kernels.triton import gdpa_bwd, gdpa_fwd, gdpa_fwd_tma, layout, varlen_bwd, varlen_fwd
-    from gdpa_inductor.kernels.triton.varlen_layout import with_tensor
     from gdpa_inductor.kernels.triton.varlen_schedule import varlen_sides
 
     assert not layout.interpreting()

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdpa_inductor.kernels.common.window_bounds import UNBOUNDED
 from gdpa_inductor.kernels.cute import varlen_bwd as cute_varlen_bwd
 from gdpa_inductor.kernels.cute import varlen_fwd as cute_varlen
 from gdpa_inductor.kernels.cute.gdpa_fwd import cute_dsl_available
-from gdpa_inductor.kernels.triton.varlen_bounds import UNBOUNDED
 from gdpa_inductor.lowering import dispatch
 from gdpa_inductor.lowering.dispatch import select_impl, select_varlen_backward_impl, select_varlen_forward_impl
 

@@ -14,16 +14,16 @@ from typing import NamedTuple
 import cutlass
 import cutlass.cute as cute
 
-from ..triton import activation_math as triton_forms
-
-# The constants of the Triton forms (one definition): gelu_tanh's, and the erf approximant
+# The constants of the Triton forms too (one definition): gelu_tanh's, and the erf approximant
 # Phi(x) ~ 0.5 (1 + tanh(x (C1 + C3 x^2 + C5 x^4))) on |x| <= 5.
-SQRT_2_OVER_PI = triton_forms.SQRT_2_OVER_PI.value
-GELU_TANH_COEF = triton_forms.GELU_TANH_COEF.value
-GELU_ERF_C1 = triton_forms.GELU_ERF_C1.value
-GELU_ERF_C3 = triton_forms.GELU_ERF_C3.value
-GELU_ERF_C5 = triton_forms.GELU_ERF_C5.value
-GELU_ERF_CLAMP = triton_forms.GELU_ERF_CLAMP.value
+from ..common.activation_constants import (
+    GELU_ERF_C1,
+    GELU_ERF_C3,
+    GELU_ERF_C5,
+    GELU_ERF_CLAMP,
+    GELU_TANH_COEF,
+    SQRT_2_OVER_PI,
+)
 
 
 @cute.jit

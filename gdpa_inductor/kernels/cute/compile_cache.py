@@ -4,8 +4,9 @@ A compile takes seconds (IR generation, MLIR passes, ptxas); loading the same ke
 milliseconds. Each kernel (compiled through TVM-FFI, ``kernel_args``) is exported once with cutlass-dsl's
 ``export_to_c`` to ``<config.kernel_cache_dir>/cute/<fingerprint>/<key hash>.o`` and later processes load it
 with ``cute.runtime.load_module(..., enable_tvm_ffi=True)``, which gives a function called the same way. The
-fingerprint hashes the kernel sources (this directory), the cutlass-dsl, TVM-FFI and Python versions and the
-target architecture, so any change to them compiles afresh. Files are written to a temporary name and renamed
+fingerprint hashes the kernel sources (this directory, ``kernels/common`` and ``kernels/activations.py``: all that a
+compiled kernel reads its code and constants from), the cutlass-dsl, TVM-FFI and Python versions and the target
+architecture, so any change to them compiles afresh. Files are written to a temporary name and renamed
 into place: a concurrent or killed writer never leaves a partial file under the final name. A file that fails to
 load is removed and rebuilt; a failing export only costs the next process a compile. Both are logged, neither
 reaches the caller.
@@ -26,11 +27,32 @@ from ... import config
 
 log = logging.getLogger("gdpa_inductor")
 _MEMORY: dict = {}
+KERNELS_DIR = Path(__file__).resolve().parents[1]
+# What the CuTe kernels are built from, relative to ``kernels/``: their own sources, and the shared code and constants
+# they import (``tests/kernels/test_kernel_layering.py`` keeps them off the Triton package, which is not hashed)
+SOURCE_PATTERNS = ("cute/*.py", "common/*.py", "activations.py")
+
+
+def kernel_sources(root: Path | None = None) -> list[Path]:
+    """The files under ``root`` (default ``kernels/``) that ``source_fingerprint`` hashes, in a fixed order."""
+    root = KERNELS_DIR if root is None else root
+    return sorted({src for pattern in SOURCE_PATTERNS for src in root.glob(pattern)})
+
+
+def sources_hash(root: Path | None = None) -> str:
+    """Hash of ``kernel_sources``: each file's path under ``root`` and its bytes."""
+    root = KERNELS_DIR if root is None else root
+    h = hashlib.sha256()
+    for src in kernel_sources(root):
+        h.update(src.relative_to(root).as_posix().encode())
+        h.update(src.read_bytes())
+    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=None)
 def source_fingerprint() -> str:
-    """Hash of this directory's kernel sources, the cutlass-dsl, TVM-FFI and Python versions and the target."""
+    """Hash of the kernel sources (``kernel_sources``), the cutlass-dsl, TVM-FFI and Python versions and the
+    target."""
     import cutlass
     import tvm_ffi
 
@@ -38,9 +60,7 @@ def source_fingerprint() -> str:
     h.update(f"py{sys.version_info.major}.{sys.version_info.minor} cutlass={cutlass.__version__} "
              f"tvm_ffi={tvm_ffi.__version__} ".encode())
     h.update(os.environ.get("CUTE_DSL_ARCH", "").encode())
-    for src in sorted(Path(__file__).resolve().parent.glob("*.py")):
-        h.update(src.name.encode())
-        h.update(src.read_bytes())
+    h.update(sources_hash().encode())
     return h.hexdigest()[:32]
 
 

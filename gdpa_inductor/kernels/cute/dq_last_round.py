@@ -22,7 +22,7 @@ import cutlass.cute as cute
 
 from .wgmma import pack_pair
 
-# wgmma's accumulator (``triton.dq_fragments``' comment): a warpgroup's thread 32 w + 4 g + t holds, per group
+# wgmma's accumulator (``common/dq_fragments.py``' comment): a warpgroup's thread 32 w + 4 g + t holds, per group
 # of eight query columns j, the values c + 2 r at row (of dQᵀ, D) 16 w + 8 r + g and column 8 j + 2 t + c, which the
 # kernel stores four at a time, a j's 128 threads in a row
 GROUP_WORDS = 512

@@ -9,8 +9,8 @@ import os
 
 import torch
 
-from ..triton import dq_fragments, dq_round
-from ..triton.gdpa_fwd_tma import tma_layout
+from ..common import dq_fragments, dq_round
+from ..common.layout import tma_layout
 from .compile_cache import cached_compile
 from .dq_workspace import zeroed_dq_sums
 from .gdpa_fwd import _as_4d, _bias_4d, cute_fwd_support, fwd_supported

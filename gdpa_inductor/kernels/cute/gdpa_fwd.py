@@ -16,8 +16,8 @@ import os
 import torch
 
 from ..activations import ACTIVATION_NAMES
-from ..triton.gdpa_fwd_tma import capability_major, tma_layout
-from ..triton.layout import as_4d
+from ..common.device import capability_major
+from ..common.layout import as_4d, tma_layout
 from .compile_cache import cached_compile
 from .kernel_args import (
     compile_options,

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from ..common.layout import tma_layout
+from ..common.varlen_rows import VarlenSide
 from ..reference_varlen import varlen_batch
-from ..triton.gdpa_fwd_tma import tma_layout
-from ..triton.varlen_layout import VarlenSide
 from .gdpa_bwd import (
     BWD_HEAD_DIMS,
     bias_tile_modes,

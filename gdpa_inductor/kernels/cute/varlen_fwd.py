@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..triton.varlen_bounds import band_limits
-from ..triton.varlen_layout import VarlenSide
+from ..common.varlen_rows import VarlenSide
+from ..common.window_bounds import band_limits
 from .gdpa_fwd import (
     CAUSAL_TILE,
     bias_pairs_support,

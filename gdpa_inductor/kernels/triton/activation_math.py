@@ -12,16 +12,17 @@ eager PyTorch (``where(x < 0, 0, x)`` rather than ``max``, which drops NaN on th
 import triton
 import triton.language as tl
 
-SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
-GELU_TANH_COEF = tl.constexpr(0.044715)
+from ..common import activation_constants as consts
+
+SQRT_2_OVER_PI = tl.constexpr(consts.SQRT_2_OVER_PI)
+GELU_TANH_COEF = tl.constexpr(consts.GELU_TANH_COEF)
 INV_SQRT_2 = tl.constexpr(0.7071067811865476)
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
-# Erf approximant for exact GELU in half precision: Phi(x) ~ 0.5(1 + tanh(x(C1 + C3 x^2 + C5 x^4))) on |x| <= 5,
-# within 2^-13 of the exact Phi, gelu and gelu' (pinned by tests/kernels/test_activations.py).
-GELU_ERF_C1 = tl.constexpr(0.7974228171161315)
-GELU_ERF_C3 = tl.constexpr(0.03700386699238616)
-GELU_ERF_C5 = tl.constexpr(-0.0003475472313648832)
-GELU_ERF_CLAMP = tl.constexpr(5.0)
+# The erf approximant of exact GELU in half precision (``activation_constants``)
+GELU_ERF_C1 = tl.constexpr(consts.GELU_ERF_C1)
+GELU_ERF_C3 = tl.constexpr(consts.GELU_ERF_C3)
+GELU_ERF_C5 = tl.constexpr(consts.GELU_ERF_C5)
+GELU_ERF_CLAMP = tl.constexpr(consts.GELU_ERF_CLAMP)
 
 
 @triton.jit

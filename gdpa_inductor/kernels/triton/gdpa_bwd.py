@@ -20,9 +20,10 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from ..common.layout import as_4d
 from .activation_math import activate_and_grad, fp32_factors
 from .gdpa_fwd import causal_key_tiles, query_tile_program
-from .layout import as_4d, block_dim, fit_tile, grad_buffer, grad_is_atomic, kernel_flags, launcher, strides4
+from .layout import block_dim, fit_tile, grad_buffer, grad_is_atomic, kernel_flags, launcher, strides4
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
 _RUNTIME_SIZES = ["H", "HKV", "GROUP", "NQ", "NK"]

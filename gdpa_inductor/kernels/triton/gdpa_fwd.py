@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from ..common.layout import as_4d
 from .activation_math import activate, fp32_factors
-from .layout import as_4d, block_dim, fit_tile, kernel_flags, launcher, strides4
+from .layout import block_dim, fit_tile, kernel_flags, launcher, strides4
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
 _RUNTIME_SIZES = ["H", "GROUP", "NQ", "NK"]

@@ -11,13 +11,13 @@ It runs without a bias, for fp16/bf16 with power-of-two head dims up to 128 and 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from ..common.device import capability_major
+from ..common.layout import tma_layout
 from .activation_math import activate
 from .gdpa_fwd import FwdConfig, causal_key_tiles, query_tile_program
 from .layout import interpreting, kernel_flags
@@ -26,24 +26,11 @@ _RUNTIME_SIZES = ["H", "GROUP", "NQ", "NK"]
 TMA_CONFIG = FwdConfig(128, 64, 4, 2)
 
 
-@functools.lru_cache(maxsize=None)
-def capability_major(device_index: int) -> int:
-    return torch.cuda.get_device_capability(device_index)[0]
-
-
 def on_tma_gpu(device: torch.device) -> bool:
     """A CUDA device of compute capability 9 or later, outside the interpreter."""
     if device.type != "cuda" or interpreting():
         return False
     return capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
-
-
-def tma_layout(x: torch.Tensor) -> bool:
-    """TMA reads rows of 16-byte multiples from 16-byte-aligned addresses; a broadcast (stride-0) dim is
-    left to the pointer kernel."""
-    size = x.element_size()
-    return (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
-            and all(s > 0 and (s * size) % 16 == 0 for s in x.stride()[:-1]))
 
 
 def tma_supported(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, bias: torch.Tensor | None) -> bool:

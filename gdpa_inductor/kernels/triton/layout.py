@@ -1,5 +1,5 @@
-"""Host-side helpers shared by the Triton launchers: 4-D [Z, H, N, D] views without copies where
-possible, gradient buffers for broadcast inputs, and the flags that depend on how we run."""
+"""Host-side helpers shared by the Triton launchers: gradient buffers for broadcast inputs, tile sizes, and the
+flags that depend on how we run (4-D [Z, H, N, D] views are ``common/layout.py``'s, shared with CuTe)."""
 
 from __future__ import annotations
 
@@ -37,13 +37,6 @@ def fit_tile(cfg, q_len: int, kv_len: int):
     bm = min(cfg.block_m, block_dim(max(q_len, 1)))
     bn = min(cfg.block_n, block_dim(max(kv_len, 1)))
     return dataclasses.replace(cfg, block_m=bm, block_n=bn)
-
-
-def as_4d(x: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
-    """x [..., H, N, D] broadcast to [*batch, H, N, D] and flattened to [Z, H, N, D] (a view unless
-    the broadcast pattern cannot be flattened, which copies)."""
-    z = math.prod(batch)
-    return x.expand(*batch, *x.shape[-3:]).reshape(z, *x.shape[-3:])
 
 
 @dataclass

@@ -1,18 +1,16 @@
 """Which tiles a varlen program visits, and which of them need masks.
 
 A key j is kept for query i of a sample with lengths (nq, nk) iff ``d = j - i - (nk - nq)`` satisfies
-``-LEFT <= d <= RIGHT`` (causal: RIGHT = 0; no window: the bound is ``UNBOUNDED``), and both are inside the
-sample. Tiles that straddle a bound run masked; tiles fully inside run without masks; tiles fully outside
-are never visited, so a window or a short sample costs only the work it has.
+``-LEFT <= d <= RIGHT`` (causal: RIGHT = 0; no window: the bound is ``UNBOUNDED``; both from
+``common/window_bounds.py``), and both are inside the sample. Tiles that straddle a bound run masked; tiles fully
+inside run without masks; tiles fully outside are never visited, so a window or a short sample costs only the work
+it has.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-# Larger than any sequence, small enough that i + d stays inside int32.
-UNBOUNDED = 1 << 30
 
 
 @triton.jit
@@ -51,14 +49,3 @@ def band_keep(i, j, nq, nk, LEFT, RIGHT):
     ``offs_m[:, None]`` and ``offs_n[None, :]``, or transposed)."""
     d = j - i - (nk - nq)
     return (i < nq) & (j < nk) & (d >= -LEFT) & (d <= RIGHT)
-
-
-def band_limits(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
-    """(LEFT, RIGHT) for the kernels from the op's (left, right) window, -1 meaning unbounded."""
-    left, right = window
-    left = UNBOUNDED if left < 0 else left
-    right = UNBOUNDED if right < 0 else right
-    if causal:
-        right = min(right, 0)
-    return left, right
-

@@ -14,12 +14,13 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from ..common.varlen_rows import VarlenSide, with_tensor
+from ..common.window_bounds import UNBOUNDED, band_limits
 from .activation_math import activate_and_grad, fp32_factors
 from .gdpa_bwd import BwdConfig, default_bwd_configs
 from .layout import FULL_GRAD_BUFFER_BYTES, block_dim, fit_tile, kernel_flags, launcher
-from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span, query_span
+from .varlen_bounds import band_keep, key_span, query_span
 from .varlen_fwd import bias_view
-from .varlen_layout import VarlenSide, with_tensor
 from .varlen_schedule import program_work
 
 _RUNTIME_SIZES = ["HKV", "GROUP", "MAX_N", "LEFT", "RIGHT"]

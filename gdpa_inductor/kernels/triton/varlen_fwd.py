@@ -15,11 +15,12 @@ import triton
 import triton.language as tl
 
 from ..activations import get_activation
+from ..common.varlen_rows import VarlenSide
+from ..common.window_bounds import UNBOUNDED, band_limits
 from .activation_math import activate, fp32_factors
 from .gdpa_fwd import FwdConfig, default_fwd_config
 from .layout import block_dim, fit_tile, kernel_flags, launcher
-from .varlen_bounds import UNBOUNDED, band_keep, band_limits, key_span
-from .varlen_layout import VarlenSide
+from .varlen_bounds import band_keep, key_span
 from .varlen_schedule import program_work
 
 _RUNTIME_SIZES = ["H", "GROUP", "MAX_NQ", "LEFT", "RIGHT"]

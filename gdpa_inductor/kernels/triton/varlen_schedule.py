@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.varlen_rows import VarlenSide
 from .layout import interpreting, launcher
-from .varlen_layout import VarlenSide
 
 MAX_SORT = 8192
 _INDEX_BITS = 24

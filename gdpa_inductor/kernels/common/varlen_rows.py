@@ -1,7 +1,7 @@
-"""Per-sample rows of a varlen call, as the varlen kernels read them.
+"""Per-sample rows of a varlen call, as the varlen kernels of both backends read them.
 
 A side (queries, or keys with values) is a tensor plus, for each of the B samples, the row its sample
-starts at and its length (built by ``varlen_schedule``). Jagged ``[total, H, D]`` tensors take both from
+starts at and its length (built by ``triton/varlen_schedule.py``). Jagged ``[total, H, D]`` tensors take both from
 ``cu_seqlens``; dense ``[B or 1, N, H, D]`` tensors start every sample at row 0 of its own batch entry (a
 batch of 1 is shared: stride 0) and take N, or a padded batch's valid lengths, as the length.
 """
