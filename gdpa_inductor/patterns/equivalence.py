@@ -123,8 +123,9 @@ class _Proof:
                 s = s.masked_fill(padded_cols | padded_rows, 0.0)
             graph_p = self._graph_p(s)
             recipe_p, magnitude = self._recipe_p(s)
-            if padded_cols is not None:  # V is zero there: any finite P adds nothing
-                graph_p = torch.where(padded_cols & graph_p.isfinite(), recipe_p.to(graph_p.dtype), graph_p)
+            if padded_cols is not None:  # V is zero there (or the row's output is not read): any finite P adds nothing
+                unread = padded_cols | padded_rows if self.m.lengths.rows_unread else padded_cols
+                graph_p = torch.where(unread & graph_p.isfinite(), recipe_p.to(graph_p.dtype), graph_p)
             ok, why = _agree(graph_p, recipe_p, magnitude, self.dtype)
             if not ok:
                 return False, f"the fused op would differ from the graph ({why})"
@@ -247,8 +248,8 @@ class _Proof:
 
     def _zero_rows_give_zero(self) -> tuple[bool, str]:
         """For zero-padded operands, at every coordinate at once: scores of 0 (a zero row of Q or K) must give a finite
-        P, and, where padded query rows are skipped, P = 0 below the diagonal (the keys a padded row i can meet
-        are those before the length, j < len <= i), whatever the bias and masks there."""
+        P, and, where padded query rows are skipped and their outputs read, P = 0 below the diagonal (the keys a
+        padded row i can meet are those before the length, j < len <= i), whatever the bias and masks there."""
         plan = self.m.lengths
         if plan is None or not plan.from_padding:
             return True, "ok"
@@ -256,7 +257,7 @@ class _Proof:
         if not bool(p.isfinite().all()):
             return False, "the fused op would differ from the graph (a zero score gives NaN or infinity)"
         below = self.sample[-1][None, :] < self.sample[-2][:, None]
-        if plan.rows and bool((p.masked_select(below.expand_as(p)) != 0).any()):
+        if plan.rows and not plan.rows_unread and bool((p.masked_select(below.expand_as(p)) != 0).any()):
             return False, "the fused op would differ from the graph (a zero query row does not give P = 0)"
         return True, "ok"
 

@@ -32,6 +32,7 @@ class LengthMask:
     # masks then stay in the op's bias.
     from_padding: bool = False
     offsets: bool = False
+    rows_unread: bool = False  # nothing reads the block's output in the padded query rows
 
 
 @dataclass(frozen=True)

@@ -35,28 +35,87 @@ class PaddedLengths:
     offsets: bool
     rows: bool  # Q is zero past the lengths
     cols: bool  # K and V are
+    rows_unread: bool = False  # nothing reads the block's output past the lengths (it is unpadded to jagged rows)
 
 
-def padded_lengths(q, k, v) -> Optional[PaddedLengths]:
+def padded_lengths(q, k, v, out: Optional[fx.Node] = None) -> Optional[PaddedLengths]:
     """The lengths past which K and V (and Q, when ``rows``) are provably zero; ``q``, ``k``, ``v`` are the
-    match's operand plans, read in the op's [B, H, N, D] layout."""
+    match's operand plans, read in the op's [B, H, N, D] layout, ``out`` the block's output in that layout (then
+    ``rows_unread`` says whether what follows it reads its rows past the lengths)."""
     evs = [x.example() for x in (q, k, v)]
     if not all(isinstance(e, torch.Tensor) and e.dim() == 4 for e in evs):
         return None
     b, n = evs[1].shape[0], evs[1].shape[-2]
     if not (statically_known_true(evs[2].shape[0] == b) and statically_known_true(evs[2].shape[-2] == n)):
         return None
+    budget = _jagged_rows(k.node, b)
     for source, offsets in _candidates(k.node, b):
         try:
             with concrete_mode():
-                if not (_zero_past(k, source, offsets, n) and _zero_past(v, source, offsets, n)):
+                if not (_zero_past(k, source, offsets, n, budget) and _zero_past(v, source, offsets, n, budget)):
                     continue
                 rows = (statically_known_true(evs[0].shape[0] == b) and statically_known_true(evs[0].shape[-2] == n)
-                        and _zero_past(q, source, offsets, n))
+                        and _zero_past(q, source, offsets, n, budget))
+                unread = rows and out is not None and _rows_unread(out, source, offsets, n, budget)
         except Exception:  # noqa: BLE001  (a subgraph that cannot be evaluated proves nothing)
             continue
-        return PaddedLengths(source, offsets, rows, True)
+        return PaddedLengths(source, offsets, rows, True, unread)
     return None
+
+
+# Nodes followed from the block's output to the one that drops its padded rows (views, a transpose, the unpad).
+MAX_UNPAD_STEPS = 6
+
+
+def _rows_unread(out: fx.Node, source: fx.Node, offsets: bool, n, budget: Optional[int]) -> bool:
+    """Whether the block's output ``out`` [B, H, N, Dv] reaches the rest of the graph only through a node whose value
+    does not change when the output's rows past the lengths do (the jagged rows gathered back from the padded batch):
+    evaluated with those rows zero and random, for each draw, along ``out``'s chain of single users."""
+    ev = fxn.example(out)
+    if not isinstance(ev, torch.Tensor) or ev.dim() != 4:
+        return False
+    shape = hint(ev.shape)
+    cur = out
+    for _ in range(MAX_UNPAD_STEPS):
+        if len(cur.users) != 1:
+            return False
+        cur = next(iter(cur.users))
+        try:
+            if all(_reads_no_padding(cur, out, shape, source, offsets, hint(n), budget, draw)
+                   for draw in range(DRAWS)):
+                return True
+        except Exception:  # noqa: BLE001  (a consumer that cannot be evaluated reads the padding, as far as we know)
+            return False
+    return False
+
+
+def _reads_no_padding(node: fx.Node, out: fx.Node, shape, source: fx.Node, offsets: bool, n: int,
+                      budget: Optional[int], draw: int) -> bool:
+    lengths = draw_lengths(shape[0], n, seed=draw, budget=budget)
+    gen = torch.Generator().manual_seed(11 + draw)
+    kept = torch.randn(shape, generator=gen)
+    past = torch.arange(n)[None, :] >= lengths[:, None]
+    noise = torch.where(past[:, None, :, None], torch.randn(shape, generator=gen), 0.0)
+    ev = fxn.example(out)
+    values = []
+    for padding in (torch.zeros(shape), noise):
+        evaluation = _Evaluation(node, source, _as_source(lengths, offsets, fxn.example(source)))
+        evaluation.values[out] = (kept.masked_fill(past[:, None, :, None], 0.0) + padding).to(ev.device, ev.dtype)
+        values.append(evaluation.run())
+    a, b = values
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(
+        torch.equal(a, b))
+
+
+def _jagged_rows(node: fx.Node, b) -> Optional[int]:
+    """A bound on the rows the drawn lengths may add up to: the fewest rows of a floating graph input the operand
+    reads that is not batch-major (the jagged values [L, ...] padded into it), so that every drawn offset is a row
+    of it; None when there is none."""
+    rows = [hint(fxn.example(cur).shape[0]) for cur in _upstream(node, values_only=True)
+            if cur.op in ("placeholder", "get_attr") and fxn.is_tensor_node(cur)
+            and fxn.example(cur).is_floating_point() and fxn.example(cur).dim() >= 1
+            and not statically_known_true(fxn.example(cur).shape[0] == b)]
+    return min(rows) if rows else None
 
 
 def _candidates(node: fx.Node, b) -> list[tuple[fx.Node, bool]]:
@@ -75,11 +134,11 @@ def _candidates(node: fx.Node, b) -> list[tuple[fx.Node, bool]]:
     return found[:MAX_CANDIDATES]
 
 
-def _zero_past(plan, source: fx.Node, offsets: bool, n) -> bool:
+def _zero_past(plan, source: fx.Node, offsets: bool, n, budget: Optional[int]) -> bool:
     n = hint(n)
     batch = hint(plan.example().shape[0])
     for draw in range(DRAWS):
-        lengths = draw_lengths(batch, n, seed=draw)
+        lengths = draw_lengths(batch, n, seed=draw, budget=budget)
         value = _Evaluation(plan.node, source, _as_source(lengths, offsets, fxn.example(source))).run()
         if plan.permute is not None:
             value = value.permute(plan.permute)
@@ -92,14 +151,27 @@ def _zero_past(plan, source: fx.Node, offsets: bool, n) -> bool:
     return True
 
 
-def draw_lengths(batch: int, n: int, seed: int) -> torch.Tensor:
-    """Per-sample lengths in [0, n], with an empty and a full sample and some in between."""
+def draw_lengths(batch: int, n: int, seed: int, budget: Optional[int] = None) -> torch.Tensor:
+    """Per-sample lengths in [0, n], with an empty and a full sample and some in between; with a ``budget`` (the
+    jagged rows), adding up to it where they can (the last samples filled first, the first kept empty), so that
+    offsets end at the last row as real ones do."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, n + 1, (batch,), generator=gen)
+    first = 1 if batch >= 2 else 0
     if batch >= 2:
         lengths[0], lengths[-1] = 0, n
     if batch >= 3:
         lengths[1] = max(1, n // 2) if n >= 2 else 0
+    if budget is not None:
+        target = min(budget, (batch - first) * n)
+        total = int(lengths.sum())
+        if total > target:
+            lengths = lengths * target // total
+        deficit = target - int(lengths.sum())
+        for i in reversed(range(first, batch)):
+            add = min(n - int(lengths[i]), deficit)
+            lengths[i] += add
+            deficit -= add
     return lengths
 
 

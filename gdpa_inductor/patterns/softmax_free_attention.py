@@ -95,7 +95,8 @@ class GdpaMatch:
         if self.lengths.from_padding:
             source = f"{'offsets' if self.lengths.offsets else 'lengths'} {self.lengths.lengths.name}"
             masks = "" if self.recipe.mask_note == "none" else f"{self.recipe.mask_note}; "
-            return (f"{masks}operands zero-padded past the {source}: padded {skipped} skipped "
+            unread = " (their outputs unread)" if self.lengths.rows_unread else ""
+            return (f"{masks}operands zero-padded past the {source}: padded {skipped} skipped{unread} "
                     f"(varlen op, per-sample lengths)")
         return f"{causal}{window}padding length mask: padded {skipped} skipped (varlen op, per-sample lengths)"
 
@@ -358,13 +359,14 @@ def _is_shared_weight(node: fx.Node) -> bool:
 
 def _prove(m: GdpaMatch) -> tuple[bool, str]:
     """``check_equivalent``, and where lengths read from zero-padded operands are what fails it (padded query rows
-    the graph does not leave zero: an activation nonzero at 0, a bias), the block with fewer of them skipped."""
+    the graph does not leave zero, where its output there is read: an activation nonzero at 0, a bias), the block
+    with fewer of them skipped."""
     ok, reason = check_equivalent(m)
     plan = m.lengths
     if ok or plan is None or not plan.from_padding:
         return ok, reason
     m.lengths = None
-    if plan.rows and not m.recipe.causal and m.recipe.window is None:
+    if plan.rows and not plan.rows_unread and not m.recipe.causal and m.recipe.window is None:
         m.lengths = LengthMask(plan.lengths, False, True, from_padding=True, offsets=plan.offsets)
         if check_equivalent(m)[0]:
             return True, "ok"
@@ -405,12 +407,13 @@ def _padded_plan(m: GdpaMatch) -> Optional[LengthMask]:
     band, only when Q is padded as well (per-sample square)."""
     if not _varlen_layout(m):
         return None
-    found = padded_lengths(m.q, m.k, m.v)
+    found = padded_lengths(m.q, m.k, m.v, m.outer)
     if found is None or fxn.example(found.source).device != m.q.example().device:
         return None
     if (m.recipe.causal or m.recipe.window is not None) and not found.rows:
         return None
-    return LengthMask(found.source, found.rows, found.cols, from_padding=True, offsets=found.offsets)
+    return LengthMask(found.source, found.rows, found.cols, from_padding=True, offsets=found.offsets,
+                      rows_unread=found.rows_unread)
 
 
 def _varlen_layout(m: GdpaMatch) -> bool:
