@@ -299,3 +299,8 @@ REAL_VALUE = "gdpa_real_value"
 def real_value(node: fx.Node) -> Optional[torch.Tensor]:
     """The real value the pass recorded for this graph input, else None."""
     return node.meta.get(REAL_VALUE)
+
+
+# Likewise, for a 1-D integer graph input (offsets or lengths of a padded batch), the number of jagged rows its real
+# value describes read both ways (its last entry, its sum): what drawn offsets may add up to (``padded_operands``).
+REAL_ROWS = "gdpa_real_rows"

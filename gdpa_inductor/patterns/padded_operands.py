@@ -8,7 +8,9 @@ not matter: the padding is constant there, so nothing upstream receives them.
 
 Established by evaluation, not by reading the spelling: each operand's subgraph is computed from drawn lengths
 (as offsets ``[B + 1]`` or lengths ``[B]``, whichever integer tensor of the graph it reads) and random values for
-everything else, and its rows past each drawn length must be exactly zero, for each draw.
+everything else, and its rows past each drawn length must be exactly zero, for each draw. The drawn lengths add up
+to the jagged rows the real offsets describe, and the evaluation runs on the CPU, so that a spelling that indexes
+with them stays in range, or raises, and never faults a GPU.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def padded_lengths(q, k, v, out: Optional[fx.Node] = None) -> Optional[PaddedLen
     b, n = evs[1].shape[0], evs[1].shape[-2]
     if not (statically_known_true(evs[2].shape[0] == b) and statically_known_true(evs[2].shape[-2] == n)):
         return None
-    budget = _jagged_rows(k.node, b)
     for source, offsets in _candidates(k.node, b):
+        budget = _jagged_rows(k.node, b, source, offsets)
         try:
             with concrete_mode():
                 if not (_zero_past(k, source, offsets, n, budget) and _zero_past(v, source, offsets, n, budget)):
@@ -100,17 +102,21 @@ def _reads_no_padding(node: fx.Node, out: fx.Node, shape, source: fx.Node, offse
     values = []
     for padding in (torch.zeros(shape), noise):
         evaluation = _Evaluation(node, source, _as_source(lengths, offsets, fxn.example(source)))
-        evaluation.values[out] = (kept.masked_fill(past[:, None, :, None], 0.0) + padding).to(ev.device, ev.dtype)
+        evaluation.values[out] = (kept.masked_fill(past[:, None, :, None], 0.0) + padding).to(ev.dtype)
         values.append(evaluation.run())
     a, b = values
     return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(
         torch.equal(a, b))
 
 
-def _jagged_rows(node: fx.Node, b) -> Optional[int]:
-    """A bound on the rows the drawn lengths may add up to: the fewest rows of a floating graph input the operand
-    reads that is not batch-major (the jagged values [L, ...] padded into it), so that every drawn offset is a row
-    of it; None when there is none."""
+def _jagged_rows(node: fx.Node, b, source: fx.Node, offsets: bool) -> Optional[int]:
+    """What the drawn lengths add up to, as real offsets end at the last jagged row: the rows the source's real value
+    describes (a graph input's, recorded by the pass), else the fewest rows of a floating input the operand reads
+    that is not batch-major (the jagged values [L, ...] or a weight: at most L, so that no drawn offset passes the
+    values); None when neither is known."""
+    real = source.meta.get(fxn.REAL_ROWS)
+    if real is not None:
+        return real[0] if offsets else real[1]
     rows = [hint(fxn.example(cur).shape[0]) for cur in _upstream(node, values_only=True)
             if cur.op in ("placeholder", "get_attr") and fxn.is_tensor_node(cur)
             and fxn.example(cur).is_floating_point() and fxn.example(cur).dim() >= 1
@@ -177,12 +183,20 @@ def draw_lengths(batch: int, n: int, seed: int, budget: Optional[int] = None) ->
 
 def _as_source(lengths: torch.Tensor, offsets: bool, ev: torch.Tensor) -> torch.Tensor:
     value = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]) if offsets else lengths
-    return value.to(device=ev.device, dtype=ev.dtype)
+    return value.to(dtype=ev.dtype)
+
+
+_CPU = torch.device("cpu")
+
+
+def _on_cpu(x: Any) -> Any:
+    return _CPU if isinstance(x, torch.device) or (isinstance(x, str) and x.startswith("cuda")) else x
 
 
 class _Evaluation:
     """The operand's value with ``source`` set: floating values that do not depend on it are drawn at random, the
-    rest computed with the graph's own targets."""
+    rest computed with the graph's own targets. On the CPU, whatever device the graph names: an index a drawn value
+    puts out of range raises there, where on a GPU it would end the process's CUDA context."""
 
     def __init__(self, operand: fx.Node, source: fx.Node, source_value: torch.Tensor):
         self.operand, self.source = operand, source
@@ -224,12 +238,17 @@ class _Evaluation:
         if ev.element_size() * _numel(shape) > MAX_VALUE_BYTES:
             raise Unprovable(f"{node.name} is too large to evaluate")
         if ev.dtype.is_floating_point and node not in self.depends:
-            return torch.randn(shape, generator=self.gen).to(device=ev.device, dtype=ev.dtype)
+            return torch.randn(shape, generator=self.gen).to(dtype=ev.dtype)
         if node.op in ("placeholder", "get_attr"):
             raise Unprovable(f"{node.name}: a non-floating input other than the lengths")
-        args = fx.node.map_arg(node.args, self.values.__getitem__)
-        kwargs = fx.node.map_arg(node.kwargs, self.values.__getitem__)
-        return fxn.call_node(node, args, kwargs)
+        if node.op == "call_method" and node.target == "cuda":
+            return self.values[node.args[0]]
+        args = fx.node.map_aggregate(fx.node.map_arg(node.args, self.values.__getitem__), _on_cpu)
+        kwargs = fx.node.map_aggregate(fx.node.map_arg(node.kwargs, self.values.__getitem__), _on_cpu)
+        value = fxn.call_node(node, args, kwargs)
+        if isinstance(value, torch.Tensor) and value.device != _CPU:
+            raise Unprovable(f"{node.name} left the CPU")
+        return value
 
 
 def _numel(shape) -> int:

@@ -83,6 +83,23 @@ def _readable_inputs(placeholders: list[fx.Node], example_inputs: Sequence[Any])
     return readable
 
 
+# A 1-D integer input longer than this is not read as offsets or lengths.
+MAX_ROW_COUNT_ENTRIES = 1 << 16
+
+
+def _row_counts(placeholders: list[fx.Node], example_inputs: Sequence[Any]) -> dict[fx.Node, tuple[int, int]]:
+    """(last entry, sum) of each short 1-D integer input: the jagged rows it describes as offsets or as lengths. Read
+    only to size drawn offsets (``padded_operands``), never to decide what a proof concludes."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    counts = {}
+    for p, x in zip(placeholders, example_inputs):
+        if (isinstance(x, torch.Tensor) and not is_fake(x) and x.dim() == 1 and 0 < x.numel() <= MAX_ROW_COUNT_ENTRIES
+                and not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool):
+            counts[p] = (int(x[-1]), int(x.sum()))
+    return counts
+
+
 def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run: bool = False,
                  graph_name: str = "graph") -> list[CandidateReport]:
     if not dry_run:
@@ -91,11 +108,14 @@ def rewrite_gdpa(gm: fx.GraphModule, example_inputs: Sequence[Any] = (), dry_run
     readable = _readable_inputs(placeholders, example_inputs)
     for node, value in readable.items():
         node.meta[fxn.REAL_VALUE] = value
+    for node, rows in _row_counts(placeholders, example_inputs).items():
+        node.meta[fxn.REAL_ROWS] = rows
     try:
         reports = _GdpaPass(gm, dry_run, graph_name).run()
     finally:
-        for node in readable:
+        for node in placeholders:
             node.meta.pop(fxn.REAL_VALUE, None)
+            node.meta.pop(fxn.REAL_ROWS, None)
     for name, sub in list(gm.named_children()):
         if isinstance(sub, fx.GraphModule):
             reports += _GdpaPass(sub, dry_run, f"{graph_name}.{name}").run()

@@ -128,3 +128,28 @@ def test_the_pass_keeps_no_input_value_in_the_graph():
     with torch.no_grad():
         torch.compile(model, backend=backend)(*inputs)
     assert seen == [1, []]
+
+
+def test_the_pass_keeps_no_row_count_in_the_graph():
+    """The jagged rows a padded batch's offsets describe size the pass's drawn offsets during its run only."""
+    from gdpa_inductor.patterns import fx_nodes as fxn
+
+    model, inputs = build(ZOO_BY_NAME["hstu_reference_padded_gather"])
+    seen = []
+
+    def backend(gm, example_inputs):
+        from gdpa_inductor.patterns import padded_operands
+
+        real = []
+        original = padded_operands._jagged_rows
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(padded_operands, "_jagged_rows", lambda *a: real.append(original(*a)) or real[-1])
+            seen.append(sum(r.matched for r in gdpa_inductor.patterns.rewrite.rewrite_gdpa(gm, example_inputs)))
+        seen.append(real[:1])
+        seen.append([n.name for n in gm.graph.nodes if fxn.REAL_ROWS in n.meta])
+        return gm.forward
+
+    reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(*inputs)
+    assert seen == [1, [int(inputs[3][-1])], []]
