@@ -72,41 +72,43 @@ MAX_UNPAD_STEPS = 6
 def _rows_unread(out: fx.Node, source: fx.Node, offsets: bool, n, budget: Optional[int]) -> bool:
     """Whether the block's output ``out`` [B, H, N, Dv] reaches the rest of the graph only through a node whose value
     does not change when the output's rows past the lengths do (the jagged rows gathered back from the padded batch):
-    evaluated with those rows zero and random, for each draw, along ``out``'s chain of single users."""
+    along ``out``'s chain of single users, each node evaluated with those rows zero and random, for each draw."""
     ev = fxn.example(out)
     if not isinstance(ev, torch.Tensor) or ev.dim() != 4:
         return False
-    shape = hint(ev.shape)
-    cur = out
-    for _ in range(MAX_UNPAD_STEPS):
-        if len(cur.users) != 1:
-            return False
+    chain, cur = [], out
+    while len(chain) < MAX_UNPAD_STEPS and len(cur.users) == 1:
         cur = next(iter(cur.users))
+        chain.append(cur)
+    pairs = [_padding_variants(out, ev, source, offsets, hint(n), budget, draw) for draw in range(DRAWS)]
+    for node in chain:
         try:
-            if all(_reads_no_padding(cur, out, shape, source, offsets, hint(n), budget, draw)
-                   for draw in range(DRAWS)):
-                return True
+            values = [(zero.evaluate(node), noisy.evaluate(node)) for zero, noisy in pairs]
         except Exception:  # noqa: BLE001  (a consumer that cannot be evaluated reads the padding, as far as we know)
             return False
+        if all(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+               and torch.equal(a, b) for a, b in values):
+            return True
     return False
 
 
-def _reads_no_padding(node: fx.Node, out: fx.Node, shape, source: fx.Node, offsets: bool, n: int,
-                      budget: Optional[int], draw: int) -> bool:
-    lengths = draw_lengths(shape[0], n, seed=draw, budget=budget)
+def _padding_variants(out: fx.Node, ev: torch.Tensor, source: fx.Node, offsets: bool, n: int,
+                      budget: Optional[int], draw: int) -> tuple[_Evaluation, _Evaluation]:
+    """Two evaluations of what follows ``out`` for one draw of the lengths: its rows past them zero, or not."""
+    b, h, _, dv = hint(ev.shape)
+    lengths = draw_lengths(b, n, seed=draw, budget=budget)
     gen = torch.Generator().manual_seed(11 + draw)
-    kept = torch.randn(shape, generator=gen)
-    past = torch.arange(n)[None, :] >= lengths[:, None]
-    noise = torch.where(past[:, None, :, None], torch.randn(shape, generator=gen), 0.0)
-    ev = fxn.example(out)
-    values = []
-    for padding in (torch.zeros(shape), noise):
-        evaluation = _Evaluation(node, source, _as_source(lengths, offsets, fxn.example(source)))
-        evaluation.values[out] = (kept.masked_fill(past[:, None, :, None], 0.0) + padding).to(ev.dtype)
-        values.append(evaluation.run())
-    a, b = values
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(
-        torch.equal(a, b))
+    past = (torch.arange(n)[None, :] >= lengths[:, None])[:, None, :, None]
+    # rank-one values (cheap at full size), distinct along every axis
+    kept = torch.randn(b, 1, n, 1, generator=gen) * torch.randn(1, h, 1, dv, generator=gen)
+    noise = torch.randn(b, 1, n, 1, generator=gen).abs() + 1.0
+    source_value = _as_source(lengths, offsets, fxn.example(source))
+    variants = []
+    for padding in (torch.zeros(()), noise):
+        evaluation = _Evaluation(out, source, source_value)
+        evaluation.values[out] = torch.where(past, padding, kept).to(ev.dtype)
+        variants.append(evaluation)
+    return variants[0], variants[1]
 
 
 def _jagged_rows(node: fx.Node, b, source: fx.Node, offsets: bool) -> Optional[int]:
@@ -207,6 +209,16 @@ class _Evaluation:
             if any(a in self.depends for a in cur.all_input_nodes):
                 self.depends.add(cur)
         self.gen = torch.Generator().manual_seed(7)
+
+    def evaluate(self, node: fx.Node) -> Any:
+        """``node``'s value, reusing what earlier evaluations computed (its upstream must be ``operand``'s or
+        follow from it)."""
+        order = {n: i for i, n in enumerate(node.graph.nodes)}
+        for cur in sorted(_upstream(node), key=order.__getitem__):
+            if any(a in self.depends for a in cur.all_input_nodes):
+                self.depends.add(cur)
+        self.operand = node
+        return self.run()
 
     def run(self) -> torch.Tensor:
         stack = [self.operand]
