@@ -17,7 +17,6 @@ import gdpa_inductor
 from gdpa_inductor.kernels.cute.gdpa_bwd import (
     DQ_DIRECT_MAX_KEY_TILES,
     LONG_QUERY_TILE,
-    QUERY_TILE_ENV,
     bwd_query_tile,
     dq_sums_for,
     gdpa_bwd_cute,
@@ -137,7 +136,7 @@ def test_80_row_query_tiles_within_eager_error(act, nq, nk, dtype):
 def test_80_row_query_tiles_by_default_through_the_op(case, cute_backend, monkeypatch):
     """From 2048 queries the op's backward takes 80-row tiles for relu, silu and hardswish by itself (GQA, ragged
     lengths, fp16): dq, dk and dv within 2x eager's error."""
-    monkeypatch.delenv(QUERY_TILE_ENV, raising=False)
+    monkeypatch.setattr(gdpa_inductor.config, "cute_bwd_query_tile", None)
     _, act, _, _, _, nq, nk, d, dv = case
     assert bwd_query_tile(dq_sums_for(nk), d, dv, False, False, act, nq) == LONG_QUERY_TILE
     assert_backward_case_within_eager(case)

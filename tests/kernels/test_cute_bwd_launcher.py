@@ -12,10 +12,10 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 import torch  # noqa: E402
 from gdpa_testing import wgmma_fragments_of  # noqa: E402
 
+import gdpa_inductor.config  # noqa: E402
 from gdpa_inductor.kernels.cute.activation_math import backward_form  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
     LONG_QUERY_TILE,
-    QUERY_TILE_ENV,
     WIDE_KEY_TILE,
     bias_tile_modes,
     bwd_key_tile,
@@ -333,15 +333,12 @@ def _tile_case(activation, num_queries, dq_sums="fp32", head_dim=128, causal=Fal
     ("80", _tile_case("gelu", 100), 64), ("64", _tile_case("silu", 2048), 64),
 ])
 def test_query_tile_of_80_rows_by_default_in_its_measured_cases_or_on_request(monkeypatch, env, case, tile):
-    if env is None:
-        monkeypatch.delenv(QUERY_TILE_ENV, raising=False)
-    else:
-        monkeypatch.setenv(QUERY_TILE_ENV, env)
+    monkeypatch.setattr(gdpa_inductor.config, "cute_bwd_query_tile", None if env is None else int(env))
     assert bwd_query_tile(*case) == tile
 
 
 def test_query_tile_environment_variable_named(monkeypatch):
-    monkeypatch.setenv(QUERY_TILE_ENV, "128")
+    monkeypatch.setitem(gdpa_inductor.config.__dict__, "cute_bwd_query_tile", "128")  # as the variable leaves it
     with pytest.raises(ValueError, match=r"GDPA_CUTE_BWD_QUERY_TILE must be one of \(64, 80\), got '128'"):
         bwd_query_tile("fp32", 128, 128, False, False, "silu", 2048)
 

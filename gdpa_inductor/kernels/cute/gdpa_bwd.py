@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from ... import config
 from ..common import dq_fragments, dq_round
 from ..common.layout import tma_layout
 from .compile_cache import cached_compile
@@ -117,10 +118,9 @@ QUERY_TILE = 64
 # gelu_tanh's packed bf16x2 form (``activation_math.PackedBackwardForm``) left registers enough for the 80-row tiles
 # to gain (H100, medians of four alternating rounds, whole backward: 2048² 11.73 -> 11.39 ms, 4096² 10.76 -> 10.36;
 # 1536² level, 1152² 2% slower)
-QUERY_TILES = (64, 80)
+QUERY_TILES = config.QUERY_TILES
 LONG_QUERY_TILE = 80
 LONG_QUERY_TILE_HEAD_DIM = 128
-QUERY_TILE_ENV = "GDPA_CUTE_BWD_QUERY_TILE"
 # gelu's erf polynomial beside the 80-row tiles' accumulators: ptxas serializes every wgmma of the build (72 bytes
 # spilled); the other activations spill 0-56 bytes (hardswish the most), none serializes
 LONG_QUERY_TILE_EXCLUDED = ("gelu",)
@@ -524,13 +524,13 @@ def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, ac
 def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, score_bias: bool,
                    activation: str, num_queries: int, packed: bool = False) -> int:
     """Queries per step of the backward (one of ``QUERY_TILES``) for a dense batch of ``num_queries`` queries: where
-    the environment variable ``GDPA_CUTE_BWD_QUERY_TILE`` names one, that one in its cases; else 80 in its cases
+    ``config.cute_bwd_query_tile`` (``GDPA_CUTE_BWD_QUERY_TILE``) names one, that one in its cases; else 80 in its cases
     for ``LONG_QUERY_TILE_ACTIVATIONS`` (and with ``packed``, the backward in its packed form, for
     ``LONG_QUERY_TILE_PACKED_ACTIVATIONS``) from ``LONG_QUERY_TILE_MIN_QUERIES`` on, 64 otherwise (``QUERY_TILES``'
     comment)."""
-    wanted = os.environ.get(QUERY_TILE_ENV)
-    if wanted is not None and wanted not in {str(t) for t in QUERY_TILES}:
-        raise ValueError(f"{QUERY_TILE_ENV} must be one of {QUERY_TILES}, got {wanted!r}")
+    wanted = config.cute_bwd_query_tile
+    if wanted is not None and wanted not in QUERY_TILES:
+        raise ValueError(f"{config.QUERY_TILE_ENV} must be one of {QUERY_TILES}, got {wanted!r}")
     if wanted is None:
         long_tile_activations = LONG_QUERY_TILE_ACTIVATIONS + (LONG_QUERY_TILE_PACKED_ACTIVATIONS if packed else ())
         preferred = activation in long_tile_activations and num_queries >= LONG_QUERY_TILE_MIN_QUERIES
