@@ -140,16 +140,22 @@ def test_the_pass_keeps_no_row_count_in_the_graph():
     def backend(gm, example_inputs):
         from gdpa_inductor.patterns import padded_operands
 
-        real = []
+        recorded = []
         original = padded_operands._jagged_rows
+
+        def spy(node, b, source, offsets):
+            recorded.append(source.meta.get(fxn.REAL_ROWS))
+            return original(node, b, source, offsets)
+
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(padded_operands, "_jagged_rows", lambda *a: real.append(original(*a)) or real[-1])
+            mp.setattr(padded_operands, "_jagged_rows", spy)
             seen.append(sum(r.matched for r in gdpa_inductor.patterns.rewrite.rewrite_gdpa(gm, example_inputs)))
-        seen.append(real[:1])
+        seen.append(recorded[:1])
         seen.append([n.name for n in gm.graph.nodes if fxn.REAL_ROWS in n.meta])
         return gm.forward
 
     reset()
     with torch.no_grad():
         torch.compile(model, backend=backend)(*inputs)
-    assert seen == [1, [int(inputs[3][-1])], []]
+    offsets = inputs[3]
+    assert seen == [1, [(int(offsets[-1]), int(offsets.sum()))], []]
