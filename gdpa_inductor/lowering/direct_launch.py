@@ -111,7 +111,7 @@ def triton_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
     if not _static(q, k, v, bias, *others):
         return False
     if config.backend == "auto":
-        from ..kernels.cute.gdpa_fwd import machine_support
+        from ..kernels.cute.fwd_support import machine_support
 
         if machine_support(q.device)[0]:
             worth, why = cute_worth_opaque_call(flops, backward)

@@ -39,7 +39,7 @@ def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
     """The dense forward's path: see ``_cute_else_select``."""
 
     def support(q, k, v, bias, causal, activation):
-        from ..kernels.cute.gdpa_fwd import cute_fwd_preferred, cute_fwd_support
+        from ..kernels.cute.fwd_support import cute_fwd_preferred, cute_fwd_support
 
         ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
         if ok and config.backend == "auto":
@@ -54,7 +54,7 @@ def select_backward_impl(q, k, v, bias, causal: bool, activation: str, bias_grad
     gradient (not in the CuTe backward)."""
 
     def support(q, k, v, bias, causal, activation):
-        from ..kernels.cute.gdpa_bwd import cute_bwd_support
+        from ..kernels.cute.bwd_support import cute_bwd_support
 
         return cute_bwd_support(q, k, v, bias, causal, activation, bias_grad)
 
@@ -68,7 +68,7 @@ def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, i
     ``select_impl``. ``rows``: the call's (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)."""
 
     def support(q, k, v, bias, causal, window, activation, rows):
-        from ..kernels.cute.varlen_fwd import cute_varlen_fwd_preferred, cute_varlen_fwd_support
+        from ..kernels.cute.varlen_support import cute_varlen_fwd_preferred, cute_varlen_fwd_support
 
         ok, reason = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows)
         if ok and config.backend == "auto":
@@ -90,7 +90,7 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
     backward alone ran 1.13-1.94x as fast as Triton's varlen backward, 1.20-2.22x under the causal mask."""
 
     def support(q, k, v, bias, causal, window, activation, rows):
-        from ..kernels.cute.varlen_bwd import cute_varlen_bwd_support
+        from ..kernels.cute.varlen_support import cute_varlen_bwd_support
 
         return cute_varlen_bwd_support(q, k, v, bias, causal, window, activation, rows, bias_grad)
 

@@ -7,15 +7,16 @@ launches) against 0.30 ms of GPU time at Meta's shortest jagged shape, so short 
 (``benchmarks/host_overhead.py``). When nothing traces the call (no torch.compile or export, no fake or
 functional tensors, no dispatch mode, no functorch transform) the public functions run the same
 implementations through this path instead; anything that traces still sees the custom ops, so the
-compiled graphs, opcheck and the fakes are unchanged. Both paths run ``forward_impl``/``backward_impl``.
+compiled graphs, opcheck and the fakes are unchanged. Both paths run ``forward_impl``/``backward_impl``, and one
+autograd (``op_autograd``) serves both ops on both paths.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import ops, varlen_ops
+from .op_autograd import EagerAttention
 
 _EAGER_DEVICES = ("cuda", "cpu")
 # Exact types: any other Tensor subclass may override dispatch, so it keeps the custom op.
@@ -35,45 +36,13 @@ def _needs_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, bias, *params):
-        ctx.save_for_backward(q, k, v, bias)
-        ctx.params = params
-        return ops.forward_impl(q, k, v, bias, *params)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout):
-        q, k, v, bias = ctx.saved_tensors
-        bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = ops.backward_impl(dout, q, k, v, bias, *ctx.params, bias_grad)
-        return dq, dk, dv, dbias if bias_grad else None, *(None for _ in ctx.params)
-
-
-class _VarlenAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, bias, *rows_and_params):
-        ctx.save_for_backward(q, k, v, bias, *rows_and_params[:4])
-        ctx.params = rows_and_params[4:]
-        return varlen_ops.forward_impl(q, k, v, bias, *rows_and_params)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout):
-        q, k, v, bias, *rows = ctx.saved_tensors
-        bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = varlen_ops.backward_impl(dout, q, k, v, bias, *rows, *ctx.params, bias_grad)
-        return dq, dk, dv, dbias if bias_grad else None, *(None for _ in range(4 + len(ctx.params)))
-
-
 def attention(q, k, v, bias, activation, scale, post_scale, causal, negative_slope) -> torch.Tensor:
     """``gdpa::attention_fwd_v1`` with its autograd, through the fast path where nothing traces the call."""
     params = (activation, scale, post_scale, causal, negative_slope)
     if not plain_eager(q, k, v, bias):
         return ops.attention_fwd(q, k, v, bias, *params)
     if _needs_grad(q, k, v, bias):
-        return _Attention.apply(q, k, v, bias, *params)
+        return EagerAttention.apply(ops.EAGER_AUTOGRAD, ops.forward_impl, q, k, v, bias, *params)
     return ops.forward_impl(q, k, v, bias, *params)
 
 
@@ -83,5 +52,5 @@ def varlen_attention(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, sequs
     if not plain_eager(q, k, v, bias, *rows):
         return varlen_ops.varlen_fwd(q, k, v, bias, *rows, *params)
     if _needs_grad(q, k, v, bias):
-        return _VarlenAttention.apply(q, k, v, bias, *rows, *params)
+        return EagerAttention.apply(varlen_ops.EAGER_AUTOGRAD, varlen_ops.forward_impl, q, k, v, bias, *rows, *params)
     return varlen_ops.forward_impl(q, k, v, bias, *rows, *params)

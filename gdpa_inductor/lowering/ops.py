@@ -16,6 +16,7 @@ import torch
 from ..kernels.reference import gdpa_reference, gdpa_reference_backward
 from . import fallback
 from .dispatch import select_backward_impl, select_forward_impl
+from .op_autograd import OpAutograd
 
 
 def _broadcast_batch(q, k, v) -> tuple:
@@ -28,9 +29,9 @@ def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_
 
     def run_path(impl):
         if impl == "cute":
-            from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_batched
+            from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_op
 
-            return gdpa_fwd_cute_batched(q, k, v, activation, scale, post_scale, negative_slope, causal, bias)
+            return gdpa_fwd_cute_op(q, k, v, activation, scale, post_scale, negative_slope, causal, bias)
         if impl == "triton":
             from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
 
@@ -48,9 +49,9 @@ def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, ne
 
     def run_path(impl):
         if impl == "cute":
-            from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_batched
+            from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_op
 
-            return gdpa_bwd_cute_batched(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias,
+            return gdpa_bwd_cute_op(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias,
                                          bias_requires_grad)
         if impl == "triton":
             from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
@@ -108,17 +109,6 @@ def _attention_bwd_fake(dout, q, k, v, bias, activation, scale, post_scale, caus
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, bias, activation, scale, post_scale, causal, negative_slope = inputs
-    ctx.save_for_backward(q, k, v, bias)
-    ctx.params = (activation, scale, post_scale, causal, negative_slope)
-
-
-def _backward(ctx, dout):
-    q, k, v, bias = ctx.saved_tensors
-    bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = attention_bwd(dout, q, k, v, bias, *ctx.params, bias_grad)
-    return dq, dk, dv, dbias if bias_grad else None, None, None, None, None, None
-
-
-attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+OpAutograd(4, attention_bwd).register(attention_fwd)
+# the eager fast path's autograd (``eager``): the same steps on the implementation
+EAGER_AUTOGRAD = OpAutograd(4, backward_impl)

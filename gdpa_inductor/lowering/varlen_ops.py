@@ -21,6 +21,7 @@ from ..kernels.reference_varlen import (
 )
 from . import fallback
 from .dispatch import select_varlen_backward_impl, select_varlen_forward_impl
+from .op_autograd import OpAutograd
 
 
 def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, traced):
@@ -43,7 +44,8 @@ def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, p
     out = alloc(varlen_out_shape(q, v, rows[0], batch), dtype=v.dtype, device=v.device)
     activation, scale, post_scale, causal, window, negative_slope = params
     if impl == "cute":
-        from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute, varlen_band
+        from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute
+        from ..kernels.cute.varlen_plan import varlen_band
 
         return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
                                     negative_slope, causal, varlen_band(q, k, v, causal, window, rows), bias)
@@ -62,7 +64,7 @@ def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seql
     activation, scale, post_scale, causal, window, negative_slope = params
     if impl == "cute":
         from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
-        from ..kernels.cute.varlen_fwd import varlen_band
+        from ..kernels.cute.varlen_plan import varlen_band
 
         return gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
                                     causal, varlen_band(q, k, v, causal, window, rows), bias, bias_requires_grad)
@@ -174,17 +176,6 @@ def _varlen_bwd_fake(dout, q, k, v, bias, *args):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, bias, cu_q, cu_k, used_q, used_k, *params = inputs
-    ctx.save_for_backward(q, k, v, bias, cu_q, cu_k, used_q, used_k)
-    ctx.params = params
-
-
-def _backward(ctx, dout):
-    q, k, v, bias, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
-    bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = varlen_bwd(dout, q, k, v, bias, cu_q, cu_k, used_q, used_k, *ctx.params, bias_grad)
-    return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 13
-
-
-varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
+# q, k, v, bias and the four row tensors saved
+OpAutograd(8, varlen_bwd).register(varlen_fwd)
+EAGER_AUTOGRAD = OpAutograd(8, backward_impl)

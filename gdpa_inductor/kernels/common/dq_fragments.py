@@ -1,9 +1,9 @@
 """dQ from the fp32 sums the CuTe backward leaves in its accumulators' order (80-row query tiles, ``GdpaBwdSm90``'s
 ``dq_flat``): permuted into rows of D, scaled and rounded once, in one pass.
 
-A torch permute of that buffer (``gdpa_bwd.dq_fragments_as_rows``) reads it 64 bytes apart along its fastest output
-dim: 1.6 ms against the plain cast's 0.6 ms at 2048², B = 288, H = 4 (H200). Here each program reads a tile's
-512-value blocks in order (one warpgroup's eight query columns of its 64 rows of dQᵀ), permutes them in registers
+A torch permute of that buffer (``cute.bwd_results.dq_fragments_as_rows``) reads it 64 bytes apart along its
+fastest output dim: 1.6 ms against the plain cast's 0.6 ms at 2048², B = 288, H = 4 (H200). Here each program reads a
+tile's 512-value blocks in order (one warpgroup's eight query columns of its 64 rows of dQᵀ), permutes them in registers
 and shared memory, and stores eight rows of 64 values.
 """
 

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from ... import config
@@ -64,7 +64,7 @@ def source_fingerprint() -> str:
     return h.hexdigest()[:32]
 
 
-def cache_path(key: tuple) -> Path | None:
+def cache_path(key: Hashable) -> Path | None:
     """Where ``key``'s object file lives, or None when the disk cache is off."""
     if not config.kernel_cache_dir:
         return None
@@ -98,9 +98,10 @@ def _store(path: Path, compiled) -> None:
         log.info("gdpa_inductor: could not cache the compiled kernel at %s (%s)", path, exc)
 
 
-def cached_compile(key: tuple, build: Callable, persist: bool = True):
-    """The compiled kernel for ``key`` (a tuple of plain values naming everything the compile depends on
-    besides the sources): from memory, else from disk (``persist``), else ``build()``, stored in both."""
+def cached_compile(key: Hashable, build: Callable, persist: bool = True):
+    """The compiled kernel for ``key`` (a hashable value whose repr names everything the compile depends on
+    besides the sources: a plan and whether the PTX is kept): from memory, else from disk (``persist``), else
+    ``build()``, stored in both."""
     if key in _MEMORY:
         return _MEMORY[key]
     path = cache_path(key) if persist else None

@@ -1,7 +1,7 @@
 """dQ rounded inside the CuTe backward, by the last CTA of each head to finish (``GdpaBwdSm90``'s ``dq_last_round``).
 
 With fp32 dQ sums the backward otherwise leaves a buffer that one more pass scales, permutes and rounds
-(``gdpa_bwd.dq_of_fragments``): 0.65 ms of a 14.8 ms forward and backward at 2048², B = 288, H = 4 (H100), a
+(``bwd_results.dq_of_fragments``): 0.65 ms of a 14.8 ms forward and backward at 2048², B = 288, H = 4 (H100), a
 read of the whole buffer from HBM. Here each CTA, once its last reduce-add into the buffer
 is complete, counts itself in per head (one int32 per (sample, head), zero-filled); the CTA that counts last rounds
 that head's sums while they are still in L2, with its two consumer warpgroups, whose tensor cores have nothing

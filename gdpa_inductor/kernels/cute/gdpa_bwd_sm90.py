@@ -18,13 +18,6 @@ One CTA per (128-key tile, head, sample), looping over 64-row query tiles; three
   (no per-thread atomics), in fp32 into a buffer the caller casts, or over short key ranges in the operands'
   dtype straight into dQ (``dq_dtype``). The consumers only wait for their buffer to be free and signal it
   full: neither waits for the other's dQ or for the copy;
-- or, with ``dq_pairs``, CTAs in clusters of two (key tiles 2j and 2j + 1) that sum their dQ tiles in fp32
-  before one in-place add: each CTA owns one half of D, computed by its second warpgroup; the first
-  (half a tile ahead) computes the other half and stores its fp32 partial straight into the peer's shared
-  memory (``st.async``, counted by the peer's mbarrier; two stages), whose owning warpgroup adds it to its own
-  in registers and hands the half-tile to the dQ warp, which adds it into dQ in the operands' dtype. A dQ value
-  then takes one rounding per pair of key tiles, as over a 256-key tile, and the fp32 buffer (twice dQ's
-  size), its zero fill, reduce traffic and cast are gone.
 No softmax: no LSE, no rowsum(dO ∘ O) pass. 5 matmuls per tile, nothing N×N leaves the chip. The epilogue
 scales dK and dV, writes them over the K and V tiles in shared memory and stores them by TMA. Keys and queries
 past the ends read as zeros (TMA fills them) and are masked out of P and dS, so non-finite inputs cannot leak
@@ -43,14 +36,11 @@ sample's end (``ragged_rows``); a CTA past its sample's keys, or of a sample wit
 
 from __future__ import annotations
 
-import dataclasses
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
@@ -99,7 +89,7 @@ class GdpaBwdSm90:
 
     def __init__(
         self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
-        q_stages: int = 2, dq_pairs: bool = False, dq_late: bool = True, varlen: bool = False, causal: bool = False,
+        q_stages: int = 2, dq_late: bool = True, varlen: bool = False, causal: bool = False,
         band: bool = False, score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
         dbias_atomic: bool = False, tile_m: int = 64, dq_last_round: bool = False,
     ):
@@ -122,18 +112,18 @@ class GdpaBwdSm90:
         # 80 rows make no whole number of 64-row wgmma tiles, so dQ is computed transposed (dQᵀ = Kᵀ dSᵀ, each
         # warpgroup half of D) and each warpgroup stores its fp32 half, in the accumulator's own order (16-byte
         # stores, no bank conflicts), into one shared-memory buffer the two fill in turn, which the dQ warp adds by
-        # one 1-D bulk reduce-add into a buffer that ``gdpa_bwd.dq_of_fragments`` permutes, scales and casts. One
+        # one 1-D bulk reduce-add into a buffer that ``bwd_results.dq_of_fragments`` permutes, scales and casts. One
         # buffer of half a tile leaves room for three dS stages. Each thread's own red.global.add.v4.f32 of its
         # values, with no buffer at all, took about 12.3 ms of kernel time against 11.7 (H200, 2048², B = 288,
         # gelu_tanh)
         self.dq_flat = tile_m % _WG_ROWS != 0
         assert not self.dq_flat or (head_dim == self.num_mma_wg * _WG_ROWS and dq_dtype is cutlass.Float32 and dq_late
-                                    and not (dq_pairs or varlen or causal or band or score_bias)), \
+                                    and not (varlen or causal or band or score_bias)), \
             "80-row query tiles: D = 128, fp32 dQ sums one tile late of a dense batch, no mask, no bias tensor"
         # the last CTA of each head to finish rounds the head's fp32 sums into dQ (``dq_last_round``), in place of
         # the caller's pass over the buffer
         self.dq_last_round = dq_last_round
-        assert not dq_last_round or (dq_dtype is cutlass.Float32 and not (dq_pairs or varlen)), \
+        assert not dq_last_round or (dq_dtype is cutlass.Float32 and not varlen), \
             "dQ rounded in the kernel: of a dense batch's fp32 sums"
         self.q_stages = q_stages
         self.threads = _WG_THREADS * (self.num_mma_wg + 1)
@@ -161,21 +151,13 @@ class GdpaBwdSm90:
         # once (``dq_last_round``): the dQ warp has counted this CTA in, and the consumers may read whether it was last
         self.barrier_dq_counted = self.barrier_offset + 1
         self.dq_warp = 1
-        self.dq_pairs = dq_pairs
-        assert not dq_pairs or dq_dtype is dtype, "pairs add into dQ itself"
-        assert not dq_pairs or dq_late, "the pairs exchange dQ tiles computed one tile late"
-        # with dq_pairs: two stages of the received half-tile, so that a sender waits only for the tile
-        # before the previous one to be read
-        self.pair_stages = 2
         # per-sample rows (``varlen``): a CTA per (key tile, head, sample) of a varlen batch, each side's rows of
         # its sample read and written through TMA descriptors bounded at the sample's end (``ragged_rows``)
         self.varlen = varlen
-        assert not (varlen and dq_pairs), "a varlen sample's key tiles need not pair up"
         # bottom-right aligned causal mask (Nk - Nq a whole number of key tiles; varlen: in every sample): a CTA
         # starts at the first query tile that sees one of its keys, and only the two 64-row tiles across its
-        # diagonal are masked; the pairs would exchange dQ tiles of two CTAs that start at different query tiles
+        # diagonal are masked
         self.causal = causal
-        assert not (causal and dq_pairs), "causal: dQ not summed by pairs"
         # a band around each varlen sample's diagonal, bounds given at run time: every query tile masked, so it
         # needs no alignment of the diagonal with the tiles
         assert not band or (varlen and not causal), "a band: varlen batches, in place of the aligned causal mask"
@@ -189,7 +171,7 @@ class GdpaBwdSm90:
         # so the next one loads while the rest of the step's matmuls run. In a varlen batch the tiles are at the
         # positions within each sample; rows and keys past the sample's ends read the bias's padding, which the
         # masked copy of the loop selects away as it does their scores
-        assert not (score_bias and (dq_pairs or score_offset)), "a bias tensor: no pairs, no one element"
+        assert not (score_bias and score_offset), "a bias tensor: no one element as well"
         self.score_bias = score_bias
         self.bias_stages = 1
         # dBias = post_scale · act'-factor · dS: the dQ warp stores each dS tile, once both warpgroups have used it
@@ -265,12 +247,8 @@ class GdpaBwdSm90:
                                 d // self.num_mma_wg)
         bias_atoms = self._bias_tma_atoms(mBias, mdBias, bias_smem, ds_smem)
 
-        # with dq_pairs: the received fp32 half-tiles, by thread: each of the owner's threads reads what the
-        # sender's thread of the same index wrote (the same places of the tile), four values at a time
-        recv_words = self.pair_stages * self.tile_m * d // self.num_mma_wg if self.dq_pairs else 4
         bias_words = cute.cosize(bias_smem) if self.score_bias else 8
         # the swizzled stages 1024-byte aligned; those a build does not use 16 (80-row tiles leave 2 KB spare)
-        recv_align = 1024 if self.dq_pairs else 16
         bias_align = 1024 if self.score_bias else 16
         # dq_flat: one half-tile in the accumulators' order, which the warpgroups fill in turn
         dq_words = self.tile_m * d // self.num_mma_wg if self.dq_flat else cute.cosize(dq_smem)
@@ -287,9 +265,7 @@ class GdpaBwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(ds_smem)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[self.dq_dtype, dq_words], 1024]
-            pair_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.pair_stages]
             dq_last: cute.struct.MemRange[cutlass.Int32, 1]
-            sRecv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, recv_words], recv_align]
             sBias: cute.struct.Align[cute.struct.MemRange[self.dtype, bias_words], bias_align]
 
         self.shared_storage = SharedStorage
@@ -306,7 +282,6 @@ class GdpaBwdSm90:
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
-            cluster=[2, 1, 1] if self.dq_pairs else None,
             stream=stream,
             min_blocks_per_mp=1,
         )
@@ -433,7 +408,7 @@ class GdpaBwdSm90:
 
         storage = SmemAllocator().allocate(self.shared_storage)
         (kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer, bias_producer,
-         bias_consumer) = self._pipelines(storage, tidx, self.q_stages)
+         bias_consumer) = self._pipelines(storage, self.q_stages)
         sQ, sdO, sK, sV, sdS, sdQ, sdQ_tile = self._smem_tensors(
             storage, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_tile_smem))
         (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, tdKsdK, tdKgdK, tdVsdV, tdVgdV, tdQsdQ,
@@ -441,21 +416,8 @@ class GdpaBwdSm90:
         sBias = storage.sBias.get_tensor(bias_smem.outer, swizzle=bias_smem.inner)
         tBsB, tBgB, tDBsdS, tDBgDB = self._bias_partitions((tma_bias, mBias, tma_dbias, mdBias), sBias, sdS, h, z)
 
-        # with dq_pairs: this CTA's rank in its pair, the half of D it owns ((1 + rank) % 2), per receive
-        # stage the mbarrier counting the peer's partial in, and the one the peer's owning warps arrive at once
-        # they have read what this CTA sent into that stage of the peer
-        rank = cute.arch.block_idx_in_cluster() if self.dq_pairs else 0
-        own_half = (1 + rank) % 2
-        recv_full = storage.pair_mbar.data_ptr()
-        peer_free = recv_full + self.pair_stages
-        if cutlass.const_expr(self.dq_pairs):
-            if tidx == 0:
-                for stage in cutlass.range_constexpr(self.pair_stages):
-                    cute.arch.mbarrier_init(recv_full + stage, 1)
-                    cute.arch.mbarrier_init(peer_free + stage, _WG_THREADS // 32)
-        cluster = (2, 1, 1) if self.dq_pairs else (1, 1, 1)
-        pipeline.pipeline_init_arrive(cluster_shape_mn=cluster, is_relaxed=True)
-        pipeline.pipeline_init_wait(cluster_shape_mn=cluster)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1, 1), is_relaxed=True)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
 
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // _WG_THREADS)
@@ -471,8 +433,7 @@ class GdpaBwdSm90:
                     self._add_dq_fragments(cute.local_tile(mdQ[None, None, h, z], (self.tile_m, d), (None, 0)),
                                            storage.sdQ.data_ptr(), m_first, m_end)
                 else:
-                    self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, m_end, own_half,
-                                       (tma_dbias, tDBsdS, tDBgDB), n_blk)
+                    self._add_dq_tiles(tma_dq, tdQsdQ, tdQgdQ, m_first, m_end, (tma_dbias, tDBsdS, tDBgDB), n_blk)
                 if cutlass.const_expr(self.dq_last_round):
                     _, dq_count, num_n, num_heads, _ = rounding
                     order_reduce_adds()
@@ -488,8 +449,7 @@ class GdpaBwdSm90:
             sdp = sdp_mma.get_slice(ctid)
             dk_thr = dk_mma.get_slice(ctid)
             dv_thr = dv_mma.get_slice(ctid)
-            # with dq_pairs the halves of D swap in the second CTA, so that each sends the half the other owns
-            dq = dq_mma.get_slice((ctid + _WG_THREADS * rank) % (self.num_mma_wg * _WG_THREADS))
+            dq = dq_mma.get_slice(ctid)
             sK0 = sK[None, None, 0]
             sV0 = sV[None, None, 0]
             # A shared-memory operand depends on the thread's warpgroup only: partitioned through its first thread,
@@ -498,7 +458,7 @@ class GdpaBwdSm90:
             # wgmma: 130 of the loop's 804 instructions per query tile (2048², gelu_tanh)
             wg_tid = (wg_idx - 1) * _WG_THREADS
             sdp_wg, dk_wg, dv_wg = sdp_mma.get_slice(wg_tid), dk_mma.get_slice(wg_tid), dv_mma.get_slice(wg_tid)
-            dq_wg = dq_mma.get_slice((wg_tid + _WG_THREADS * rank) % (self.num_mma_wg * _WG_THREADS))
+            dq_wg = dq_mma.get_slice(wg_tid)
             tSrK = sdp_wg.make_fragment_A(sdp_wg.partition_A(sK0))
             tSrQ = sdp_wg.make_fragment_B(sdp_wg.partition_B(sQ))
             tPrV = sdp_wg.make_fragment_A(sdp_wg.partition_A(sV0))
@@ -532,8 +492,6 @@ class GdpaBwdSm90:
             else:
                 tQsdQ = dq.partition_C(sdQ_tile[None, None, 0])
             cwg = wg_idx - 1
-            # with dq_pairs: this thread's four-value groups in a receive stage, 512 bytes apart
-            recv_slot = storage.sRecv.data_ptr() + ctid % _WG_THREADS * 4
 
             acc_dv = dv_thr.make_fragment_C(dv_thr.partition_shape_C((self.tile_n, dv)))
             acc_dk = dk_thr.make_fragment_C(dk_thr.partition_shape_C((self.tile_n, d)))
@@ -736,9 +694,9 @@ class GdpaBwdSm90:
                     warpgroup.wait_group(1)
                     if cutlass.const_expr(self.dq_late):
                         if m > 0:
-                            self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, m - 1, recv_slot, recv_full, peer_free)
+                            self._hand_dq(acc_dq, tQsdQ, ds_scale, cwg)
                     else:
-                        self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, m, recv_slot, recv_full, peer_free)
+                        self._hand_dq(acc_dq, tQsdQ, ds_scale, cwg)
                     warpgroup.wait_group(0)
                     q_handle.release()
 
@@ -751,7 +709,7 @@ class GdpaBwdSm90:
                 acc_dq = self._dq_gemm(dq_mma, dq, tQrdS[None, None, None, last], tQrK)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-                self._store_dq(acc_dq, tQsdQ, ds_scale, cwg, rank, num_rel - 1, recv_slot, recv_full, peer_free)
+                self._hand_dq(acc_dq, tQsdQ, ds_scale, cwg)
 
             self._store_dk_dv((acc_dk, dk_thr, sK0, tma_dk, tdKsdK, tdKgdK),
                               (acc_dv, dv_thr, sV0, tma_dv, tdVsdV, tdVgdV), ds_scale, dv_scale, n_blk, warp_idx)
@@ -768,16 +726,6 @@ class GdpaBwdSm90:
                     else:
                         round_rows(mdQ_sums[None, None, h, z].iterator, mdQ_out[None, None, h, z].iterator, nq * d,
                                    ds_scale, ctid, self.dtype)
-            if cutlass.const_expr(self.dq_pairs):
-                # the peer's last arrives on this CTA's shared memory: once it has read the last tiles sent, this
-                # CTA may exit
-                if cwg == 0:
-                    for back in cutlass.range_constexpr(self.pair_stages):
-                        tile = num_m - 1 - back
-                        if tile >= 0:
-                            cute.arch.mbarrier_wait(
-                                peer_free + tile % self.pair_stages, tile // self.pair_stages % 2
-                            )
 
     def _tma_atoms(self, tensors: tuple, layouts: tuple, dq_cols: int) -> tuple:
         """The TMA atoms with their tensors, in the kernel's argument order: loads of Q and dO tiles, of K and V
@@ -893,7 +841,7 @@ class GdpaBwdSm90:
         element (or None)."""
         return cutlass.Float32(r_bias[i]) if self.score_bias else offset
 
-    def _pipelines(self, storage, tidx: cutlass.Int32, do_stages: int) -> tuple:
+    def _pipelines(self, storage, do_stages: int) -> tuple:
         """Producer and consumer of the K/V load (one stage), of the Q ring, of the dO ring (``do_stages``) and of
         the bias tiles (``score_bias``; else Nones), in that order, flat (the DSL threads a loop's state through
         names unpacked from a flat tuple)."""
@@ -901,10 +849,10 @@ class GdpaBwdSm90:
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * _WG_THREADS // 32)
 
         def ring(barriers, stages, tx_count):
-            return self._cta_local(pipeline.PipelineTmaAsync.create(
+            return pipeline.PipelineTmaAsync.create(
                 barrier_storage=barriers, num_stages=stages, producer_group=one_thread,
                 consumer_group=consumer_warps, tx_count=tx_count, defer_sync=True,
-            ), tidx).make_participants()
+            ).make_participants()
 
         bias = (None, None)
         if self.score_bias:
@@ -1000,64 +948,11 @@ class GdpaBwdSm90:
             return m[None, None, h, z]
         return sample_rows(m, h, z, start, length, 0)
 
-    def _cta_local(self, pipe: pipeline.PipelineTmaAsync, tidx: cutlass.Int32) -> pipeline.PipelineTmaAsync:
-        """A TMA pipeline of this CTA alone in a cluster launch (dq_pairs): created without a cluster layout,
-        it frees a stage from lane 0 of each consumer warp only in the cluster's first CTA (it places the CTA's
-        rank in a one-CTA layout), so the second CTA's producer would wait forever for its third tile."""
-        if not self.dq_pairs:
-            return pipe
-        return dataclasses.replace(pipe, consumer_mask=None, is_signaling_thread=tidx % 32 == 0)
-
-    @cute.jit
-    def _store_dq(
-        self, acc_dq: cute.Tensor, tQsdQ: cute.Tensor, ds_scale: cutlass.Float32, cwg: cutlass.Int32,
-        rank: cutlass.Int32, tile: cutlass.Int32, recv_slot: cute.Pointer, recv_full: cute.Pointer,
-        peer_free: cute.Pointer,
-    ):
-        """A consumer warpgroup's half of dQ tile ``tile`` into its sdQ buffer, once the dQ warp has freed it.
-        With dq_pairs the first warpgroup sends its unscaled fp32 half to the peer instead (``st.async`` into
-        the peer's receive stage, counted by the peer's mbarrier), and the second adds the peer's half to its
-        own first. With dq_flat (80-row tiles) the warpgroups' halves of dQᵀ take turns in the one buffer."""
-        if cutlass.const_expr(self.dq_pairs):
-            stage = tile % self.pair_stages
-            use = tile // self.pair_stages
-            stage_words = self.tile_m * self.head_dim // self.num_mma_wg
-            group_words = _WG_THREADS * 4
-            if cwg == 0:
-                peer = 1 - rank
-                cute.arch.mbarrier_wait(peer_free + stage, (use + 1) % 2)
-                if cute.arch.thread_idx()[0] % _WG_THREADS == 0:
-                    cute.arch.mbarrier_arrive_and_expect_tx(recv_full + stage, stage_words * 4, peer)
-                for g in cutlass.range_constexpr(cute.size(acc_dq) // 4):
-                    dst = cute.make_ptr(
-                        cutlass.Float32, (recv_slot + stage * stage_words + g * group_words).toint(),
-                        cute.AddressSpace.smem, assumed_align=16,
-                    )
-                    words = tuple(acc_dq[4 * g + j].bitcast(cutlass.Int32) for j in range(4))
-                    cute.arch.store_async_dsmem(dst, words, recv_full + stage, peer)
-            else:
-                cute.arch.mbarrier_wait(recv_full + stage, use % 2)
-                for g in cutlass.range_constexpr(cute.size(acc_dq) // 4):
-                    src = cute.make_ptr(
-                        cutlass.Float32, (recv_slot + stage * stage_words + g * group_words).toint(),
-                        cute.AddressSpace.smem, assumed_align=16,
-                    )
-                    got = cute.make_tensor(src, cute.make_layout(4)).load()
-                    for j in cutlass.range_constexpr(4):
-                        acc_dq[4 * g + j] = acc_dq[4 * g + j] + got[j]
-                # the received half read: the peer may send into this stage again
-                cute.arch.sync_warp()
-                if cute.arch.lane_idx() == 0:
-                    cute.arch.mbarrier_arrive(peer_free + stage, 1 - rank, scope=nvvm.MemScopeKind.CLUSTER)
-                self._hand_dq(acc_dq, tQsdQ, ds_scale, 0)
-        else:
-            self._hand_dq(acc_dq, tQsdQ, ds_scale, cwg)
-
     @cute.jit
     def _hand_dq(self, acc_dq: cute.Tensor, tQsdQ: cute.Tensor, ds_scale: cutlass.Float32, slot: cutlass.Int32):
         """A half of a dQ tile into sdQ buffer ``slot`` once the dQ warp has freed it; then signalled full. Scaled
         here where dQ is summed in its own dtype; fp32 sums are scaled by the cast that rounds them
-        (``gdpa_bwd.dq_of_sums``), which spares the loop a multiply per score (32 of its ~720 instructions per
+        (``bwd_results.dq_of_sums``), which spares the loop a multiply per score (32 of its ~720 instructions per
         query tile at D = 128)."""
         dq_threads = _WG_THREADS + 32
         r_dq = acc_dq
@@ -1100,25 +995,24 @@ class GdpaBwdSm90:
     @cute.jit
     def _add_dq_tiles(
         self, tma_dq: cute.CopyAtom, tdQsdQ: cute.Tensor, tdQgdQ: cute.Tensor, m_first: cutlass.Int32,
-        num_m: cutlass.Int32, own_half: cutlass.Int32, dbias: tuple, n_blk: cutlass.Int32,
+        num_m: cutlass.Int32, dbias: tuple, n_blk: cutlass.Int32,
     ):
         """The dQ warp: per query tile from ``m_first``, frees each warpgroup's sdQ buffer once its previous copy
-        has read it, then adds the buffer into dQ once the warpgroup has filled it (dq_pairs: the owned half
-        only). With ``bias_grad`` it then stores the tile's dS (both warpgroups' halves are in: each computed its
-        dQ from them) into dBias (``dbias``: the TMA store with its partitions; key tile ``n_blk``), and frees a
-        buffer only once every earlier copy has read its shared memory, the dS stage included: a warpgroup writes
-        that stage again only after it has waited for a buffer freed later."""
+        has read it, then adds the buffer into dQ once the warpgroup has filled it. With ``bias_grad`` it then stores
+        the tile's dS (both warpgroups' halves are in: each computed its dQ from them) into dBias (``dbias``: the TMA
+        store with its partitions; key tile ``n_blk``), and frees a buffer only once every earlier copy has read its
+        shared memory, the dS stage included: a warpgroup writes that stage again only after it has waited for a
+        buffer freed later."""
         tma_dbias, tDBsdS, tDBgDB = dbias
         dq_threads = _WG_THREADS + 32
-        halves = 1 if self.dq_pairs else self.num_mma_wg
+        halves = self.num_mma_wg
         for m in cutlass.range(m_first, num_m, unroll=1):
             for w in cutlass.range_constexpr(halves):
                 cute.arch.cp_async_bulk_wait_group(0 if self.ds_store else halves - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=self.barrier_dq_empty + w, number_of_threads=dq_threads)
             for w in cutlass.range_constexpr(halves):
                 cute.arch.barrier(barrier_id=self.barrier_dq_full + w, number_of_threads=dq_threads)
-                buf = own_half if self.dq_pairs else w
-                cute.copy(tma_dq, tdQsdQ[(None, buf)], tdQgdQ[(None, m, buf)])
+                cute.copy(tma_dq, tdQsdQ[(None, w)], tdQgdQ[(None, m, w)])
                 cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.ds_store):
                 cute.copy(tma_dbias, tDBsdS[(None, (m - m_first) % self.ds_stages)], tDBgDB[(None, m, n_blk)])

@@ -41,7 +41,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
     constant over the scores (``GdpaBwdSm90``'s ``score_offset``)."""
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int, act_form, dq_dtype=cutlass.Float32,
-                 varlen: bool = False, defer_last_dq: bool = True, score_offset: bool = False):
+                 varlen: bool = False, score_offset: bool = False):
         self.dtype = dtype
         self.dq_dtype = dq_dtype
         self.head_dim = head_dim
@@ -66,7 +66,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         self.dq_warp = 1
         # with two dQ chunks a warpgroup, the second waits for the dQ warp's copy of the first to free the buffer:
         # handed over at the next step instead, once its Sᵀ and dPᵀ matmuls are issued, it finds the buffer free
-        self.defer_last_dq = defer_last_dq and self.plan.dq_chunks > 1
+        self.defer_last_dq = self.plan.dq_chunks > 1
         self.varlen = varlen
         # no bias tensor (``GdpaBwdSm90``'s ``score_bias``, ``bias_grad``): the launcher keeps such calls off it
         self.score_bias = False
@@ -94,17 +94,10 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
         stream: cuda.CUstream,
         rows: cute.Tensor | None = None,
         num_n: cutlass.Int32 | None = None,
-        band_left: cutlass.Int32 | None = None,
-        band_right: cutlass.Int32 | None = None,
         offset: cute.Tensor | None = None,
-        mBias: cute.Tensor | None = None,
-        mdBias: cute.Tensor | None = None,
-        mdQ_out: cute.Tensor | None = None,
-        dq_count: cute.Tensor | None = None,
     ):
-        """As ``GdpaBwdSm90.__call__`` (``num_n``: 64-key tiles of the longest sample); ``band_left``,
-        ``band_right``, ``mBias``, ``mdBias``, ``mdQ_out`` and ``dq_count`` are always None here (no bias tensor, dQ
-        rounded by the caller); ``offset`` as there."""
+        """As ``GdpaBwdSm90.__call__`` without a mask, a bias tensor or dQ's last round (``kernel_args.WIDE_BWD_ARGS``;
+        ``num_n``: 64-key tiles of the longest sample)."""
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = (ragged(t, 0) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV))
         d, dv, plan = self.head_dim, self.head_dim_v, self.plan
@@ -144,7 +137,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             *atoms, scale, post_scale, slope, q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem, num_n,
-            mQ.shape[2], rows, band_left, band_right, offset, None, None, None, None, None, None, None, None,
+            mQ.shape[2], rows, None, None, offset, None, None, None, None, None, None, None, None,
         ).launch(
             grid=[num_n * mQ.shape[2] * samples, 1, 1],
             block=[self.threads, 1, 1],
@@ -179,7 +172,7 @@ class GdpaBwdWideSm90(GdpaBwdSm90):
 
         storage = SmemAllocator().allocate(self.shared_storage)
         kv_producer, kv_consumer, q_producer, q_consumer, do_producer, do_consumer, _, _ = self._pipelines(
-            storage, tidx, plan.do_stages)
+            storage, plan.do_stages)
         sQ, sdO, sK, sV, sPdS, sdQ, sdQ_tile = self._smem_tensors(
             storage, (q_smem, do_smem, k_smem, v_smem, pds_smem, dq_smem, dq_tile_smem))
         (tQsQ, tQgQ, tdOsdO, tdOgdO, tKsK, tKgK, tVsV, tVgV, tdKsdK, tdKgdK, tdVsdV, tdVgdV, tdQsdQ,

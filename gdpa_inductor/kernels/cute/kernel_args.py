@@ -12,6 +12,9 @@ kernel that runs (docs/benchmarks.md, "Host time of the CuTe launches").
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import torch
 
 COMPILE_OPTIONS = "--enable-tvm-ffi"
@@ -92,8 +95,169 @@ def row_modes(t: torch.Tensor) -> torch.Tensor:
     return t4.detach().permute(1, 3, 2, 0)
 
 
-def offset_args(bias: torch.Tensor | None) -> tuple:
-    """The kernels' trailing bias argument: the one element as a 1-D fp32 tensor (a view where it is fp32, as
-    the backend's rewrite passes a constant: a bf16 -log n would shift every score by up to half its ulp), or
-    None (a function loaded from the disk cache fills in no defaults)."""
-    return (None,) if bias is None else (bias.detach().reshape(1).float(),)
+def offset_arg(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The kernels' one-element bias argument: a 1-D fp32 tensor (a view where it is fp32, as the backend's rewrite
+    passes a constant: a bf16 -log n would shift every score by up to half its ulp), or None."""
+    return None if bias is None else bias.detach().reshape(1).float()
+
+
+def score_bias_modes(bias: torch.Tensor) -> torch.Tensor:
+    """A bias the forward takes (``fwd_support.score_bias_support``) -> its values' pairs as int32 in the
+    forward's (Nq, Nk / 2, Hb, Zb) mode order (a view)."""
+    b = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    # torch's dtype view wants every stride even, size-1 dims' too (never stepped along: any even one does)
+    b = torch.as_strided(b, b.shape, [s if n > 1 else 2 for n, s in zip(b.shape[:-1], b.stride()[:-1])] + [1])
+    return dense_modes(b.view(torch.int32))
+
+
+# TMA reads and writes rows that start 16 bytes apart: the bias's and dS's columns padded to 8 16-bit values
+TMA_COLUMNS = 8
+
+
+def padded(n: int, tile: int) -> int:
+    """``n`` rounded up to whole ``tile``s."""
+    return -(-n // tile) * tile
+
+
+def tma_bias(bias: torch.Tensor) -> torch.Tensor:
+    """``bias`` ([Zb, Hb, Nq, Nk]) itself where TMA can load its tiles in place (Nk and every stride of a dim above
+    one a multiple of ``TMA_COLUMNS``, 16-byte aligned), else a copy with its rows padded to a multiple of
+    ``TMA_COLUMNS`` columns, seen as the bias's columns (Nk = 300, a sliced position table: the backward stays on the
+    CuTe kernel for one copy of the bias). A bias of one row seen as Nq rows of stride 0 copies its one row."""
+    strides = [s for n, s in zip(bias.shape[:-1], bias.stride()[:-1]) if n > 1]
+    if not (bias.shape[-1] % TMA_COLUMNS or any(s % TMA_COLUMNS for s in strides) or bias.data_ptr() % 16):
+        return bias
+    one_row = bias.shape[-2] > 1 and bias.stride(-2) == 0
+    stored = bias[..., :1, :] if one_row else bias
+    cols = bias.shape[-1]
+    copy = torch.empty((*stored.shape[:-1], padded(cols, TMA_COLUMNS)), dtype=bias.dtype, device=bias.device)
+    copy = copy[..., :cols].copy_(stored)
+    return copy.expand(bias.shape) if one_row else copy
+
+
+def bias_tile_modes(bias: torch.Tensor) -> torch.Tensor:
+    """A [Zb, Hb, Nq, Nk] bias (or fewer leading dims) the backward takes -> the kernel's (Nq, Nk, Hb, Zb) mode
+    order (a view of it, or of ``tma_bias``' padded copy), its size-1 dims given a stride TMA takes (never stepped
+    along: any multiple of 16 bytes does)."""
+    bias = tma_bias(bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)))
+    placeholder = padded(bias.shape[-1], TMA_COLUMNS)
+    b = torch.as_strided(bias, bias.shape, [s if n > 1 else placeholder for n, s in
+                                            zip(bias.shape[:-1], bias.stride()[:-1])] + [1])
+    return dense_modes(b)
+
+
+# --- the argument schemas: one per kernel, read both by the compile (fakes) and by the launch (values) ---
+
+def element(dtype: torch.dtype):
+    """cutlass-dsl's element type of a torch dtype."""
+    import cutlass
+
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32}[dtype]
+
+
+def _always(plan) -> bool:
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One parameter of a kernel's ``__call__``: ``fake(plan)`` its compile-time stand-in; ``taken(plan)`` whether the
+    build reads it (if not, None at both ends); ``passed``: False for the stream, which the compiled function takes
+    from the caller's current torch stream."""
+
+    name: str
+    fake: Callable
+    taken: Callable = _always
+    passed: bool = True
+
+
+class KernelArgs:
+    """A kernel's parameters in ``__call__``'s order: the compile's fakes and a launch's values from one list, so
+    the two cannot disagree (a function loaded from the disk cache fills in no defaults: every parameter is
+    passed, None where the build takes none)."""
+
+    def __init__(self, *args: Arg):
+        self.args = args
+
+    def fakes(self, plan) -> list:
+        return [a.fake(plan) if a.taken(plan) else None for a in self.args]
+
+    def values(self, plan, **given) -> list:
+        """The launch's arguments: each parameter the build takes from ``given`` (by name), None for the others
+        (``given`` may name, as None, parameters this kernel lacks: a launcher shared by two kernels)."""
+        out = []
+        for a in self.args:
+            if not a.passed:
+                continue
+            value = given.pop(a.name, None)
+            if a.taken(plan) and value is None:
+                raise TypeError(f"this build of the kernel needs {a.name!r}")
+            if not a.taken(plan) and value is not None:
+                raise TypeError(f"this build of the kernel takes no {a.name!r}")
+            out.append(value)
+        unknown = sorted(name for name, value in given.items() if value is not None)
+        if unknown:
+            raise TypeError(f"the kernel has no parameters {unknown}")
+        return out
+
+
+def _operands(*names: str, dtype: Callable = lambda plan: plan.dtype) -> list[Arg]:
+    return [Arg(n, lambda plan: fake_operands(element(dtype(plan)), 1)[0]) for n in names]
+
+
+def _scalars(*names: str) -> list[Arg]:
+    def f32(plan):
+        import cutlass
+
+        return cutlass.Float32(1.0)
+
+    return [Arg(n, f32) for n in names]
+
+
+def _int32(plan):
+    import cutlass
+
+    return cutlass.Int32(1)
+
+
+def _varlen(plan) -> bool:
+    return plan.varlen
+
+
+def _band(plan) -> bool:
+    return plan.band
+
+
+def _score_offset(plan) -> bool:
+    return plan.score_offset
+
+
+_STREAM = Arg("stream", lambda plan: fake_stream(), passed=False)
+
+# GdpaFwdSm90.__call__
+FWD_ARGS = KernelArgs(
+    *_operands("q", "k", "v", "out"), *_scalars("scale", "post_scale", "slope"), Arg("num_ctas", _int32), _STREAM,
+    Arg("rows", lambda plan: fake_rows(), _varlen), Arg("num_m", _int32, _varlen),
+    Arg("band_left", _int32, _band), Arg("band_right", _int32, _band),
+    Arg("offset", lambda plan: fake_offset(), _score_offset),
+    Arg("bias", lambda plan: fake_score_bias(), lambda plan: plan.score_bias),
+)
+
+_BWD_HEAD = (
+    *_operands("q", "k", "v", "dout"),
+    *_operands("dq", dtype=lambda plan: torch.float32 if plan.dq_sums == "fp32" else plan.dtype),
+    *_operands("dk", "dv"), *_scalars("scale", "post_scale", "slope"), _STREAM,
+    Arg("rows", lambda plan: fake_rows(), _varlen), Arg("num_n", _int32, _varlen),
+)
+# GdpaBwdSm90.__call__
+BWD_ARGS = KernelArgs(
+    *_BWD_HEAD, Arg("band_left", _int32, _band), Arg("band_right", _int32, _band),
+    Arg("offset", lambda plan: fake_offset(), _score_offset),
+    Arg("bias", lambda plan: fake_operands(element(plan.dtype), 1)[0], lambda plan: plan.score_bias),
+    Arg("dbias", lambda plan: fake_operands(element(torch.float32 if plan.dbias_atomic else plan.dtype), 1)[0],
+        lambda plan: plan.bias_grad),
+    Arg("dq_out", lambda plan: fake_operands(element(plan.dtype), 1)[0], lambda plan: plan.dq_last_round),
+    Arg("dq_count", lambda plan: fake_counts(), lambda plan: plan.dq_last_round),
+)
+# GdpaBwdWideSm90.__call__: no mask, no bias tensor, dQ rounded after it
+WIDE_BWD_ARGS = KernelArgs(*_BWD_HEAD, Arg("offset", lambda plan: fake_offset(), _score_offset))

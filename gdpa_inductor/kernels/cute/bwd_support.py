@@ -1,0 +1,71 @@
+"""Which calls the CuTe-DSL Hopper backward takes: the forward's cases (``fwd_support``) at the backward's head dims,
+and its biases and bias gradients, each an (ok, reason) check."""
+
+from __future__ import annotations
+
+import torch
+
+from .bwd_plan import NARROW_MAX_HEAD_DIM
+from .dbias_plan import dbias_sums_for
+from .fwd_support import cute_fwd_support, fwd_supported
+from .operand_views import bias_4d, flatten_batch, is_tensor_bias
+
+# the forward's head dims: past NARROW_MAX_HEAD_DIM the wide-head kernel (``bwd_plan``)
+BWD_HEAD_DIMS = (64, 96, 128, 256)
+
+
+def _within_bwd_head_dims(check: tuple[bool, str], q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    """A forward support check's (ok, reason), narrowed to the backward's head dims."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if check[0] and not (d in BWD_HEAD_DIMS and dv in BWD_HEAD_DIMS):
+        return False, f"head dims (D={d}, Dv={dv}) must each be one of {BWD_HEAD_DIMS} for the CuTe backward"
+    return check
+
+
+def bias_tensor_bwd_support(bias: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    """(ok, reason) for a bias tensor the forward takes (``score_bias_support``, in its 4-D form) in the CuTe
+    backward: the 128-key kernel (D and Dv at most 128), which loads each (64 queries x 128 keys) tile of it by TMA
+    (from a padded copy where TMA cannot read it in place, ``tma_bias``)."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if max(d, dv) > NARROW_MAX_HEAD_DIM:
+        return False, f"the CuTe backward reads a bias tensor at D and Dv up to {NARROW_MAX_HEAD_DIM} (got {d}, {dv})"
+    return True, ""
+
+
+def bwd_bias_support(check: tuple[bool, str], bias, q: torch.Tensor, v: torch.Tensor,
+                     bias_grad: bool, samples_heads: tuple[int, int] = (1, 1),
+                     varlen: bool = False) -> tuple[bool, str]:
+    """A forward support check's (ok, reason) on the operands and their bias (dense: in its 4-D form), narrowed to
+    the backward's biases (one element, or a tensor ``bias_tensor_bwd_support`` takes) and bias gradients (of a
+    tensor only, summed in a tensor that fits, ``dbias_sums_for``; ``samples_heads``: the batch's (Z or B, H),
+    ``varlen``: whether it is a varlen batch)."""
+    if not check[0] or bias is None:
+        return check
+    if not is_tensor_bias(bias):
+        return (False, "the CuTe backward computes the gradient of a bias tensor only") if bias_grad else check
+    ok, reason = bias_tensor_bwd_support(bias, q, v)
+    if ok and bias_grad:
+        way, reason = dbias_sums_for(*samples_heads, bias, varlen)
+        return way is not None, reason
+    return ok, reason
+
+
+def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+                  bias_grad: bool = False):
+    """(ok, reason) for the CuTe backward on [Z, H, N, D] operands (a bias in the 4-D form): the forward's cases at
+    the backward's head dims, a bias tensor where ``bias_tensor_bwd_support`` takes it, a bias gradient
+    (``bias_grad``: whether the call wants one) of a bias tensor."""
+    check = _within_bwd_head_dims(fwd_supported(q, k, v, bias, causal, activation), q, v)
+    return bwd_bias_support(check, bias, q, v, bias_grad, q.shape[:2])
+
+
+def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+                     bias_grad: bool = False):
+    """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting): the forward's cases, its
+    causal mask and biases included (``causal_support``, ``score_bias_support``), at the backward's head dims, as
+    ``bwd_supported`` narrows them."""
+    check = _within_bwd_head_dims(cute_fwd_support(q, k, v, bias, causal, activation), q, v)
+    if not check[0] or bias is None:
+        return bwd_bias_support(check, bias, q, v, bias_grad)
+    (q4, _, v4), batch = flatten_batch(q, k, v)
+    return bwd_bias_support(check, bias_4d(bias, batch, q4.shape[2]), q4, v4, bias_grad, q4.shape[:2])

@@ -1,0 +1,137 @@
+"""How the CuTe-DSL Hopper forward runs a call: its tiles, stages and schedule (each decision with the measurement
+behind it), frozen in a ``FwdPlan`` that is also the compile key, and the persistent grid of a launch."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from ..activations import ACTIVATION_NAMES
+
+
+def fwd_schedule(head_dim: int, head_dim_v: int | None = None, plain: bool = False) -> tuple[bool, bool]:
+    """(ping-pong, split O store) for head dims D and Dv (None: Dv = D), by the matmul work per score, D + Dv.
+    Measured on an H200 (bf16 gelu_tanh, 256 to 2048 keys, every provider run untimed for 300 ms before its
+    timing): at D = Dv = 128 the warpgroups taking turns on the tensor cores, each storing its own rows of O, is
+    fastest or tied at every shape (+7% at 256 keys); at D + Dv of 192-224 (96/96, 64/128, 128/64, 96/128) the
+    two schedules are within 3% of each other at all but one shape: turns ahead at 256 keys for 64/128, 128/64
+    and 96/128 (+2-3%), behind at 96/96 (-1% at 256 keys, -4% at 2048); at 64/96 one shared store is ahead by
+    up to 3%. Without the untimed runs: at D = Dv = 64 turns lose 0.5-4%, at
+    96/64 they tie at 1024-2048 keys and gain 6% at 256. ``plain``: a dense batch without the causal mask or a
+    bias; at D = Dv = 64 it takes turns too, which with three K/V stages measured faster (``fwd_kv_stages``)."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    return (True, True) if head_dim + head_dim_v >= 192 or _plain_d64(head_dim, head_dim_v, plain) else (False, False)
+
+
+def fwd_kv_stages(head_dim: int, head_dim_v: int | None = None, plain: bool = False) -> int:
+    """K/V stages of the forward: three for a plain batch (``fwd_schedule``) at D = Dv = 64, two elsewhere (at D = Dv
+    = 128 two fill shared memory). With ping-pong and split O stores, the dense D = 64 forward measured on an H100
+    (bf16 gelu_tanh, five settled rotated rounds, against one shared store and two stages): +3.8% at 2048²,
+    +3.0% at 1024², +2.8% at 512², +8.8% at 256², +1.3 / +0.7 / -0.8% at 512 / 1024 / 2048 x 256; causal it lost
+    3.5% at 2048² (+3.4% at 512²), so the causal mask keeps the other schedule, as do the varlen batches and the
+    biases (not measured)."""
+    return 3 if _plain_d64(head_dim, head_dim if head_dim_v is None else head_dim_v, plain) else 2
+
+
+def _plain_d64(head_dim: int, head_dim_v: int, plain: bool) -> bool:
+    return plain and head_dim == head_dim_v == 64
+
+
+def wide_head_tiles(head_dim: int, head_dim_v: int) -> dict:
+    """GdpaFwdSm90's tiling where a head dim is above 128: 64-key tiles, one Q stage and O stored from the
+    registers, so Q (64 KB at D = 256) and two stages of K and V fit in shared memory (192 KB at D = Dv = 256)
+    and the O accumulator (128 registers a thread at Dv = 256) leaves room for the scores."""
+    if max(head_dim, head_dim_v) <= 128:
+        return {}
+    return dict(tile_n=64, q_stages=1, o_from_registers=True)
+
+
+def key_tile(head_dim: int, head_dim_v: int) -> int:
+    """Keys per step of the forward for these head dims."""
+    return wide_head_tiles(head_dim, head_dim_v).get("tile_n", 128)
+
+
+def persistent_grid(tiles: int, sms: int, num_m: int, uneven: bool) -> int:
+    """CTAs of the persistent forward: one per SM (its shared memory and registers admit one), never more than
+    the ``tiles``. CTA c runs tiles c, c + P, c + 2P, ... of the order query tiles fastest (``num_m`` a head or
+    sample). Where tiles differ in work by their query tile position (``uneven``: under the causal mask query tile
+    m computes m + 1 key tiles; in a varlen batch the later positions exist only in the longer samples), a grid P
+    that shares a factor with ``num_m`` pins each CTA to a few positions: P = 132 and 16 query tiles give a causal
+    CTA 28 or 40 key tiles per four query tiles, and the CTAs given the light ones idle at the end. Such grids take
+    the largest P coprime with ``num_m``: every CTA then runs each position once in any ``num_m`` of its tiles
+    (H200: causal 1.13-1.58x, varlen with lengths uniform in [1, N] 1.12-1.20x, full varlen samples 0.98x)."""
+    grid = min(tiles, sms)
+    if uneven and tiles > grid:
+        while math.gcd(grid, num_m) != 1:
+            grid -= 1
+    return grid
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdPlan:
+    """One build of the forward (``GdpaFwdSm90``) and why it is shaped so: the plan is the compile key (every
+    field but ``reason``). ``mask_keys``: the last key tile's columns past Nk give P = 0 (always in a varlen
+    batch; under ``causal`` the diagonal's mask covers them). ``band`` (varlen): the band around each sample's
+    diagonal, its bounds run-time arguments. ``score_offset``: a one-element bias; ``score_bias``: a bias tensor.
+    ``pingpong``, ``split_store``, ``kv_stages``: the schedule (``fwd_schedule``, ``fwd_kv_stages``); ``tile_n``,
+    ``q_stages``, ``o_from_registers``: the tiles (``wide_head_tiles``); ``packed``: the activation's packed
+    bf16x2 form where it has one (bf16 without a bias: with one the fp32 forms, since the packed ones round
+    x = S + bias / scale to bf16 and compute 1 + tanh(u) in bf16, which cancels where a negative bias moves the
+    scores: gelu_tanh at bias -1.5 gave 2.2x eager's error)."""
+
+    dtype: torch.dtype
+    head_dim: int
+    head_dim_v: int
+    activation: str
+    varlen: bool = False
+    causal: bool = False
+    band: bool = False
+    score_offset: bool = False
+    score_bias: bool = False
+    mask_keys: bool = True
+    pingpong: bool = False
+    split_store: bool = False
+    kv_stages: int = 2
+    tile_n: int = 128
+    q_stages: int = 2
+    o_from_registers: bool = False
+    packed: bool = False
+    reason: str = dataclasses.field(default="", compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"the CuTe forward is built for fp16 or bf16, got {self.dtype}")
+        if self.activation not in ACTIVATION_NAMES:
+            raise ValueError(f"activation: expected one of {ACTIVATION_NAMES}; got {self.activation!r}")
+        if self.band and not self.varlen:
+            raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
+
+
+
+
+def plan_fwd(dtype: torch.dtype, head_dim: int, activation: str, head_dim_v: int | None = None, *,
+             mask_keys: bool = True, varlen: bool = False, causal: bool = False, band: bool = False,
+             score_offset: bool = False, score_bias: bool = False) -> FwdPlan:
+    """The forward's plan for a call of these head dims (None: Dv = D), masks and bias: the schedule of
+    ``fwd_schedule`` and ``fwd_kv_stages``, the tiles of ``wide_head_tiles``. ``mask_keys``: Nk is not a multiple
+    of the key tile (``key_tile``)."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    plain = not (varlen or causal or band or score_offset or score_bias)
+    pingpong, split_store = fwd_schedule(head_dim, head_dim_v, plain)
+    kv_stages = fwd_kv_stages(head_dim, head_dim_v, plain)
+    tiles = wide_head_tiles(head_dim, head_dim_v)
+    if tiles:
+        reason = "64-key tiles, one Q stage, O stored from the registers: a head dim past 128"
+    elif _plain_d64(head_dim, head_dim_v, plain):
+        reason = "warpgroups taking turns, each storing its rows of O, three K/V stages: a plain batch at D = Dv = 64"
+    elif pingpong:
+        reason = "warpgroups taking turns, each storing its rows of O: D + Dv of 192 or more"
+    else:
+        reason = "one shared O store, no turns: D + Dv below 192"
+    return FwdPlan(dtype, head_dim, head_dim_v, activation, varlen=varlen, causal=causal, band=band,
+                   score_offset=score_offset, score_bias=score_bias, mask_keys=(mask_keys or varlen) and not causal,
+                   pingpong=pingpong, split_store=split_store, kv_stages=kv_stages,
+                   packed=dtype == torch.bfloat16 and not (score_offset or score_bias), reason=reason, **tiles)
+

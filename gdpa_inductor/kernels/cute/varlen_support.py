@@ -1,0 +1,108 @@
+"""Which varlen calls the CuTe-DSL Hopper kernels take (``GdpaFwdSm90`` and ``GdpaBwdSm90`` with ``varlen``, or
+``GdpaBwdWideSm90`` past head dims of 128), each an (ok, reason) check, and where "auto" prefers the varlen forward
+to Triton's."""
+
+from __future__ import annotations
+
+import torch
+
+from ..reference_varlen import varlen_batch
+from .bwd_support import BWD_HEAD_DIMS, bwd_bias_support
+from .fwd_support import CAUSAL_TILE, bias_pairs_support, cute_dsl_available, on_sm90, operand_support
+
+# the dense forward's head dims: past 128 its wide-head tiles (64 keys, O stored from the registers, the rows past
+# each sample's end predicated off)
+VARLEN_HEAD_DIMS = (64, 96, 128, 256)
+
+
+def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
+                            window: tuple[int, int], activation: str, rows: tuple,
+                            kernel: str = "the CuTe varlen forward",
+                            head_dims: tuple = VARLEN_HEAD_DIMS) -> tuple[bool, str]:
+    """(ok, reason) for the CuTe varlen forward on the varlen op's operands (``[total, H, D]`` or
+    ``[B, N, H, D]`` each) and ``rows``, their (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k); ``kernel``
+    names it in the reasons and ``head_dims`` are D's and Dv's (the backward takes the same calls at its own head
+    dims)."""
+    if not cute_dsl_available():
+        return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
+    if not on_sm90(q.device):
+        return False, "the CuTe kernel is built for sm_90 (Hopper)"
+    ok, reason = varlen_bias_support(bias, q, k, kernel)
+    if not ok:
+        return ok, reason
+    if (causal or tuple(window) != (-1, -1)) and max(q.shape[-1], v.shape[-1]) > CAUSAL_TILE:
+        return False, f"causal masking and windows in {kernel} need D and Dv of at most {CAUSAL_TILE}"
+    return operand_support(q, k, v, activation, head_dims, kernel)
+
+
+def varlen_bias_support(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                        kernel: str = "the CuTe varlen forward") -> tuple[bool, str]:
+    """(ok, reason) for a bias in the CuTe varlen kernels: one element, or a tensor ``gdpa_varlen`` took (in q's
+    dtype, broadcasting to [B, H, max_seqlen_q, max_seqlen_k]) that holds a value for every position of a sample,
+    read at the sample's index and the positions within it: its last two dims not broadcast (more than one along a
+    jagged side, a dense side's N), its values readable in pairs (``bias_pairs_support``)."""
+    if bias is None or bias.numel() == 1:
+        return True, ""
+    if bias.dtype != q.dtype:
+        return False, f"{kernel} reads a bias in the operands' dtype {q.dtype} (got {bias.dtype})"
+    if bias.dim() < 2:
+        return False, f"{kernel} takes a bias over the scores' rows and columns (got shape {tuple(bias.shape)})"
+    for what, n, side in (("query", bias.shape[-2], q), ("key", bias.shape[-1], k)):
+        per_sample = side.shape[1] if side.dim() == 4 else None
+        if n == 1 and per_sample != 1:
+            return False, (f"{kernel} takes a bias with a value for every {what} position of a sample (got shape "
+                           f"{tuple(bias.shape)}, broadcast over them)")
+    return bias_pairs_support(bias, kernel)
+
+
+def varlen_causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: tuple,
+                          kernel: str = "the CuTe varlen forward") -> tuple[bool, str]:
+    """(ok, reason) for the causal mask in the CuTe varlen kernels: the dense kernels' rule (``causal_support``)
+    in every sample, Nk - Nq a non-negative multiple of 128. Without reading the offsets on the host (a device
+    sync per call) that is known only where it holds by construction: both sides' rows from one ``cu_seqlens``
+    tensor (self-attention over jagged sequences, HSTU's case) or one ``seqused`` tensor (Nk = Nq per sample), or
+    full dense sides whose lengths differ by such a multiple. Equal offsets in two tensors take Triton's kernel."""
+    cu_q, cu_k, used_q, used_k = rows
+    if max(q.shape[-1], v.shape[-1]) > CAUSAL_TILE:
+        return False, f"causal masking in {kernel} needs D and Dv of at most {CAUSAL_TILE}"
+    if cu_q is not None or cu_k is not None:
+        if cu_q is not cu_k:
+            return False, (f"causal masking in {kernel} needs queries and keys to take their rows from one "
+                           "cu_seqlens tensor (per-sample lengths are not read on the host)")
+        return True, ""
+    if used_q is not None or used_k is not None:
+        if used_q is not used_k:
+            return False, (f"causal masking in {kernel} needs queries and keys to take their valid lengths from "
+                           "one seqused tensor (per-sample lengths are not read on the host)")
+        return True, ""
+    nq, nk = q.shape[1], k.shape[1]
+    if nk < nq or (nk - nq) % CAUSAL_TILE:
+        return False, (f"causal masking in {kernel} needs Nk - Nq to be a non-negative multiple of {CAUSAL_TILE}; "
+                       f"got Nq={nq}, Nk={nk}")
+    return True, ""
+
+
+def cute_varlen_fwd_preferred(q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    """(ok, reason): whether "auto" should run a supported call on the CuTe varlen forward.
+
+    Measured on H200 (``bench_cute_varlen.py --head-dims``, B=1152, H=4, bf16 gelu_tanh, lengths up to
+    256..2048): at D = Dv = 256 the wide-head tiles ran 0.99-1.73x Triton's
+    varlen forward, at D = 128, Dv = 256 0.48-1.22x (behind at short samples), so unequal head dims past 128
+    keep Triton's."""
+    if max(q.shape[-1], v.shape[-1]) > 128 and q.shape[-1] != v.shape[-1]:
+        return False, ("unequal head dims past 128 take the CuTe varlen forward only under backend='cute' "
+                       "(behind Triton's at short samples)")
+    return True, ""
+
+
+def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
+                            window: tuple[int, int], activation: str, rows: tuple,
+                            bias_grad: bool = False) -> tuple[bool, str]:
+    """(ok, reason) for the CuTe varlen backward: the varlen forward's cases (``rows``: the call's cu_seqlens and
+    seqused, for its causal rule) at the dense backward's head dims (``BWD_HEAD_DIMS``; masks only up to 128), a
+    bias tensor and its gradient (``bias_grad``: whether the call wants one) where the dense backward takes them
+    (``bwd_bias_support``)."""
+    check = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows, "the CuTe varlen backward",
+                                    BWD_HEAD_DIMS)
+    return bwd_bias_support(check, bias, q, v, bias_grad, (varlen_batch(q, k, rows[0], rows[1]), q.shape[-2]),
+                            varlen=True)
