@@ -381,7 +381,7 @@ def dq_late_for(dq_sums: str, head_dim: int, head_dim_v: int) -> bool:
 
 # The pairs are not taken by default: with the activation's factors out of the per-score work
 # (activation_math.backward_form) they do not beat the fp32 buffer past the noise (H200, gelu_tanh, bwd TF/s,
-# fp32 -> pairs, benchmarks/bench_dq_sums.py --only-head-dims): at D = Dv = 128 470 -> 475 (1280 keys), 476 -> 485
+# fp32 -> pairs, benchmarks/kernels.py dq-sums --only-head-dims): at D = Dv = 128 470 -> 475 (1280 keys), 476 -> 485
 # (1536), 499 -> 495 (2048; a same-process A/B at 2048: 509-518 -> 493-497); at every other head dim they lose 4-13%.
 def dq_sums_for(num_keys: int, key_tile: int = KEY_TILE) -> str:
     """How dQ is summed over ``num_keys`` keys in CTAs of ``key_tile`` keys by default (one of ``DQ_SUMS``): in
