@@ -1,18 +1,18 @@
-"""benchmarks/bench_cute_bars.py: the bars it checks against a run's rows, the ratios it derives from a row, and the
+"""``benchmarks/op.py bars``: the bars it checks against a run's rows, the ratios it derives from a row, and the
 correctness check each shape passes before it is timed (no GPU needed: rows are made up, the check runs the op's
 reference path on CPU)."""
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import bench_cute_bars as bars_mod  # noqa: E402
-from bench_cute_fwd import META_SHAPES  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import op as bars_mod  # noqa: E402
+from benchmarks.harness.operands import META_SHAPES  # noqa: E402
 
 N_BARS = 1 + 2 * len(META_SHAPES) + sum(nk == 256 for _, nk in META_SHAPES) + 1
 

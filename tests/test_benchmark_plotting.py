@@ -1,18 +1,17 @@
-"""benchmarks/plotting.py: the charts it builds from the stored results, and how it draws them (no GPU: made-up rows
-and the results files under benchmarks/results)."""
+"""benchmarks/harness/plotting.py: the charts it builds from the stored results, and how it draws them (no GPU: made-up
+rows and the results files under benchmarks/results)."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("matplotlib")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import plotting  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import plotting  # noqa: E402
 
 RESULTS = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("*/*.json"))
 # results that are tables only: the dQ sums' errors, the host's time per call, the pass's compile time

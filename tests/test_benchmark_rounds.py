@@ -1,16 +1,16 @@
-"""benchmarks/bench_gdpa.py's ``median_over_rounds``: the order each round times the providers in, the median it
+"""benchmarks/harness/timing.py's ``median_over_rounds``: the order each round times the providers in, the median it
 reports, and a provider that fails (no GPU needed: do_bench is replaced by a recorder)."""
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
 import pytest
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from bench_gdpa import median_over_rounds  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness.timing import median_over_rounds  # noqa: E402
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ a change fails here instead.
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import json
 import os
@@ -422,7 +423,7 @@ def _repo_paths() -> set[str]:
 
 
 def test_paths_in_backticks_exist():
-    # `benchmarks/bench_cute_bars.py`, `kernels/cute/gdpa_fwd.py`: a moved or deleted file leaves the reader
+    # `benchmarks/op.py`, `kernels/cute/gdpa_fwd.py`: a moved or deleted file leaves the reader
     # searching. A path is found at the repository root or as the tail of a path in it (docs name package modules
     # relative to gdpa_inductor/).
     paths = _repo_paths()
@@ -630,8 +631,16 @@ def test_no_development_history_or_outside_paths():
 # ---- the README's headline figures and its install claim ----------------------------------------------------
 
 
+def _benchmark_module(name: str):
+    """``benchmarks.<name>``, imported with the repository root on the path (as the benchmarks' commands run)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"benchmarks.{name}")
+
+
 def test_readme_numbers_are_the_raw_results():
-    # The table's figures, the run's devices, versions, date and command: all from the JSON files it names.
+    # The table's figures, the run's devices, versions and date: all from the JSON files it names; its command runs the
+    # benchmark that wrote them.
     text = _section((ROOT / "README.md").read_text(), "Numbers")
     sources = [ROOT / s for s in re.findall(r"`([^`]+\.json)`", text)]
     assert sources and all(p.is_file() for p in sources), f"the Numbers section names missing results: {sources}"
@@ -643,8 +652,11 @@ def test_readme_numbers_are_the_raw_results():
     checked = 0
     for run in runs:
         prov = _row(prows, run["device"])
-        for key, col in (("torch", "torch"), ("triton", "Triton"), ("date", "date"), ("command", "command")):
+        for key, col in (("torch", "torch"), ("triton", "Triton"), ("date", "date")):
             assert run[key] in prov[_column(phead, col)], f"{run['device']}: {key} is {run[key]!r}"
+        script, name = re.search(r"benchmarks/(\w+)\.py ([\w-]+)", prov[_column(phead, "command")]).groups()
+        writes = _benchmark_module(script).BENCHMARKS[name].writes
+        assert writes == _benchmark_module("harness.plotting").benchmark_of(run), f"{run['device']}: {script} {name}"
         for kind, label in (("fwd", "forward"), ("fb", "forward+backward")):
             cols = [i for i, h in enumerate(head) if h.split()[0] in run["device"] and h.split(maxsplit=1)[1] == label]
             assert len(cols) == 1, f"no column '{label}' for {run['device']} in {head}"

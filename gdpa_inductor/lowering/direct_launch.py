@@ -4,7 +4,7 @@ The backend's rewrite emits ``gdpa::attention_fwd_direct_v1`` and ``gdpa::varlen
 backward ops): ``torch.library.triton_op``s, so when Inductor compiles the graph it traces their bodies, and where a
 body launches Triton kernels through ``torch.library.wrap_triton`` the compiled code launches them as it launches
 its own kernels. No Python of this package then runs per call: a fused call costs the host its launches, not the
-op's dispatch, support checks and launcher (``benchmarks/host_overhead.py``).
+op's dispatch, support checks and launcher (``benchmarks/host.py overhead``).
 
 That path is taken where every choice the op makes can be made when the graph compiles: CUDA tensors of static
 shapes, Triton chosen, and no gradient added by atomics into a broadcast input's shared buffer (tracing would copy
@@ -50,7 +50,7 @@ def _static(*tensors: torch.Tensor | None) -> bool:
 
 
 # A call of the opaque op (the one path to the CuTe kernels) costs the host about this much per call, a launch
-# from the graph a few tens of us (benchmarks/host_overhead.py, H200: 175-590 us per opaque call).
+# from the graph a few tens of us (benchmarks/host.py overhead, H200: 175-590 us per opaque call).
 OPAQUE_CALL_HOST_S = 400e-6
 # The Triton kernels' rate at Meta's shapes (TF/s) and the share of their time the CuTe kernels save
 # (docs/benchmarks.md, every provider in one run, H100): forward ~400 and 25%, backward ~250 and 45%.

@@ -85,7 +85,7 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
     ``bias_grad``: whether the call wants the bias's gradient (a bias tensor's, in the CuTe backward).
 
     Under "auto" support alone decides (the forward also asks ``cute_varlen_fwd_preferred``): the CuTe varlen
-    backward was faster than Triton's in every case measured. On H200 (``bench_cute_varlen.py --backward``, B=1152,
+    backward was faster than Triton's in every case measured. On H200 (``varlen.py kernels --backward``, B=1152,
     H=4, D=128, bf16 gelu_tanh, lengths up to 256 to 2048, all full or uniform in [1, N]; docs/benchmarks.md) the
     backward alone ran 1.13-1.94x as fast as Triton's varlen backward, 1.20-2.22x under the causal mask."""
 

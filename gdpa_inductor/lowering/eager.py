@@ -4,7 +4,7 @@ A Python custom op pays for its generality on every eager call: the autograd wra
 defaults, the backend wrapper checks aliasing, and the dispatcher goes through Python twice. On an H200
 (torch 2.11) that was 0.32 ms of host time per varlen call with autograd (0.58 ms with validation and the
 launches) against 0.30 ms of GPU time at Meta's shortest jagged shape, so short calls were host-bound
-(``benchmarks/host_overhead.py``). When nothing traces the call (no torch.compile or export, no fake or
+(``benchmarks/host.py overhead``). When nothing traces the call (no torch.compile or export, no fake or
 functional tensors, no dispatch mode, no functorch transform) the public functions run the same
 implementations through this path instead; anything that traces still sees the custom ops, so the
 compiled graphs, opcheck and the fakes are unchanged. Both paths run ``forward_impl``/``backward_impl``, and one

@@ -85,7 +85,7 @@ def varlen_causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row
 def cute_varlen_fwd_preferred(q: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
     """(ok, reason): whether "auto" should run a supported call on the CuTe varlen forward.
 
-    Measured on H200 (``bench_cute_varlen.py --head-dims``, B=1152, H=4, bf16 gelu_tanh, lengths up to
+    Measured on H200 (``varlen.py kernels --head-dims``, B=1152, H=4, bf16 gelu_tanh, lengths up to
     256..2048): at D = Dv = 256 the wide-head tiles ran 0.99-1.73x Triton's
     varlen forward, at D = 128, Dv = 256 0.48-1.22x (behind at short samples), so unequal head dims past 128
     keep Triton's."""

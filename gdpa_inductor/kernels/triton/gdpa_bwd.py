@@ -38,7 +38,7 @@ class BwdConfig:
 
 
 def default_bwd_configs(d: int, dv: int, dtype: torch.dtype, kv_len: int) -> tuple[BwdConfig, BwdConfig]:
-    """(dK/dV config, dQ config), measured with benchmarks/tune_triton.py (H200, bf16, D=128): dK/dV
+    """(dK/dV config, dQ config), measured with benchmarks/tune.py triton (H200, bf16, D=128): dK/dV
     64x128, 8 warps, 3 stages with dQ 128x64 was fastest from kv=512 to 2048 (268-348 TF/s); at kv=256
     with as many queries, smaller dK/dV tiles (32x64, 4 warps) give more programs (215 vs 206 TF/s).
     Fusing dQ into the dK/dV kernel (5 matmuls instead of 7) was measured and dropped: with tl.atomic_add

@@ -32,7 +32,7 @@ class FwdConfig:
 
 
 def default_fwd_config(d: int, dv: int, dtype: torch.dtype, kv_len: int, has_bias: bool = False) -> FwdConfig:
-    """Tiles measured with benchmarks/tune_triton.py (H200, bf16, D=128, gelu_tanh): 128x64 with 8 warps
+    """Tiles measured with benchmarks/tune.py triton (H200, bf16, D=128, gelu_tanh): 128x64 with 8 warps
     and 3 stages at kv=2048 (502 TF/s); with short kv (<= 512) the loop is too short to pipeline, and
     4 warps with 2 stages win (329 vs 256 TF/s at kv=256) although ptxas spills ~140 B/thread there
     (the spill-free 8-warp tile is the slower one). With a bias tile to load as well, that tile spills

@@ -28,7 +28,7 @@ _RUNTIME_SIZES = ["HKV", "GROUP", "MAX_N", "LEFT", "RIGHT"]
 
 def default_varlen_bwd_configs(d: int, dv: int, dtype: torch.dtype, max_kv_len: int) -> tuple[BwdConfig, BwdConfig]:
     """(dK/dV, dQ) tiles. Measured on an H200 (bf16, D=128, B=1152, the two kernels' GPU time,
-    ``benchmarks/tune_varlen.py``): with sequences up to 512, 16x64 dK/dV tiles with three stages and 64x32 dQ
+    ``benchmarks/tune.py varlen``): with sequences up to 512, 16x64 dK/dV tiles with three stages and 64x32 dQ
     tiles with three stages, 4 warps each, beat the dense kernels' tiles (1.22 vs 1.37 ms at max 256, sparsity
     0.5) and the 32x64 / 64x64 two-stage pair (1.11 vs 1.16 ms there, 2.93 vs 2.97 at max 512, even at max 256
     and sparsity 1.0)."""

@@ -1,10 +1,11 @@
 """The benchmarks' plots, drawn one way for all of them.
 
-Every benchmark script that plots calls ``draw`` with the results it writes; the same call redraws a stored results
-file on any machine (no GPU, no torch):
+Every benchmark that plots calls ``draw`` with the results it writes; the same call redraws a stored results file on
+any machine (no GPU, no torch):
 
-    python -m benchmarks.plotting benchmarks/results/2026-11-24-h200/cute_bars.json --out docs/plots/cute_bars_h200.png
-    python -m benchmarks.plotting benchmarks/results/*/cute_varlen*.json --out-dir /tmp/plots
+    python -m benchmarks.harness.plotting benchmarks/results/2026-11-24-h200/cute_bars.json \
+        --out docs/plots/cute_bars_h200.png
+    python -m benchmarks.harness.plotting benchmarks/results/*/cute_varlen*.json --out-dir /tmp/plots
 
 A provider keeps one look in every plot (``PROVIDERS``: label, colour and, for a variant of a provider's run such as
 the kernel without its bias, a hatch over that colour). Bars start at zero, the legend sits below the panels, and a
@@ -430,7 +431,8 @@ def chart_hstu_reference(data: dict) -> Chart:
     labels = [f"B={r['batch']}, N≤{r['max_len']}" + (f", window {r['max_attn_len']}" if r["max_attn_len"] else "")
               for r in rows]
     panel = Panel("forward and backward", "ms (lower is better)", labels, step,
-                  [("gdpa", "backend_gdpa"), ("inductor", "inductor")], Ratio("speed-up over Inductor", stored="speedup"))
+                  [("gdpa", "backend_gdpa"), ("inductor", "inductor")],
+                  Ratio("speed-up over Inductor", stored="speedup"))
     return Chart(f"HSTU's reference attention, {meta['device']}: H={meta['heads']}, D={meta['head_dim']}, bf16, "
                  "lengths uniform in [N/2, N]", [panel])
 
@@ -468,8 +470,8 @@ CHARTS: dict[str, Callable[[dict], Chart]] = {
 
 
 def benchmark_of(data: dict) -> str:
-    """The script that wrote ``data``: its ``benchmark`` field, else the script its command names, else what its
-    rows hold."""
+    """The benchmark that wrote ``data``: its ``benchmark`` field, else the ``bench_*.py`` script its command names,
+    else what its rows hold."""
     meta = _meta(data)
     if "benchmark" in meta:
         return meta["benchmark"]
