@@ -10,6 +10,7 @@ import os
 import torch
 
 from ... import config
+from ..activations import PACKED_BF16_BACKWARD, ActivationName, with_long_query_tile
 from ..common import dq_fragments, dq_round
 from ..common.layout import tma_layout
 from .compile_cache import cached_compile
@@ -112,35 +113,27 @@ QUERY_TILE = 64
 # Queries per step of GdpaBwdSm90: 64, or 80 (flash-attn's tile at D = 128: a fifth fewer steps, K and V read a fifth
 # less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch.
 # Taken by default for the activations whose backward it measured faster from 2048 queries on (H100, B·N² fixed,
-# the backward alone, two runs): relu +4% at 2048², +7% at 4096², silu
-# +2% / +3.5%, hardswish +4% / +4%; level or slower at 1152² and 1536² (up to 4% more padded rows), and for gelu_tanh's
-# fp32 form (-1% to -4%), identity (+1-2%), relu_square, leaky_relu and sigmoid (-1% to +2.5%), which keep 64 rows.
-# gelu_tanh's packed bf16x2 form (``activation_math.PackedBackwardForm``) left registers enough for the 80-row tiles
-# to gain (H100, medians of four alternating rounds, whole backward: 2048² 11.73 -> 11.39 ms, 4096² 10.76 -> 10.36;
-# 1536² level, 1152² 2% slower)
+# the backward alone, two runs; level or slower at 1152² and 1536², up to 4% more padded rows), never for some: the
+# activation table's ``long_query_tile``, with each activation's measurements.
 QUERY_TILES = config.QUERY_TILES
 LONG_QUERY_TILE = 80
 LONG_QUERY_TILE_HEAD_DIM = 128
-# gelu's erf polynomial beside the 80-row tiles' accumulators: ptxas serializes every wgmma of the build (72 bytes
-# spilled); the other activations spill 0-56 bytes (hardswish the most), none serializes
-LONG_QUERY_TILE_EXCLUDED = ("gelu",)
-LONG_QUERY_TILE_ACTIVATIONS = ("relu", "silu", "hardswish")
-LONG_QUERY_TILE_PACKED_ACTIVATIONS = ("gelu_tanh",)
+LONG_QUERY_TILE_EXCLUDED = with_long_query_tile("never")
+LONG_QUERY_TILE_ACTIVATIONS = with_long_query_tile("by_default")
+LONG_QUERY_TILE_PACKED_ACTIVATIONS = with_long_query_tile("by_default_packed")
 LONG_QUERY_TILE_MIN_QUERIES = 2048
 
 
-def packed_backward(dtype: torch.dtype, activation: str, head_dim: int, head_dim_v: int, score_offset: bool,
+def packed_backward(dtype: torch.dtype, activation: ActivationName, head_dim: int, head_dim_v: int, score_offset: bool,
                     score_bias: bool) -> bool:
     """Whether the backward takes ``activation``'s packed bf16x2 form (``activation_math.PackedBackwardForm``): where
     it has one, for bf16 operands without a bias, in the kernel of narrow heads."""
-    from .activation_math import PACKED_BF16_BACKWARD_ACTIVATIONS
-
-    return (dtype == torch.bfloat16 and activation in PACKED_BF16_BACKWARD_ACTIVATIONS
+    return (dtype == torch.bfloat16 and activation in PACKED_BF16_BACKWARD
             and max(head_dim, head_dim_v) <= NARROW_MAX_HEAD_DIM and not (score_offset or score_bias))
 
 
 def _long_query_tile_case(dq_sums: str, head_dim: int, head_dim_v: int, masked: bool, score_bias: bool,
-                          activation: str) -> bool:
+                          activation: ActivationName) -> bool:
     return (dq_sums == "fp32" and head_dim == head_dim_v == LONG_QUERY_TILE_HEAD_DIM and not (masked or score_bias)
             and activation not in LONG_QUERY_TILE_EXCLUDED)
 
@@ -241,7 +234,7 @@ def bwd_bias_support(check: tuple[bool, str], bias, q: torch.Tensor, v: torch.Te
     return ok, reason
 
 
-def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName,
                   bias_grad: bool = False):
     """(ok, reason) for the CuTe backward on [Z, H, N, D] operands (a bias in the 4-D form): the forward's cases at
     the backward's head dims, a bias tensor where ``bias_tensor_bwd_support`` takes it, a bias gradient
@@ -250,7 +243,7 @@ def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
     return bwd_bias_support(check, bias, q, v, bias_grad, q.shape[:2])
 
 
-def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName,
                      bias_grad: bool = False):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting): the forward's cases, its
     causal mask and biases included (``causal_support``, ``score_bias_support``), at the backward's head dims, as
@@ -263,7 +256,7 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
 
 
 def compile_bwd(
-    dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
+    dtype: torch.dtype, head_dim: int, activation: ActivationName, keep_ptx: bool = False,
     dq_sums: str = "fp32", head_dim_v: int | None = None, varlen: bool = False, causal: bool = False,
     band: bool = False, score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
     dbias_atomic: bool = False, query_tile: int = QUERY_TILE, dq_last_round: bool = False,
@@ -390,7 +383,7 @@ def dq_sums_for(num_keys: int, key_tile: int = KEY_TILE) -> str:
 
 
 def gdpa_bwd_cute(
-    q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float,
+    q, k, v, grad_out, activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
     dq_sums: str | None = None, causal: bool = False, bias: torch.Tensor | None = None, bias_grad: bool = False,
     dbias_sums: str | None = None, query_tile: int | None = None, one_row_bias: bool = False,
     dq_last_round: bool | None = None,
@@ -474,7 +467,7 @@ def gdpa_bwd_cute(
     return dq, dk, dv, dbias
 
 
-def _ds_factor(activation: str, scale: float, post_scale: float) -> float:
+def _ds_factor(activation: ActivationName, scale: float, post_scale: float) -> float:
     """dS's scale: scale, post_scale and act''s constant factor, multiplied in fp32 as the kernel multiplies them for
     dK."""
     from .activation_math import backward_form
@@ -483,7 +476,7 @@ def _ds_factor(activation: str, scale: float, post_scale: float) -> float:
     return (factor * backward_form(activation).grad_factor).item()
 
 
-def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: str, scale: float,
+def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: ActivationName, scale: float,
                post_scale: float) -> torch.Tensor:
     """dQ in ``dtype`` from the kernel's fp32 sums, which it leaves unscaled: times dS's scale (``_ds_factor``),
     rounded once, in one pass (``dq_round``'s Triton pass on a GPU, torch elsewhere: the same arithmetic)."""
@@ -508,7 +501,7 @@ def dq_fragments_as_rows(sums: torch.Tensor, query_tile: int = LONG_QUERY_TILE) 
     return frags.permute(0, 1, 2, 4, 7, 9, 3, 5, 8, 6).reshape(z, h, rows, d)
 
 
-def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, activation: str, scale: float,
+def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, activation: ActivationName, scale: float,
                     post_scale: float, query_tile: int = LONG_QUERY_TILE) -> torch.Tensor:
     """dQ [Z, H, Nq, D] in ``dtype`` from the fp32 sums of the backward with ``query_tile``-row tiles
     (``dq_fragments_as_rows``), scaled by dS's scale (``_ds_factor``) and rounded once: one Triton pass on a GPU
@@ -522,7 +515,7 @@ def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, ac
 
 
 def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, score_bias: bool,
-                   activation: str, num_queries: int, packed: bool = False) -> int:
+                   activation: ActivationName, num_queries: int, packed: bool = False) -> int:
     """Queries per step of the backward (one of ``QUERY_TILES``) for a dense batch of ``num_queries`` queries: where
     ``config.cute_bwd_query_tile`` (``GDPA_CUTE_BWD_QUERY_TILE``) names one, that one in its cases; else 80 in its cases
     for ``LONG_QUERY_TILE_ACTIVATIONS`` (and with ``packed``, the backward in its packed form, for
@@ -541,7 +534,7 @@ def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, s
     return QUERY_TILE
 
 
-def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, post_scale: float,
+def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: ActivationName, post_scale: float,
              one_row: bool = False) -> torch.Tensor:
     """dBias of ``bias`` ([Zb, Hb, Nq, Nk] or fewer leading dims) from ``dbias_buffer``'s tensor for ``sums``, filled
     by the kernel without act''s constant factor and post_scale (dK and dQ take them at the end): the fp32 sums
@@ -582,7 +575,8 @@ def _sum_to(ds: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return ds.sum(dims, keepdim=True) if dims else ds
 
 
-def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
+def gdpa_bwd_cute_batched(grad_out, q, k, v, activation: ActivationName, scale: float, post_scale: float,
+                          negative_slope: float,
                           causal: bool = False, bias: torch.Tensor | None = None, bias_grad: bool = False):
     """The op's backward on the CuTe kernel: [..., H, N, D] operands of one batch shape (``cute_bwd_support``
     checked: no broadcast dims) -> (dq, dk, dv, dbias or None) in the inputs' shapes."""

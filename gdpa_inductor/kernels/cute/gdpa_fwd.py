@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from ..activations import ACTIVATION_NAMES
+from ..activations import ACTIVATION_NAMES, ActivationName
 from ..common.device import capability_major
 from ..common.layout import as_4d, tma_layout
 from .compile_cache import cached_compile
@@ -35,7 +35,7 @@ from .kernel_args import (
 # consumers' O accumulator Dv/2 registers a thread; wgmma's k-blocks need multiples of 16. Past 128 the forward
 # takes other tiles (``wide_head_tiles``), and so does the backward (``GdpaBwdWideSm90``).
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 256)
-# every activation of the table has a CuTe form (activation_math.py, same names)
+# every activation of the table has CuTe forms (its row names them; activation_math.py checks them when imported)
 SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES
 
 
@@ -119,7 +119,7 @@ def _as_4d(q, k, v):
     return tuple(as_4d(t, batch) for t in (q, k, v)), batch
 
 
-def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting)."""
     if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
         return False, "operands need [..., H, N, D]"
@@ -144,7 +144,7 @@ def machine_support(device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName):
     """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses."""
     ok, reason = machine_support(q.device)
     if not ok:
@@ -215,7 +215,7 @@ def causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[b
     return True, ""
 
 
-def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, head_dims: tuple,
+def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, head_dims: tuple,
                     kernel: str = "the CuTe forward") -> tuple[bool, str]:
     """(ok, reason) for what every CuTe forward needs of its operands: an activation with a CuTe form, fp16/bf16
     of one dtype, D and Dv each in ``head_dims``, and layouts TMA can read."""
@@ -235,7 +235,7 @@ def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activatio
 
 
 def compile_fwd(
-    dtype: torch.dtype, head_dim: int, activation: str, keep_ptx: bool = False,
+    dtype: torch.dtype, head_dim: int, activation: ActivationName, keep_ptx: bool = False,
     pingpong: bool | None = None, split_store: bool | None = None, mask_keys: bool = True,
     head_dim_v: int | None = None, varlen: bool = False, causal: bool = False, band: bool = False,
     score_offset: bool = False, score_bias: bool = False,
@@ -324,7 +324,7 @@ def persistent_grid(tiles: int, sms: int, num_m: int, uneven: bool) -> int:
 
 
 def gdpa_fwd_cute(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, scale: float, post_scale: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
     negative_slope: float, pingpong: bool | None = None, split_store: bool | None = None,
     out: torch.Tensor | None = None, causal: bool = False, bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -370,7 +370,7 @@ def _bias_4d(bias: torch.Tensor | None, batch: tuple, num_queries: int) -> torch
     return b
 
 
-def gdpa_fwd_cute_batched(q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
+def gdpa_fwd_cute_batched(q, k, v, activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
                           causal: bool = False, bias: torch.Tensor | None = None):
     """The op's forward on the CuTe kernel: [..., H, N, D] operands (``cute_fwd_support`` checked) ->
     [*batch, H, Nq, Dv]."""

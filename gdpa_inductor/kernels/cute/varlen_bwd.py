@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import ActivationName
 from ..common.layout import tma_layout
 from ..common.varlen_rows import VarlenSide
 from ..reference_varlen import varlen_batch
@@ -35,7 +36,7 @@ from .varlen_fwd import cute_varlen_fwd_support
 
 
 def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                            window: tuple[int, int], activation: str, rows: tuple,
+                            window: tuple[int, int], activation: ActivationName, rows: tuple,
                             bias_grad: bool = False) -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen backward: the varlen forward's cases (``rows``: the call's cu_seqlens and
     seqused, for its causal rule) at the dense backward's head dims (``BWD_HEAD_DIMS``; masks only up to 128), a
@@ -65,7 +66,7 @@ def _summed(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, order: torch.Tensor,
-                         activation: str, scale: float, post_scale: float, negative_slope: float,
+                         activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
                          causal: bool = False, band: tuple[int, int] | None = None,
                          bias: torch.Tensor | None = None, bias_grad: bool = False, dbias_sums: str | None = None):
     """(dq, dk, dv, dbias or None) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import ActivationName
 from ..common.varlen_rows import VarlenSide
 from ..common.window_bounds import band_limits
 from .gdpa_fwd import (
@@ -37,7 +38,7 @@ _TILE_M = 128
 
 
 def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                            window: tuple[int, int], activation: str, rows: tuple,
+                            window: tuple[int, int], activation: ActivationName, rows: tuple,
                             kernel: str = "the CuTe varlen forward",
                             head_dims: tuple = VARLEN_HEAD_DIMS) -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen forward on the varlen op's operands (``[total, H, D]`` or
@@ -127,7 +128,7 @@ def cute_varlen_fwd_preferred(q: torch.Tensor, v: torch.Tensor) -> tuple[bool, s
 
 
 def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
-                         activation: str, scale: float, post_scale: float, negative_slope: float,
+                         activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
                          causal: bool = False, band: tuple[int, int] | None = None,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
     """Writes ``out.tensor`` (the queries' layout, Dv wide; rows past each sample's length untouched) from the
