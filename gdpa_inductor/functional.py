@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .kernels.activations import ActivationName
 from .lowering.eager import attention, varlen_attention
 from .validation import check_gdpa_args
 from .validation_varlen import check_varlen_args
@@ -14,7 +15,7 @@ def gdpa(
     key: torch.Tensor,
     value: torch.Tensor,
     *,
-    activation: str = "gelu_tanh",
+    activation: ActivationName = "gelu_tanh",
     scale: float | None = None,
     post_scale: float = 1.0,
     bias: torch.Tensor | None = None,
@@ -67,7 +68,7 @@ def gdpa_varlen(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    activation: str = "gelu_tanh",
+    activation: ActivationName = "gelu_tanh",
     scale: float | None = None,
     post_scale: float = 1.0,
     causal: bool = False,

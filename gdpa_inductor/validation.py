@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels.activations import get_activation
+from .kernels.activations import ActivationName, get_activation
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -76,7 +76,7 @@ def _check_flag(name: str, value) -> None:
 
 
 def check_gdpa_args(
-    query, key, value, *, activation: str, scale, post_scale, bias: torch.Tensor | None, negative_slope,
+    query, key, value, *, activation: ActivationName, scale, post_scale, bias: torch.Tensor | None, negative_slope,
     causal=False,
 ) -> GdpaShapes:
     for name, t in (("query", query), ("key", key), ("value", value)):

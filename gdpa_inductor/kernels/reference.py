@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .activations import get_activation
+from .activations import ActivationName, get_activation
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -74,7 +74,7 @@ def gdpa_reference(
     k: torch.Tensor,
     v: torch.Tensor,
     bias: torch.Tensor | None = None,
-    activation: str = "gelu_tanh",
+    activation: ActivationName = "gelu_tanh",
     scale: float = 1.0,
     post_scale: float = 1.0,
     causal: bool = False,
@@ -103,7 +103,7 @@ def gdpa_reference_backward(
     k: torch.Tensor,
     v: torch.Tensor,
     bias: torch.Tensor | None = None,
-    activation: str = "gelu_tanh",
+    activation: ActivationName = "gelu_tanh",
     scale: float = 1.0,
     post_scale: float = 1.0,
     causal: bool = False,

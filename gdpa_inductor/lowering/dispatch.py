@@ -12,6 +12,7 @@ import logging
 import torch
 
 from .. import config
+from ..kernels.activations import ActivationName
 from ..kernels.triton.layout import interpreting
 
 log = logging.getLogger("gdpa_inductor")
@@ -35,7 +36,7 @@ def triton_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     return True, "supported"
 
 
-def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
+def select_forward_impl(q, k, v, bias, causal: bool, activation: ActivationName) -> str:
     """The dense forward's path: see ``_cute_else_select``."""
 
     def support(q, k, v, bias, causal, activation):
@@ -49,7 +50,7 @@ def select_forward_impl(q, k, v, bias, causal: bool, activation: str) -> str:
     return _cute_else_select(support, q, k, v, bias, causal, activation, "forward")
 
 
-def select_backward_impl(q, k, v, bias, causal: bool, activation: str, bias_grad: bool = False) -> str:
+def select_backward_impl(q, k, v, bias, causal: bool, activation: ActivationName, bias_grad: bool = False) -> str:
     """The dense backward's path: see ``_cute_else_select``. ``bias_grad``: whether the call wants the bias's
     gradient (not in the CuTe backward)."""
 
@@ -61,7 +62,7 @@ def select_backward_impl(q, k, v, bias, causal: bool, activation: str, bias_grad
     return _cute_else_select(support, q, k, v, bias, causal, activation, "backward")
 
 
-def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
+def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: ActivationName,
                                rows: tuple) -> str:
     """The varlen forward's path: "cute" where the CuTe varlen forward covers the call (under "auto" where it is
     also preferred, and under "cute"; a case it does not cover runs as under "auto"), otherwise as
@@ -78,7 +79,7 @@ def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, i
     return _varlen_cute_else_select(support, q, k, v, bias, causal, window, activation, rows, "varlen forward")
 
 
-def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
+def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, int], activation: ActivationName,
                                 rows: tuple, bias_grad: bool = False) -> str:
     """The varlen backward's path: "cute" where the CuTe varlen backward covers the call (under "auto" and "cute";
     a case it does not cover runs as under "auto"), otherwise as ``select_impl``. ``rows``: as for the forward;
@@ -97,8 +98,8 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
     return _varlen_cute_else_select(support, q, k, v, bias, causal, window, activation, rows, "varlen backward")
 
 
-def _varlen_cute_else_select(cute_support, q, k, v, bias, causal: bool, window: tuple[int, int], activation: str,
-                             rows: tuple, what: str) -> str:
+def _varlen_cute_else_select(cute_support, q, k, v, bias, causal: bool, window: tuple[int, int],
+                             activation: ActivationName, rows: tuple, what: str) -> str:
     if _asks_cute(q, what):
         ok, reason = _checked(cute_support, q, k, v, bias, causal, window, activation, rows)
         if ok:
@@ -108,7 +109,7 @@ def _varlen_cute_else_select(cute_support, q, k, v, bias, causal: bool, window: 
     return select_impl(q, k, v, bias, what)
 
 
-def _cute_else_select(cute_support, q, k, v, bias, causal: bool, activation: str, what: str) -> str:
+def _cute_else_select(cute_support, q, k, v, bias, causal: bool, activation: ActivationName, what: str) -> str:
     """"cute" where ``cute_support`` says the CuTe-DSL Hopper kernel takes the call (under "auto" and "cute"; a
     ValueError under "cute" when it cannot), otherwise as ``select_impl``."""
     if _asks_cute(q, what):

@@ -14,6 +14,7 @@ from typing import TypeVar
 import torch
 
 from .. import config
+from ..kernels.activations import ActivationName
 from .dispatch import select_impl
 
 log = logging.getLogger("gdpa_inductor")
@@ -23,7 +24,7 @@ T = TypeVar("T")
 _failed: dict[tuple, str] = {}
 
 
-def call_kind(what: str, q: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, activation: str,
+def call_kind(what: str, q: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, activation: ActivationName,
               causal: bool, *masks) -> tuple:
     """What a kernel variant depends on, beyond sizes: calls of one kind share their compiled kernels."""
     return (what, q.device.type, q.dtype, q.shape[-1], v.shape[-1], None if bias is None else bias.dtype,

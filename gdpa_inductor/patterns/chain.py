@@ -18,14 +18,14 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ..kernels.activations import get_activation
+from ..kernels.activations import ActivationName, get_activation
 from . import fx_nodes as fxn
 from .causal_mask import band_window, causal_mask_kind, constant_value
 
 
 @dataclass
 class ChainRecipe:
-    activation: str = "identity"
+    activation: ActivationName = "identity"
     negative_slope: float = 0.01
     scale: float = 1.0
     post_scale: float = 1.0
@@ -77,7 +77,7 @@ def _scale_value(x: Any) -> Optional[Any]:
     return None
 
 
-def _fill_zeroes_activation(fill: Any, activation: str, slope: float, dtype: torch.dtype,
+def _fill_zeroes_activation(fill: Any, activation: ActivationName, slope: float, dtype: torch.dtype,
                             with_grad: bool = True) -> bool:
     """act(fill) == 0 exactly (no NaN) in the chain's dtype and in fp32 (what the kernels compute in), and with
     ``with_grad`` act'(fill) == 0 too.
@@ -130,8 +130,9 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
                 raise ChainMismatch(f"{node.name}: a second activation")
             seen_activation = True
             recipe.activation, recipe.negative_slope = act
-            if act[0] == "relu" and i + 1 < len(ordered) and fxn.is_square_of(ordered[i + 1], node):
-                recipe.activation = "relu_square"
+            squared = fxn.SQUARED_ACTIVATIONS.get(act[0])
+            if squared is not None and i + 1 < len(ordered) and fxn.is_square_of(ordered[i + 1], node):
+                recipe.activation = squared
                 i += 1
         elif fxn.is_passthrough(node) or fxn.is_noop_dropout(node):
             pass

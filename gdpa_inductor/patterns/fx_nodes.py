@@ -16,6 +16,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from ..kernels.activations import ACTIVATIONS, ActivationName
+
 aten = torch.ops.aten
 
 
@@ -249,24 +251,25 @@ def is_noop_dropout(node: fx.Node) -> bool:
     return (isinstance(p, numbers.Real) and p == 0) or training is False
 
 
-def activation_of(node: fx.Node) -> Optional[tuple[str, float]]:
-    """(activation name, negative_slope) when node applies one of the table's activations to args[0]."""
-    slope = 0.01
-    if fn_or_method(node, (F.gelu, torch._C._nn.gelu), ("gelu",)):
-        approx = arg(node, 1, "approximate", "none")
-        return ("gelu_tanh" if approx == "tanh" else "gelu"), slope
-    if fn_or_method(node, (F.silu, torch.nn.functional.silu), ()):
-        return "silu", slope
-    if fn_or_method(node, (F.relu, torch.relu, torch.nn.functional.relu), ("relu",)):
-        return "relu", slope
-    if fn_or_method(node, (torch.sigmoid, F.sigmoid, torch.nn.functional.sigmoid), ("sigmoid",)):
-        return "sigmoid", slope
-    if fn_or_method(node, (F.hardswish, torch._C._nn.hardswish), ()):
-        return "hardswish", slope
-    if fn_or_method(node, (F.leaky_relu, torch._C._nn.leaky_relu), ("leaky_relu",)):
-        s = arg(node, 1, "negative_slope", 0.01)
-        return ("leaky_relu", float(s)) if isinstance(s, numbers.Real) else None
+def activation_of(node: fx.Node) -> Optional[tuple[ActivationName, float]]:
+    """(activation name, negative_slope) when node applies one of the table's activations to args[0], as the
+    table's FX spellings (``ActivationSpec.fx``) say."""
+    for act in ACTIVATIONS.values():
+        spelling = act.fx
+        if not fn_or_method(node, spelling.functions, spelling.methods):
+            continue
+        if spelling.approximate is not None and arg(node, 1, "approximate", "none") != spelling.approximate:
+            continue
+        if spelling.reads_slope:
+            s = arg(node, 1, "negative_slope", 0.01)
+            return (act.name, float(s)) if isinstance(s, numbers.Real) else None
+        return act.name, 0.01
     return None
+
+
+# {activation: the activation it is when a square follows it} (relu then ** 2 is relu_square)
+SQUARED_ACTIVATIONS: dict[str, ActivationName] = {
+    a.fx.square_of: a.name for a in ACTIVATIONS.values() if a.fx.square_of is not None}
 
 
 def is_square_of(node: fx.Node, inner: fx.Node) -> bool:

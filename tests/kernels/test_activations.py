@@ -1,17 +1,30 @@
-"""The activation table: PyTorch forms, their derivatives, the half-precision GELU approximant, and the Triton
-functions (run under the Triton interpreter)."""
+"""The activation table: its checks of its rows and of the form modules, PyTorch forms, their derivatives, the
+half-precision GELU approximant, and the Triton functions (run under the Triton interpreter)."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import math
+from typing import get_args
 
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from gdpa_testing import EAGER_ACTIVATIONS, dtype_id, randn, requires_interpreter
 
-from gdpa_inductor.kernels.activations import ACTIVATION_NAMES, ACTIVATIONS, get_activation
+from gdpa_inductor.kernels import activations
+from gdpa_inductor.kernels.activations import (
+    ACTIVATION_NAMES,
+    ACTIVATIONS,
+    ActivationName,
+    FxSpelling,
+    build_table,
+    check_forms,
+    get_activation,
+)
 from gdpa_inductor.kernels.triton import activation_math as tm
 
 EXPECTED_NAMES = {
@@ -43,6 +56,68 @@ def test_table_names():
 def test_unknown_activation_names_the_argument():
     with pytest.raises(ValueError, match=r"^activation: .*'softmax'"):
         get_activation("softmax")
+
+
+def test_names_are_the_activation_type():
+    assert ACTIVATION_NAMES == get_args(ActivationName) == tuple(ACTIVATIONS)
+
+
+def _rows(**changes_by_name) -> list:
+    return [dataclasses.replace(a, **changes_by_name.get(a.name, {})) for a in ACTIVATIONS.values()]
+
+
+@pytest.mark.parametrize("rows, error", [
+    (lambda: [*_rows(), ACTIVATIONS["relu"]], "'relu' has two rows"),
+    (lambda: _rows()[:-1], "differ from ActivationName"),
+    (lambda: _rows(silu={"long_query_tile": "sometimes"}), "'silu': long_query_tile must be one of"),
+    (lambda: _rows(silu={"long_query_tile": "by_default_packed"}), "'silu': .*needs a packed bf16 backward form"),
+    (lambda: _rows(gelu={"packed_bf16_forward": 1}), "'gelu': packed_bf16_forward must be a bool"),
+    (lambda: _rows(relu={"cute_backward": "relu and grad"}), "'relu': cute_backward must name a function"),
+    (lambda: _rows(silu={"triton_forward": "sigmoid"}), "two rows name the same triton_forward"),
+    (lambda: _rows(silu={"fx": FxSpelling(functions=(F.silu, torch.sigmoid))}), "'silu' and 'sigmoid' share"),
+    (lambda: _rows(gelu={"fx": FxSpelling(functions=(F.gelu,))}), "'gelu' and 'gelu_tanh' share"),
+    (lambda: _rows(relu_square={"fx": FxSpelling(square_of="relu_cubed")}), "'relu_square': fx.square_of must name"),
+    (lambda: _rows(relu_square={"fx": FxSpelling(methods=("relu",), square_of="relu")}), "no call of its own"),
+], ids=["duplicate", "missing", "long_tile", "long_tile_unpacked", "flag", "form_name", "shared_form",
+        "shared_call", "gelu_without_approximate", "square_of_unknown", "square_with_call"])
+def test_table_refuses_a_bad_row(rows, error):
+    with pytest.raises(ValueError, match=error):
+        build_table(rows())
+
+
+def test_table_takes_its_own_rows():
+    assert build_table(ACTIVATIONS.values()) == ACTIVATIONS
+
+
+def test_check_forms_names_missing_and_extra_forms():
+    named = {"relu": "relu", "silu": "silu"}
+    check_forms("forms", ["relu", "silu"], named)
+    with pytest.raises(ImportError, match=r"no form 'silu' \(for 'silu'\); forms no row names: 'swish'"):
+        check_forms("forms", ["relu", "swish"], named)
+
+
+def _import_afresh(module: str):
+    """A second copy of ``module``, executed now (the table as it is now), beside the imported one."""
+    spec = importlib.util.find_spec(module)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    return fresh
+
+
+def test_triton_forms_are_checked_against_the_table_when_imported(monkeypatch):
+    name = "gdpa_inductor.kernels.triton.activation_math"
+    assert set(_import_afresh(name).FORMS) == set(tm.FORMS)
+    renamed = {**ACTIVATIONS, "relu": dataclasses.replace(ACTIVATIONS["relu"], triton_forward="relu_v2")}
+    monkeypatch.setattr(activations, "ACTIVATIONS", renamed)
+    with pytest.raises(ImportError, match=r"no form 'relu_v2' \(for 'relu'\); forms no row names: 'relu'$"):
+        _import_afresh(name)
+
+
+@pytest.mark.parametrize("name", ACTIVATION_NAMES)
+def test_triton_forms_of_each_row_exist(name):
+    a = ACTIVATIONS[name]
+    for form in (a.triton_forward, a.triton_backward):
+        assert tm.FORMS[form] is getattr(tm, form) and tm.FORMS[form].__name__ == form
 
 
 @pytest.mark.parametrize("slope", SLOPES, ids=lambda s: f"slope{s}")

@@ -1,23 +1,68 @@
-"""The CuTe backward's rewritten activation forms (``activation_math.BACKWARD_TERMS``): the same fma/tanh
-algebra the kernel traces, run here on float64 tensors, against the activation table's torch value and
+"""The CuTe activation forms: each row of the activation table finds the forms it names (checked against the table
+when the module is imported), and the backward's rewritten forms (``activation_math.BACKWARD_TERMS``): the same
+fma/tanh algebra the kernel traces, run here on float64 tensors, against the activation table's torch value and
 derivative at scale · x + bias (a one-element bias folded into the first product). The kernel moves grad_factor
 into dK's and dQ's scale and grad_offset into dS = dP (m + offset), so a wrong factor, offset or constant shows
 here as a wrong value or derivative."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+
 import pytest
 import torch
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
-from gdpa_inductor.kernels.activations import get_activation  # noqa: E402
+from gdpa_inductor.kernels import activations  # noqa: E402
+from gdpa_inductor.kernels.activations import ACTIVATION_NAMES, ACTIVATIONS, get_activation  # noqa: E402
+from gdpa_inductor.kernels.cute import activation_math  # noqa: E402
 from gdpa_inductor.kernels.cute.activation_math import (  # noqa: E402
     BACKWARD_TERMS,
+    BackwardForm,
+    PackedBackwardForm,
+    PackedForm,
     backward_form,
+    forward_form,
     gelu_tanh_scaled_constants,
     gelu_tanh_scaled_terms,
 )
+
+
+@pytest.mark.parametrize("name", ACTIVATION_NAMES)
+def test_each_row_finds_its_forms(name):
+    a = ACTIVATIONS[name]
+    assert forward_form(name, bf16=False) is getattr(activation_math, a.cute_forward)
+    assert isinstance(forward_form(name, bf16=True), PackedForm) == a.packed_bf16_forward
+    assert isinstance(backward_form(name), BackwardForm)
+    assert isinstance(backward_form(name, packed=True), PackedBackwardForm) == a.packed_bf16_backward
+    assert callable(getattr(activation_math, a.cute_backward))
+    assert (name in BACKWARD_TERMS) == a.cute_backward.endswith("_grad_terms")
+
+
+def _import_afresh(module: str):
+    spec = importlib.util.find_spec(module)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    return fresh
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"cute_backward": "silu_and_grad"}, r"backward forms .*no form 'silu_and_grad' \(for 'silu'\); forms no row "
+                                         r"names: 'silu_grad_terms'"),
+    ({"packed_bf16_backward": True}, r"packed bf16 backward forms .*no form 'silu' \(for 'silu'\)"),
+    ({"packed_bf16_forward": False}, r"packed bf16 forward forms .*forms no row names: 'silu'"),
+], ids=["backward", "packed_backward", "packed_forward"])
+def test_forms_are_checked_against_the_table_when_imported(monkeypatch, change, error):
+    monkeypatch.setattr(activations, "ACTIVATIONS", {**ACTIVATIONS, "silu": dataclasses.replace(ACTIVATIONS["silu"],
+                                                                                              **change)})
+    monkeypatch.setattr(activations, "PACKED_BF16_FORWARD", frozenset(
+        n for n, a in activations.ACTIVATIONS.items() if a.packed_bf16_forward))
+    monkeypatch.setattr(activations, "PACKED_BF16_BACKWARD", frozenset(
+        n for n, a in activations.ACTIVATIONS.items() if a.packed_bf16_backward))
+    with pytest.raises(ImportError, match=error):
+        _import_afresh("gdpa_inductor.kernels.cute.activation_math")
 
 
 def _fma(a, b, c):

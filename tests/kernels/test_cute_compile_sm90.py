@@ -35,7 +35,7 @@ from gdpa_inductor import config
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
 
-from gdpa_inductor.kernels.cute.activation_math import PACKED_BF16_ACTIVATIONS  # noqa: E402
+from gdpa_inductor.kernels.activations import PACKED_BF16_FORWARD  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_bwd import dq_last_round_for, dq_late_for, packed_backward  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_fwd import (  # noqa: E402
     SUPPORTED_ACTIVATIONS,
@@ -265,7 +265,7 @@ def test_cute_fwd_compiles_for_sm90a(case, reports):
     assert r["mbarrier_init"] == 2 * q_stages + 4 * fwd_kv_stages(case[1], case[2], plain), r
     # fp16 and a bias take the fp32 forms
     packed = (case[0] != "fwd_fp16" and not case[0].endswith(("_offset", "_bias"))
-              and case[3] in PACKED_BF16_ACTIVATIONS)
+              and case[3] in PACKED_BF16_FORWARD)
     assert (r["tanh_approx_bf16x2"] > 0) == packed and (r["fma_bf16x2"] > 0) == packed, r
     assert (r["tanh_approx"] > 0) == (case[3] in TANH_BASED and not packed), r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
@@ -431,7 +431,7 @@ def test_cute_band_bwd_masks_one_loop(case, reports):
 @pytest.mark.parametrize("case", [c for c in FWD_OFFSET_CASES + BWD_OFFSET_CASES
                                   if (c[0].startswith("bwd") and ("band" in c[0] or not packed_backward(
                                       torch.bfloat16, c[3], c[1], c[2], False, False)))
-                                  or (c[0].startswith("fwd") and c[3] not in PACKED_BF16_ACTIVATIONS)], ids=str)
+                                  or (c[0].startswith("fwd") and c[3] not in PACKED_BF16_FORWARD)], ids=str)
 def test_cute_score_offset_folds_into_the_first_product(case, reports):
     """A one-element bias costs no op per score: at every place its activation is inlined (the forward's three: a
     CTA's first step, the key-tile loop, the step that crosses to the next query tile; each copy of the backward's
@@ -469,7 +469,7 @@ def test_cute_score_bias_read_per_score(case, reports):
     reads = 3 * 128 * key_tile(d, dv) // 256
     assert r["ld_global_pairs"] == reads // 2 and plain["ld_global_pairs"] == 0, (r["ld_global_pairs"], reads)
     # bf16 gelu_tanh's plain build runs the packed forms, whose FP32 ops are not comparable
-    plain_fp32 = act not in PACKED_BF16_ACTIVATIONS
+    plain_fp32 = act not in PACKED_BF16_FORWARD
     assert r["add_f32"] <= plain["add_f32"] or not plain_fp32, (r["add_f32"], plain["add_f32"])
     assert r["fma_f32"] - (plain["fma_f32"] if plain_fp32 else 0) >= reads, (r["fma_f32"], plain["fma_f32"])
     assert r["wgmma"] == plain["wgmma"]

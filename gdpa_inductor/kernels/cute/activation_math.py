@@ -4,6 +4,10 @@ The same one-MUFU forms as the Triton kernels (``kernels/triton/activation_math.
 gelu_tanh, silu and sigmoid through ``tanh.approx.f32``; exact gelu through the tanh-based erf approximant
 whose error is below bf16 resolution. The bf16 forward runs gelu_tanh and silu on bf16x2 pairs instead
 (``PackedForm``). NaN propagates as in eager PyTorch: comparisons select, they do not clamp.
+
+The activation table (``kernels/activations.py``) names each activation's forward and backward form here; the forms
+register themselves by name (``_forward_form``, ``_backward_terms``, ``_backward_at_scaled``), and importing this
+module checks that they are exactly the ones the table names, as are the packed forms.
 """
 
 from __future__ import annotations
@@ -13,6 +17,15 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
+
+from ..activations import (
+    ACTIVATIONS,
+    PACKED_BF16_BACKWARD,
+    PACKED_BF16_FORWARD,
+    ActivationName,
+    check_forms,
+    forms_named,
+)
 
 # The constants of the Triton forms too (one definition): gelu_tanh's, and the erf approximant
 # Phi(x) ~ 0.5 (1 + tanh(x (C1 + C3 x^2 + C5 x^4))) on |x| <= 5.
@@ -31,6 +44,15 @@ def _tanh(x: cutlass.Float32) -> cutlass.Float32:
     return cute.math.tanh(x, approx=True)
 
 
+# The forward forms in fp32 registers, by function name (the table's ``cute_forward``).
+_FORWARD_FORMS: dict[str, Callable] = {}
+
+
+def _forward_form(fn: Callable) -> Callable:
+    _FORWARD_FORMS[fn.__name__] = fn
+    return fn
+
+
 # Forward forms: act(scale · x + bias), bias None (no bias) or a one-element bias read by the kernel. The forward
 # is bound by its per-score arithmetic, not by the tensor cores, so every FP32 op per score counts: products of
 # the runtime scale with constants are common to every score (computed once), leaving e.g. five FP32 ops and one
@@ -46,17 +68,20 @@ def _scaled(x, factor: float, scale, bias, fma=cute.math.fma):
     return x * scale if bias is None else fma(x, scale, bias)
 
 
+@_forward_form
 @cute.jit
 def identity(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     return _scaled(x, 1.0, scale, bias)
 
 
+@_forward_form
 @cute.jit
 def relu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     y = _scaled(x, 1.0, scale, bias)
     return cutlass.Float32(0.0) if y < 0.0 else y
 
 
+@_forward_form
 @cute.jit
 def relu_square(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     y = _scaled(x, 1.0, scale, bias)
@@ -64,18 +89,21 @@ def relu_square(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float
     return r * r
 
 
+@_forward_form
 @cute.jit
 def leaky_relu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     y = _scaled(x, 1.0, scale, bias)
     return y if y > 0.0 else y * slope
 
 
+@_forward_form
 @cute.jit
 def gelu_tanh(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     h, _, t = gelu_tanh_half_and_tanh(x, scale, bias, cute.math.fma, _tanh)
     return cute.math.fma(h, t, h)
 
 
+@_forward_form
 @cute.jit
 def gelu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     y = _scaled(x, 1.0, scale, bias)
@@ -90,11 +118,13 @@ def gelu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bia
     return y * cdf
 
 
+@_forward_form
 @cute.jit
 def sigmoid(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     return cute.math.fma(_tanh(_scaled(x, 0.5, scale, bias)), 0.5, 0.5)
 
 
+@_forward_form
 @cute.jit
 def silu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     # y sigmoid(y) = u (1 + tanh(u)) with u = y / 2
@@ -102,6 +132,7 @@ def silu(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bia
     return cute.math.fma(u, _tanh(u), u)
 
 
+@_forward_form
 @cute.jit
 def hardswish(x: cutlass.Float32, scale: cutlass.Float32, slope: cutlass.Float32, bias) -> cutlass.Float32:
     y = _scaled(x, 1.0, scale, bias)
@@ -195,19 +226,19 @@ class PackedForm(NamedTuple):
     argument: Callable
 
 
+# by activation: those the table marks ``packed_bf16_forward``
 _PACKED_BF16 = {
     "gelu_tanh": PackedForm(_gelu_tanh_constants, _gelu_tanh_argument),
     "silu": PackedForm(_silu_constants, _silu_argument),
 }
-PACKED_BF16_ACTIVATIONS = frozenset(_PACKED_BF16)
 
 
-def forward_form(name: str, bf16: bool):
-    """The forward's per-score form of activation ``name``: a PackedForm for bf16 gelu_tanh and silu (O must
+def forward_form(name: ActivationName, bf16: bool):
+    """The forward's per-score form of activation ``name``: a PackedForm for bf16 where the table has one (O must
     then be multiplied by scale / 2), otherwise the fp32 form act(scale · x + bias)."""
-    if bf16 and name in _PACKED_BF16:
+    if bf16 and name in PACKED_BF16_FORWARD:
         return _PACKED_BF16[name]
-    return globals()[name]
+    return FORWARD_FORMS[name]
 
 
 # Backward forms. (p, m) = fn(x, scale, slope, bias) with p = act(y) and act'(y) = grad_factor · (m +
@@ -230,6 +261,27 @@ class BackwardForm(NamedTuple):
     grad_offset: float
 
 
+# The backward forms, by function name (the table's ``cute_backward``): (the form with its unwrapped fn, whether fn
+# takes (x, scale, fma, tanh, bias) rather than act and act' at y as (y, slope)).
+_BACKWARD_FORMS: dict[str, tuple[BackwardForm, bool]] = {}
+
+
+def _backward_terms(grad_factor: float, grad_offset: float) -> Callable:
+    """Registers a form built from fma and tanh alone: fn(x, scale, fma, tanh, bias) gives (p, m)."""
+    def register(terms: Callable) -> Callable:
+        _BACKWARD_FORMS[terms.__name__] = (BackwardForm(terms, grad_factor, grad_offset), True)
+        return terms
+
+    return register
+
+
+def _backward_at_scaled(and_grad: Callable) -> Callable:
+    """Registers a form giving (act(y), act'(y)) at y = scale · x + bias: no factor to move."""
+    _BACKWARD_FORMS[and_grad.__name__] = (BackwardForm(and_grad, 1.0, 0.0), False)
+    return and_grad
+
+
+@_backward_terms(0.5, 1.0)
 def gelu_tanh_grad_terms(x, scale, fma, tanh, bias=None):
     """gelu_tanh's (p, m) at y = scale x + bias with act' = (m + 1) / 2, over any number type as
     ``gelu_tanh_half_and_tanh``: p = h (1 + t), and 2 act' = 1 + t + (1 - t^2) h (2c + 24ck h^2)."""
@@ -238,6 +290,7 @@ def gelu_tanh_grad_terms(x, scale, fma, tanh, bias=None):
     return fma(h, t, h), fma(fma(-t, t, 1.0), h * fma(h2, 24.0 * c * k, 2.0 * c), t)
 
 
+@_backward_terms(0.5, 1.0)
 def silu_grad_terms(x, scale, fma, tanh, bias=None):
     """silu's (p, m) with act' = (m + 1) / 2: at h = (scale x + bias) / 2, sigmoid(2h) = (1 + t) / 2 with t =
     tanh(h), so p = h (1 + t) and 2 act' = (1 + t)(1 + h (1 - t)) = 1 + t + h (1 - t^2)."""
@@ -246,18 +299,11 @@ def silu_grad_terms(x, scale, fma, tanh, bias=None):
     return fma(h, t, h), fma(h, fma(-t, t, 1.0), t)
 
 
+@_backward_terms(0.25, 0.0)
 def sigmoid_grad_terms(x, scale, fma, tanh, bias=None):
     """sigmoid's (p, m) with act' = m / 4: sigmoid(y) = (1 + t) / 2 with t = tanh(y / 2), and act' = (1 - t^2) / 4."""
     t = tanh(_scaled(x, 0.5, scale, bias, fma))
     return fma(t, 0.5, 0.5), fma(-t, t, 1.0)
-
-
-# the forms built from fma and tanh alone, their fn taking (x, scale, fma, tanh, bias)
-BACKWARD_TERMS = {
-    "gelu_tanh": BackwardForm(gelu_tanh_grad_terms, 0.5, 1.0),
-    "silu": BackwardForm(silu_grad_terms, 0.5, 1.0),
-    "sigmoid": BackwardForm(sigmoid_grad_terms, 0.25, 0.0),
-}
 
 
 def _form_of_terms(terms: Callable) -> Callable:
@@ -279,11 +325,13 @@ def _form_at_scaled(and_grad: Callable) -> Callable:
 # (act(y), act'(y)) at y = scale · x + bias for the other activations: selects and clamps, no factor to move
 
 
+@_backward_at_scaled
 @cute.jit
 def identity_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     return x, cutlass.Float32(1.0)
 
 
+@_backward_at_scaled
 @cute.jit
 def relu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     y = cutlass.Float32(0.0) if x < 0.0 else x
@@ -291,12 +339,14 @@ def relu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     return y, g
 
 
+@_backward_at_scaled
 @cute.jit
 def relu_square_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     r = cutlass.Float32(0.0) if x < 0.0 else x
     return r * r, 2.0 * r
 
 
+@_backward_at_scaled
 @cute.jit
 def leaky_relu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     y = x if x > 0.0 else x * slope
@@ -304,6 +354,7 @@ def leaky_relu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     return y, g
 
 
+@_backward_at_scaled
 @cute.jit
 def gelu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     xc = cute.math.min(cute.math.max(x, -GELU_ERF_CLAMP), GELU_ERF_CLAMP)
@@ -321,6 +372,7 @@ def gelu_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     return x * cdf, cdf + x * pdf
 
 
+@_backward_at_scaled
 @cute.jit
 def hardswish_and_grad(x: cutlass.Float32, slope: cutlass.Float32):
     # hardswish(x) = x c with c = s clamped to [0, 1], s = x / 6 + 1/2, and act' = 2 s - 1/2 where s is inside
@@ -418,17 +470,29 @@ def _gelu_tanh_bwd_score(x: cutlass.Float32, c):
     return gelu_tanh_scaled_terms(x, c, lambda a, b: a * b, cute.math.fma, _tanh, _one_minus_square)
 
 
+# by activation: those the table marks ``packed_bf16_backward``
 _PACKED_BF16_BACKWARD = {
     "gelu_tanh": PackedBackwardForm(_gelu_tanh_bwd_constants, _gelu_tanh_bwd_pair, _gelu_tanh_bwd_score, 0.5, 1.0),
 }
-PACKED_BF16_BACKWARD_ACTIVATIONS = frozenset(_PACKED_BF16_BACKWARD)
+
+check_forms("cute/activation_math.py's forward forms", _FORWARD_FORMS, forms_named("cute_forward"))
+check_forms("cute/activation_math.py's backward forms", _BACKWARD_FORMS, forms_named("cute_backward"))
+check_forms("cute/activation_math.py's packed bf16 forward forms", _PACKED_BF16, {n: n for n in PACKED_BF16_FORWARD})
+check_forms("cute/activation_math.py's packed bf16 backward forms", _PACKED_BF16_BACKWARD,
+            {n: n for n in PACKED_BF16_BACKWARD})
+
+# Each activation's forms, from its row.
+FORWARD_FORMS: dict[str, Callable] = {n: _FORWARD_FORMS[a.cute_forward] for n, a in ACTIVATIONS.items()}
+_BACKWARD_FORM_OF: dict[str, tuple[BackwardForm, bool]] = {
+    n: _BACKWARD_FORMS[a.cute_backward] for n, a in ACTIVATIONS.items()}
+# the forms built from fma and tanh alone, their fn taking (x, scale, fma, tanh, bias)
+BACKWARD_TERMS: dict[str, BackwardForm] = {n: form for n, (form, terms) in _BACKWARD_FORM_OF.items() if terms}
 
 
-def backward_form(name: str, packed: bool = False) -> BackwardForm | PackedBackwardForm:
+def backward_form(name: ActivationName, packed: bool = False) -> BackwardForm | PackedBackwardForm:
     """The backward's per-score form of activation ``name``: with ``packed`` (bf16 operands, no bias) a
-    PackedBackwardForm where there is one."""
-    if packed and name in _PACKED_BF16_BACKWARD:
+    PackedBackwardForm where the table has one."""
+    if packed and name in PACKED_BF16_BACKWARD:
         return _PACKED_BF16_BACKWARD[name]
-    if name in BACKWARD_TERMS:
-        return BACKWARD_TERMS[name]._replace(fn=_form_of_terms(BACKWARD_TERMS[name].fn))
-    return BackwardForm(_form_at_scaled(globals()[f"{name}_and_grad"]), 1.0, 0.0)
+    form, terms = _BACKWARD_FORM_OF[name]
+    return form._replace(fn=(_form_of_terms if terms else _form_at_scaled)(form.fn))

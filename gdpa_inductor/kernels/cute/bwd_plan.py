@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 from ... import config
-from ..activations import ACTIVATION_NAMES
+from ..activations import ACTIVATION_NAMES, PACKED_BF16_BACKWARD, ActivationName, with_long_query_tile
 
 # Up to this many key tiles (128 keys; 64 in the wide-head kernel), dQ tiles are added straight into dQ in the
 # operands' dtype: the fp32 buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at
@@ -41,35 +41,27 @@ QUERY_TILE = 64
 # Queries per step of GdpaBwdSm90: 64, or 80 (flash-attn's tile at D = 128: a fifth fewer steps, K and V read a fifth
 # less often per FLOP) where dQ is summed in fp32 at D = Dv = 128 without a mask or bias tensor in a dense batch.
 # Taken by default for the activations whose backward it measured faster from 2048 queries on (H100, B·N² fixed,
-# the backward alone, two runs): relu +4% at 2048², +7% at 4096², silu
-# +2% / +3.5%, hardswish +4% / +4%; level or slower at 1152² and 1536² (up to 4% more padded rows), and for gelu_tanh's
-# fp32 form (-1% to -4%), identity (+1-2%), relu_square, leaky_relu and sigmoid (-1% to +2.5%), which keep 64 rows.
-# gelu_tanh's packed bf16x2 form (``activation_math.PackedBackwardForm``) left registers enough for the 80-row tiles
-# to gain (H100, medians of four alternating rounds, whole backward: 2048² 11.73 -> 11.39 ms, 4096² 10.76 -> 10.36;
-# 1536² level, 1152² 2% slower)
+# the backward alone, two runs; level or slower at 1152² and 1536², up to 4% more padded rows), never for some: the
+# activation table's ``long_query_tile``, with each activation's measurements.
 QUERY_TILES = config.QUERY_TILES
 LONG_QUERY_TILE = 80
 LONG_QUERY_TILE_HEAD_DIM = 128
-# gelu's erf polynomial beside the 80-row tiles' accumulators: ptxas serializes every wgmma of the build (72 bytes
-# spilled); the other activations spill 0-56 bytes (hardswish the most), none serializes
-LONG_QUERY_TILE_EXCLUDED = ("gelu",)
-LONG_QUERY_TILE_ACTIVATIONS = ("relu", "silu", "hardswish")
-LONG_QUERY_TILE_PACKED_ACTIVATIONS = ("gelu_tanh",)
+LONG_QUERY_TILE_EXCLUDED = with_long_query_tile("never")
+LONG_QUERY_TILE_ACTIVATIONS = with_long_query_tile("by_default")
+LONG_QUERY_TILE_PACKED_ACTIVATIONS = with_long_query_tile("by_default_packed")
 LONG_QUERY_TILE_MIN_QUERIES = 2048
 
 
-def packed_backward(dtype: torch.dtype, activation: str, head_dim: int, head_dim_v: int, score_offset: bool,
+def packed_backward(dtype: torch.dtype, activation: ActivationName, head_dim: int, head_dim_v: int, score_offset: bool,
                     score_bias: bool) -> bool:
     """Whether the backward takes ``activation``'s packed bf16x2 form (``activation_math.PackedBackwardForm``): where
     it has one, for bf16 operands without a bias, in the kernel of narrow heads."""
-    from .activation_math import PACKED_BF16_BACKWARD_ACTIVATIONS
-
-    return (dtype == torch.bfloat16 and activation in PACKED_BF16_BACKWARD_ACTIVATIONS
+    return (dtype == torch.bfloat16 and activation in PACKED_BF16_BACKWARD
             and max(head_dim, head_dim_v) <= NARROW_MAX_HEAD_DIM and not (score_offset or score_bias))
 
 
 def _long_query_tile_case(dq_sums: str, head_dim: int, head_dim_v: int, masked: bool, score_bias: bool,
-                          activation: str) -> bool:
+                          activation: ActivationName) -> bool:
     return (dq_sums == "fp32" and head_dim == head_dim_v == LONG_QUERY_TILE_HEAD_DIM and not (masked or score_bias)
             and activation not in LONG_QUERY_TILE_EXCLUDED)
 
@@ -96,7 +88,7 @@ def dq_sums_for(num_keys: int, key_tile: int = KEY_TILE) -> str:
 
 
 def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, score_bias: bool,
-                   activation: str, num_queries: int, packed: bool = False) -> int:
+                   activation: ActivationName, num_queries: int, packed: bool = False) -> int:
     """Queries per step of the backward (one of ``QUERY_TILES``) for a dense batch of ``num_queries`` queries: where
     ``config.cute_bwd_query_tile`` (``GDPA_CUTE_BWD_QUERY_TILE``) names one, that one in its cases; else 80 in its cases
     for ``LONG_QUERY_TILE_ACTIVATIONS`` (and with ``packed``, the backward in its packed form, for
@@ -128,7 +120,7 @@ class BwdPlan:
     dtype: torch.dtype
     head_dim: int
     head_dim_v: int
-    activation: str
+    activation: ActivationName
     dq_sums: str = "fp32"
     varlen: bool = False
     causal: bool = False
@@ -193,7 +185,7 @@ class BwdPlan:
 
 
 
-def plan_bwd(dtype: torch.dtype, head_dim: int, activation: str, head_dim_v: int | None = None, *,
+def plan_bwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, head_dim_v: int | None = None, *,
              num_queries: int, num_keys: int, varlen: bool = False, causal: bool = False, band: bool = False,
              score_offset: bool = False, score_bias: bool = False, bias_grad: bool = False,
              dbias_atomic: bool = False) -> BwdPlan:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import ActivationName
 from ..common import dq_fragments, dq_round
 from .bwd_plan import LONG_QUERY_TILE
 
 
-def _ds_factor(activation: str, scale: float, post_scale: float) -> float:
+def _ds_factor(activation: ActivationName, scale: float, post_scale: float) -> float:
     """dS's scale: scale, post_scale and act''s constant factor, multiplied in fp32 as the kernel multiplies them for
     dK."""
     from .activation_math import backward_form
@@ -18,7 +19,7 @@ def _ds_factor(activation: str, scale: float, post_scale: float) -> float:
     return (factor * backward_form(activation).grad_factor).item()
 
 
-def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: str, scale: float,
+def dq_of_sums(sums: torch.Tensor, dtype: torch.dtype, activation: ActivationName, scale: float,
                post_scale: float) -> torch.Tensor:
     """dQ in ``dtype`` from the kernel's fp32 sums, which it leaves unscaled: times dS's scale (``_ds_factor``),
     rounded once, in one pass (``dq_round``'s Triton pass on a GPU, torch elsewhere: the same arithmetic)."""
@@ -43,7 +44,7 @@ def dq_fragments_as_rows(sums: torch.Tensor, query_tile: int = LONG_QUERY_TILE) 
     return frags.permute(0, 1, 2, 4, 7, 9, 3, 5, 8, 6).reshape(z, h, rows, d)
 
 
-def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, activation: str, scale: float,
+def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, activation: ActivationName, scale: float,
                     post_scale: float, query_tile: int = LONG_QUERY_TILE) -> torch.Tensor:
     """dQ [Z, H, Nq, D] in ``dtype`` from the fp32 sums of the backward with ``query_tile``-row tiles
     (``dq_fragments_as_rows``), scaled by dS's scale (``_ds_factor``) and rounded once: one Triton pass on a GPU
@@ -56,7 +57,7 @@ def dq_of_fragments(sums: torch.Tensor, num_queries: int, dtype: torch.dtype, ac
     return torch.mul(dq_fragments_as_rows(sums, query_tile)[:, :, :num_queries], factor, out=out)
 
 
-def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: str, post_scale: float,
+def dbias_of(ds: torch.Tensor, bias: torch.Tensor, sums: str, activation: ActivationName, post_scale: float,
              one_row: bool = False) -> torch.Tensor:
     """dBias of ``bias`` ([Zb, Hb, Nq, Nk] or fewer leading dims) from ``dbias_buffer``'s tensor for ``sums``, filled
     by the kernel without act''s constant factor and post_scale (dK and dQ take them at the end): the fp32 sums

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import ActivationName
 from .bwd_plan import NARROW_MAX_HEAD_DIM
 from .dbias_plan import dbias_sums_for
 from .fwd_support import cute_fwd_support, fwd_supported
@@ -50,7 +51,7 @@ def bwd_bias_support(check: tuple[bool, str], bias, q: torch.Tensor, v: torch.Te
     return ok, reason
 
 
-def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName,
                   bias_grad: bool = False):
     """(ok, reason) for the CuTe backward on [Z, H, N, D] operands (a bias in the 4-D form): the forward's cases at
     the backward's head dims, a bias tensor where ``bias_tensor_bwd_support`` takes it, a bias gradient
@@ -59,7 +60,7 @@ def bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causa
     return bwd_bias_support(check, bias, q, v, bias_grad, q.shape[:2])
 
 
-def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str,
+def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName,
                      bias_grad: bool = False):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting): the forward's cases, its
     causal mask and biases included (``causal_support``, ``score_bias_support``), at the backward's head dims, as

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..activations import ACTIVATION_NAMES
+from ..activations import ACTIVATION_NAMES, PACKED_BF16_FORWARD, ActivationName
 
 
 def fwd_schedule(head_dim: int, head_dim_v: int | None = None, plain: bool = False) -> tuple[bool, bool]:
@@ -77,14 +77,14 @@ class FwdPlan:
     diagonal, its bounds run-time arguments. ``score_offset``: a one-element bias; ``score_bias``: a bias tensor.
     ``pingpong``, ``split_store``, ``kv_stages``: the schedule (``fwd_schedule``, ``fwd_kv_stages``); ``tile_n``,
     ``q_stages``, ``o_from_registers``: the tiles (``wide_head_tiles``); ``packed``: the activation's packed
-    bf16x2 form where it has one (bf16 without a bias: with one the fp32 forms, since the packed ones round
+    bf16x2 form, where its row has one (bf16 without a bias: with one the fp32 forms, since the packed ones round
     x = S + bias / scale to bf16 and compute 1 + tanh(u) in bf16, which cancels where a negative bias moves the
     scores: gelu_tanh at bias -1.5 gave 2.2x eager's error)."""
 
     dtype: torch.dtype
     head_dim: int
     head_dim_v: int
-    activation: str
+    activation: ActivationName
     varlen: bool = False
     causal: bool = False
     band: bool = False
@@ -111,7 +111,7 @@ class FwdPlan:
 
 
 
-def plan_fwd(dtype: torch.dtype, head_dim: int, activation: str, head_dim_v: int | None = None, *,
+def plan_fwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, head_dim_v: int | None = None, *,
              mask_keys: bool = True, varlen: bool = False, causal: bool = False, band: bool = False,
              score_offset: bool = False, score_bias: bool = False) -> FwdPlan:
     """The forward's plan for a call of these head dims (None: Dv = D), masks and bias: the schedule of
@@ -122,6 +122,7 @@ def plan_fwd(dtype: torch.dtype, head_dim: int, activation: str, head_dim_v: int
     pingpong, split_store = fwd_schedule(head_dim, head_dim_v, plain)
     kv_stages = fwd_kv_stages(head_dim, head_dim_v, plain)
     tiles = wide_head_tiles(head_dim, head_dim_v)
+    packed = dtype == torch.bfloat16 and not (score_offset or score_bias) and activation in PACKED_BF16_FORWARD
     if tiles:
         reason = "64-key tiles, one Q stage, O stored from the registers: a head dim past 128"
     elif _plain_d64(head_dim, head_dim_v, plain):
@@ -132,6 +133,6 @@ def plan_fwd(dtype: torch.dtype, head_dim: int, activation: str, head_dim_v: int
         reason = "one shared O store, no turns: D + Dv below 192"
     return FwdPlan(dtype, head_dim, head_dim_v, activation, varlen=varlen, causal=causal, band=band,
                    score_offset=score_offset, score_bias=score_bias, mask_keys=(mask_keys or varlen) and not causal,
-                   pingpong=pingpong, split_store=split_store, kv_stages=kv_stages,
-                   packed=dtype == torch.bfloat16 and not (score_offset or score_bias), reason=reason, **tiles)
+                   pingpong=pingpong, split_store=split_store, kv_stages=kv_stages, packed=packed,
+                   reason=reason, **tiles)
 

@@ -8,7 +8,7 @@ import importlib.util
 
 import torch
 
-from ..activations import ACTIVATION_NAMES
+from ..activations import ACTIVATION_NAMES, ActivationName
 from ..common.device import capability_major
 from ..common.layout import tma_layout
 from .operand_views import bias_4d, flatten_batch
@@ -18,7 +18,7 @@ from .operand_views import bias_4d, flatten_batch
 # consumers' O accumulator Dv/2 registers a thread; wgmma's k-blocks need multiples of 16. Past 128 the forward
 # takes other tiles (``wide_head_tiles``), and so does the backward (``GdpaBwdWideSm90``).
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 256)
-# every activation of the table has a CuTe form (activation_math.py, same names)
+# every activation of the table has CuTe forms (its row names them; activation_math.py checks them when imported)
 SUPPORTED_ACTIVATIONS = ACTIVATION_NAMES
 
 
@@ -55,7 +55,7 @@ def on_sm90(device: torch.device) -> bool:
     return capability_major(device.index if device.index is not None else torch.cuda.current_device()) == 9
 
 
-def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+def cute_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName):
     """(ok, reason) for the op's operands ([..., H, N, D], batch dims broadcasting)."""
     if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
         return False, "operands need [..., H, N, D]"
@@ -80,7 +80,7 @@ def machine_support(device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: str):
+def fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName):
     """(ok, reason) for the CuTe forward on these operands, in the 4-D [Z, H, N, D] layout the op uses."""
     ok, reason = machine_support(q.device)
     if not ok:
@@ -142,7 +142,7 @@ def causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[b
     return True, ""
 
 
-def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, head_dims: tuple,
+def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, head_dims: tuple,
                     kernel: str = "the CuTe forward") -> tuple[bool, str]:
     """(ok, reason) for what every CuTe forward needs of its operands: an activation with a CuTe form, fp16/bf16
     of one dtype, D and Dv each in ``head_dims``, and layouts TMA can read."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import ActivationName
 from ..common.layout import tma_layout
 from .bwd_plan import KEY_TILE, QUERY_TILE, BwdPlan, plan_bwd
 from .bwd_results import dbias_of, dq_of_fragments, dq_of_sums
@@ -32,7 +33,7 @@ def dbias_buffer(sums: str, num_samples: int, num_heads: int, bias: torch.Tensor
     return buffer[..., :cols]
 
 
-def plan_dense_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, causal: bool = False,
+def plan_dense_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, causal: bool = False,
                    bias: torch.Tensor | None = None, bias_grad: bool = False) -> BwdPlan:
     """The plan of ``gdpa_bwd_cute``'s call on these [Z, H, N, D] operands (the bias in its 4-D form)."""
     tensor_bias = is_tensor_bias(bias)
@@ -45,7 +46,7 @@ def plan_dense_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation
 
 
 def gdpa_bwd_cute(
-    q, k, v, grad_out, activation: str, scale: float, post_scale: float, negative_slope: float,
+    q, k, v, grad_out, activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
     causal: bool = False, bias: torch.Tensor | None = None, bias_grad: bool = False, one_row_bias: bool = False,
     plan: BwdPlan | None = None,
 ):
@@ -111,8 +112,9 @@ def gdpa_bwd_cute(
     return dq, dk, dv, dbias
 
 
-def gdpa_bwd_cute_op(grad_out, q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
-                     causal: bool = False, bias: torch.Tensor | None = None, bias_grad: bool = False):
+def gdpa_bwd_cute_op(grad_out, q, k, v, activation: ActivationName, scale: float, post_scale: float,
+                     negative_slope: float, causal: bool = False, bias: torch.Tensor | None = None,
+                     bias_grad: bool = False):
     """The op's backward on the CuTe kernel: operands in the op's [..., H, N, D] layout, of one batch shape
     (``bwd_support.cute_bwd_support`` checked: no broadcast dims) -> (dq, dk, dv, dbias or None) in the inputs'
     shapes."""

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import ActivationName
 from .fwd_plan import FwdPlan, key_tile, persistent_grid, plan_fwd
 from .kernel_args import FWD_ARGS, dense_modes, offset_arg, score_bias_modes
 from .kernel_build import compile_fwd
 from .operand_views import bias_4d, flatten_batch, is_tensor_bias
 
 
-def plan_dense_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, causal: bool = False,
+def plan_dense_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, causal: bool = False,
                    bias: torch.Tensor | None = None) -> FwdPlan:
     """The plan of ``gdpa_fwd_cute``'s call on these [Z, H, N, D] operands."""
     return plan_fwd(q.dtype, q.shape[-1], activation, v.shape[-1],
@@ -21,7 +22,7 @@ def plan_dense_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation
 
 
 def gdpa_fwd_cute(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str, scale: float, post_scale: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
     negative_slope: float, causal: bool = False, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
     plan: FwdPlan | None = None,
 ) -> torch.Tensor:
@@ -50,7 +51,7 @@ def gdpa_fwd_cute(
     return out
 
 
-def gdpa_fwd_cute_op(q, k, v, activation: str, scale: float, post_scale: float, negative_slope: float,
+def gdpa_fwd_cute_op(q, k, v, activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
                      causal: bool = False, bias: torch.Tensor | None = None):
     """The op's forward on the CuTe kernel: operands in the op's [..., H, N, D] layout, batch dims broadcasting
     (``fwd_support.cute_fwd_support`` checked) -> [*batch, H, Nq, Dv]."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import ActivationName
 from ..common.layout import tma_layout
 from ..common.varlen_rows import VarlenSide
 from .bwd_plan import bwd_key_tile, plan_bwd
@@ -44,7 +45,7 @@ def _summed(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, order: torch.Tensor,
-                         activation: str, scale: float, post_scale: float, negative_slope: float,
+                         activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
                          causal: bool = False, band: tuple[int, int] | None = None,
                          bias: torch.Tensor | None = None, bias_grad: bool = False):
     """(dq, dk, dv, dbias or None) of a ``cute_varlen_bwd_support``-checked call; ``dout`` in the output's layout

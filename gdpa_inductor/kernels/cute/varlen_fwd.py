@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import ActivationName
 from ..common.varlen_rows import VarlenSide
 from .fwd_plan import persistent_grid, plan_fwd
 from .kernel_args import FWD_ARGS, offset_arg, row_modes, score_bias_modes
@@ -26,7 +27,7 @@ _TILE_M = 128
 
 
 def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
-                         activation: str, scale: float, post_scale: float, negative_slope: float,
+                         activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
                          causal: bool = False, band: tuple[int, int] | None = None,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
     """Writes ``out.tensor`` (the queries' layout, Dv wide; rows past each sample's length untouched) from the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import ActivationName
 from ..reference_varlen import varlen_batch
 from .bwd_support import BWD_HEAD_DIMS, bwd_bias_support
 from .fwd_support import CAUSAL_TILE, bias_pairs_support, cute_dsl_available, on_sm90, operand_support
@@ -16,7 +17,7 @@ VARLEN_HEAD_DIMS = (64, 96, 128, 256)
 
 
 def cute_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                            window: tuple[int, int], activation: str, rows: tuple,
+                            window: tuple[int, int], activation: ActivationName, rows: tuple,
                             kernel: str = "the CuTe varlen forward",
                             head_dims: tuple = VARLEN_HEAD_DIMS) -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen forward on the varlen op's operands (``[total, H, D]`` or
@@ -96,7 +97,7 @@ def cute_varlen_fwd_preferred(q: torch.Tensor, v: torch.Tensor) -> tuple[bool, s
 
 
 def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                            window: tuple[int, int], activation: str, rows: tuple,
+                            window: tuple[int, int], activation: ActivationName, rows: tuple,
                             bias_grad: bool = False) -> tuple[bool, str]:
     """(ok, reason) for the CuTe varlen backward: the varlen forward's cases (``rows``: the call's cu_seqlens and
     seqused, for its causal rule) at the dense backward's head dims (``BWD_HEAD_DIMS``; masks only up to 128), a

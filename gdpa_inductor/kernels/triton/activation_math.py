@@ -7,11 +7,16 @@ Every function takes ``(x, slope, TANH_APPROX, PRECISE)``:
   ~2^-11 error is fine for bf16/fp16 outputs but not for fp32 ones.
 The ``*_and_grad`` twins return (act(x), act'(x)) sharing the special-function op. NaN propagates as in
 eager PyTorch (``where(x < 0, 0, x)`` rather than ``max``, which drops NaN on the GPU).
+
+The activation table (``kernels/activations.py``) names each activation's two forms here (``triton_forward``,
+``triton_backward``); the forms register themselves by name (``_form``), and importing this module checks that they
+are exactly the ones the table names.
 """
 
 import triton
 import triton.language as tl
 
+from ..activations import check_forms, forms_named
 from ..common import activation_constants as consts
 
 SQRT_2_OVER_PI = tl.constexpr(consts.SQRT_2_OVER_PI)
@@ -23,6 +28,14 @@ GELU_ERF_C1 = tl.constexpr(consts.GELU_ERF_C1)
 GELU_ERF_C3 = tl.constexpr(consts.GELU_ERF_C3)
 GELU_ERF_C5 = tl.constexpr(consts.GELU_ERF_C5)
 GELU_ERF_CLAMP = tl.constexpr(consts.GELU_ERF_CLAMP)
+
+# The forms, by function name: what the table's ``triton_forward`` and ``triton_backward`` name.
+FORMS: dict[str, object] = {}
+
+
+def _form(fn):
+    FORMS[fn.__name__] = fn
+    return fn
 
 
 @triton.jit
@@ -51,43 +64,51 @@ def _sigmoid(x, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
         return 0.5 + 0.5 * tanh(0.5 * x, TANH_APPROX)
 
 
+@_form
 @triton.jit
 def identity(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return x
 
 
+@_form
 @triton.jit
 def identity_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return x, tl.full(x.shape, 1.0, tl.float32)
 
 
+@_form
 @triton.jit
 def relu(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return tl.where(x < 0.0, 0.0, x)
 
 
+@_form
 @triton.jit
 def relu_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return tl.where(x < 0.0, 0.0, x), tl.where(x > 0.0, 1.0, 0.0)
 
 
+@_form
 @triton.jit
 def relu_square(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     r = tl.where(x < 0.0, 0.0, x)
     return r * r
 
 
+@_form
 @triton.jit
 def relu_square_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     r = tl.where(x < 0.0, 0.0, x)
     return r * r, 2.0 * r
 
 
+@_form
 @triton.jit
 def leaky_relu(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return tl.where(x > 0.0, x, x * slope)
 
 
+@_form
 @triton.jit
 def leaky_relu_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return tl.where(x > 0.0, x, x * slope), tl.where(x > 0.0, 1.0, slope)
@@ -110,24 +131,28 @@ def _gelu_erf_parts(x, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return cdf, pdf
 
 
+@_form
 @triton.jit
 def gelu(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     cdf, pdf = _gelu_erf_parts(x, TANH_APPROX, PRECISE)
     return x * cdf
 
 
+@_form
 @triton.jit
 def gelu_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     cdf, pdf = _gelu_erf_parts(x, TANH_APPROX, PRECISE)
     return x * cdf, cdf + x * pdf
 
 
+@_form
 @triton.jit
 def gelu_tanh(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     t = _tanh(x * (SQRT_2_OVER_PI + (SQRT_2_OVER_PI * GELU_TANH_COEF) * x * x), TANH_APPROX, PRECISE)
     return 0.5 * x * (1.0 + t)
 
 
+@_form
 @triton.jit
 def gelu_tanh_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     x2 = x * x
@@ -137,38 +162,48 @@ def gelu_tanh_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexp
     return half_x * (1.0 + t), 0.5 * (1.0 + t) + half_x * (1.0 - t * t) * dinner
 
 
+@_form
 @triton.jit
 def silu(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return x * _sigmoid(x, TANH_APPROX, PRECISE)
 
 
+@_form
 @triton.jit
 def silu_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     s = _sigmoid(x, TANH_APPROX, PRECISE)
     return x * s, s * (1.0 + x * (1.0 - s))
 
 
+@_form
 @triton.jit
 def sigmoid(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return _sigmoid(x, TANH_APPROX, PRECISE)
 
 
+@_form
 @triton.jit
 def sigmoid_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     s = _sigmoid(x, TANH_APPROX, PRECISE)
     return s, s * (1.0 - s)
 
 
+@_form
 @triton.jit
 def hardswish(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     return x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
 
 
+@_form
 @triton.jit
 def hardswish_and_grad(x, slope, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr):
     y = x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
     dy = tl.where(x <= -3.0, 0.0, tl.where(x < 3.0, x * (1.0 / 3.0) + 0.5, 1.0))
     return y, dy
+
+
+check_forms("triton/activation_math.py's forms", FORMS,
+            {**forms_named("triton_forward"), **forms_named("triton_backward")})
 
 
 @triton.jit

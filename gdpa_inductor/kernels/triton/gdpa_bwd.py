@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..activations import get_activation
+from ..activations import ActivationName, get_activation
 from ..common.layout import as_4d
 from .activation_math import activate_and_grad, fp32_factors
 from .gdpa_fwd import causal_key_tiles, query_tile_program
@@ -287,7 +287,7 @@ def gdpa_bwd_triton(
     k: torch.Tensor,
     v: torch.Tensor,
     bias: torch.Tensor | None,
-    activation: str,
+    activation: ActivationName,
     scale: float,
     post_scale: float,
     causal: bool,

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..activations import get_activation
+from ..activations import ActivationName, get_activation
 from ..common.layout import as_4d
 from .activation_math import activate, fp32_factors
 from .layout import block_dim, fit_tile, kernel_flags, launcher, strides4
@@ -163,7 +163,7 @@ def gdpa_fwd_triton(
     k: torch.Tensor,
     v: torch.Tensor,
     bias: torch.Tensor | None,
-    activation: str,
+    activation: ActivationName,
     scale: float,
     post_scale: float,
     causal: bool,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..activations import get_activation
+from ..activations import ActivationName, get_activation
 from ..common.device import capability_major
 from ..common.layout import tma_layout
 from .activation_math import activate
@@ -83,7 +83,7 @@ def gdpa_fwd_tma_kernel(
     o_desc.store([z, h, m0, 0], acc.to(o_desc.dtype).reshape(1, 1, BLOCK_M, DV))
 
 
-def gdpa_fwd_tma(q4, k4, v4, o4, activation: str, scale: float, post_scale: float, causal: bool,
+def gdpa_fwd_tma(q4, k4, v4, o4, activation: ActivationName, scale: float, post_scale: float, causal: bool,
                  negative_slope: float, cfg: FwdConfig) -> None:
     """Writes the forward into ``o4`` ([Z, H, Nq, Dv], contiguous); the caller checked ``tma_supported``."""
     from triton.tools.tensor_descriptor import TensorDescriptor

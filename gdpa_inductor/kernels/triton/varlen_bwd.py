@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..activations import get_activation
+from ..activations import ActivationName, get_activation
 from ..common.varlen_rows import VarlenSide, with_tensor
 from ..common.window_bounds import UNBOUNDED, band_limits
 from .activation_math import activate_and_grad, fp32_factors
@@ -261,7 +261,7 @@ class _BiasGrad:
 
 
 def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: torch.Tensor,
-                           bias: torch.Tensor | None, order: torch.Tensor, activation: str, scale: float,
+                           bias: torch.Tensor | None, order: torch.Tensor, activation: ActivationName, scale: float,
                            post_scale: float, causal: bool, window: tuple[int, int], negative_slope: float,
                            bias_requires_grad: bool, configs=None, traced: bool = False) -> tuple:
     """(dq, dk, dv, dbias or None). ``traced``: the launches go into a compiled graph (``layout.launcher``)."""

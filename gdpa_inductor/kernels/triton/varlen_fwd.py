@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..activations import get_activation
+from ..activations import ActivationName, get_activation
 from ..common.varlen_rows import VarlenSide
 from ..common.window_bounds import UNBOUNDED, band_limits
 from .activation_math import activate, fp32_factors
@@ -124,8 +124,8 @@ def bias_view(bias: torch.Tensor | None, q: VarlenSide, k: VarlenSide) -> tuple[
 
 
 def gdpa_varlen_fwd_triton(q: VarlenSide, k: VarlenSide, v: torch.Tensor, bias: torch.Tensor | None, out: VarlenSide,
-                           order: torch.Tensor, activation: str, scale: float, post_scale: float, causal: bool,
-                           window: tuple[int, int], negative_slope: float, config=None,
+                           order: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
+                           causal: bool, window: tuple[int, int], negative_slope: float, config=None,
                            traced: bool = False) -> None:
     """Writes the forward into ``out.tensor`` (rows past a sample's length are left as they are). ``traced``: the
     launch goes into a compiled graph (``layout.launcher``)."""
