@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-import os
 
 import torch
 
@@ -256,7 +255,6 @@ def compile_fwd(
     element's."""
     if band and not varlen:
         raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     plain = not (varlen or causal or band or score_offset or score_bias)
     schedule = fwd_schedule(head_dim, head_dim_v, plain)
