@@ -119,30 +119,36 @@ def compare_backends(model: torch.nn.Module, batches: Sequence[tuple], loss_fn: 
     ``loss_fn(model, batch)`` returns the scalar loss. A backend that runs out of GPU memory is reported
     with the error instead of a time.
     """
+    from .isolated_compile import dropping_new_cache_entries, on_fresh_code
+
     cuda = next(model.parameters()).is_cuda
     time_it = cuda if time_it is None else time_it
     runs = {}
     for backend in backends:
-        torch._dynamo.reset()
-        compiled = torch.compile(copy.deepcopy(model), backend=backend)
-        progress(f"[{backend}] compiling and training {len(batches)} step(s)...")
-        run = BackendRun(backend, losses=[])
-        try:
-            t0 = time.perf_counter()
-            run.losses = train_steps(compiled, batches[:1], loss_fn, lr)
-            run.compile_s = time.perf_counter() - t0
-            run.losses += train_steps(compiled, batches[1:], loss_fn, lr)
-            if time_it:
-                progress(f"[{backend}] timing a training step...")
-                run.step_ms = time_step_ms(compiled, batches[0], loss_fn, lr, iters)
-                run.gdpa_kernels = gdpa_kernels(compiled, batches[0], loss_fn)
-        except torch.cuda.OutOfMemoryError as e:
-            run.error = f"out of memory ({str(e).splitlines()[0][:80]})"
-        del compiled
+        # a copy whose forward runs on its own copy of the code: compiled afresh, and its cache entries dropped
+        # after, leaving the user's own compiles of the model (and the other backends') alone
+        copied = copy.deepcopy(model)
+        copied.forward = on_fresh_code(copied.forward)
+        with dropping_new_cache_entries():
+            compiled = torch.compile(copied, backend=backend)
+            progress(f"[{backend}] compiling and training {len(batches)} step(s)...")
+            run = BackendRun(backend, losses=[])
+            try:
+                t0 = time.perf_counter()
+                run.losses = train_steps(compiled, batches[:1], loss_fn, lr)
+                run.compile_s = time.perf_counter() - t0
+                run.losses += train_steps(compiled, batches[1:], loss_fn, lr)
+                if time_it:
+                    progress(f"[{backend}] timing a training step...")
+                    run.step_ms = time_step_ms(compiled, batches[0], loss_fn, lr, iters)
+                    run.gdpa_kernels = gdpa_kernels(compiled, batches[0], loss_fn)
+            except torch.cuda.OutOfMemoryError as e:
+                run.error = f"out of memory ({str(e).splitlines()[0][:80]})"
+            del compiled
+        del copied.forward, copied  # the bound forward refers back to the copy: freed here, not by a later collection
         if cuda:
             torch.cuda.empty_cache()
         runs[backend] = run
-    torch._dynamo.reset()
     return Comparison(runs, baseline=backends[0])
 
 

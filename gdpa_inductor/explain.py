@@ -8,6 +8,7 @@ rejected (the reason).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,10 +49,11 @@ def explain(model_or_fn, *args, **kwargs) -> ExplainReport:
     """Reports what ``torch.compile(model_or_fn, backend="gdpa")`` would fuse on these inputs, and why the
     other matmuls are not fused, without compiling anything.
 
-    Runs ``model_or_fn(*args, **kwargs)`` once under Dynamo (after ``torch._dynamo.reset()``, and resets
-    again afterwards): every graph Dynamo captures goes through the GDPA pass in dry-run mode, and the
-    model then runs eagerly, so parameters, buffers and RNG state change as in one eager call (gradients
-    are not computed). Graph breaks give several graphs, each analyzed.
+    Runs ``model_or_fn(*args, **kwargs)`` once under Dynamo, on a copy of its code: every graph Dynamo
+    captures goes through the GDPA pass in dry-run mode, and the model then runs eagerly, so parameters,
+    buffers and RNG state change as in one eager call (gradients are not computed). Graph breaks give several
+    graphs, each analyzed. What the user compiled before keeps its graphs, and the run's own Dynamo cache
+    entries are removed after it (``isolated_compile``).
 
     Args:
         model_or_fn: an ``nn.Module`` or a function, as ``torch.compile`` takes it.
@@ -77,6 +79,7 @@ def explain(model_or_fn, *args, **kwargs) -> ExplainReport:
         gdpa explain: 1 graph(s), 1 GDPA subgraph(s) fused, 0 matmul(s) left to Inductor
         ...
     """
+    from .isolated_compile import dropping_new_cache_entries, forward_on_fresh_code, on_fresh_code
     from .patterns.rewrite import rewrite_gdpa
 
     report = ExplainReport()
@@ -86,9 +89,10 @@ def explain(model_or_fn, *args, **kwargs) -> ExplainReport:
         report.candidates.extend(rewrite_gdpa(gm, example_inputs, dry_run=True, graph_name=f"graph{report.graphs}"))
         return gm.forward
 
-    torch._dynamo.reset()
-    try:
-        torch.compile(model_or_fn, backend=analyze)(*args, **kwargs)
-    finally:
-        torch._dynamo.reset()
+    # on a copy of the code, so that what the user compiled before keeps its graphs and gains none
+    is_module = isinstance(model_or_fn, torch.nn.Module)
+    target = model_or_fn if is_module else on_fresh_code(model_or_fn)
+    fresh_forward = forward_on_fresh_code(model_or_fn) if is_module else contextlib.nullcontext()
+    with dropping_new_cache_entries(), fresh_forward:
+        torch.compile(target, backend=analyze)(*args, **kwargs)
     return report

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch._dynamo.testing import CompileCounter
 
 from gdpa_inductor.backend_comparison import BackendRun, Comparison, compare_backends
 
@@ -53,3 +54,30 @@ def test_speedup_and_table():
     assert abs(comparison.loss_rel_diff() - 0.002) < 1e-12
     assert "| gdpa | 0.0 | 1 → 0.501 | 20.00 |" in str(comparison)
     assert "step 1.50x faster" in str(comparison)
+
+
+class TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.silu(self.a(x)))
+
+
+def test_the_users_compiled_model_is_left_alone(gen):
+    """The comparison compiles copies of the model on their own code: the user's compiled model keeps its graph (no
+    recompile at its next call) and the comparison leaves no cache entry on the model's code."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    model, batches = TwoLayers(), _setup(gen)[1]
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    compiled(batches[0][0])
+    entries = [e.compile_id for e in _debug_get_cache_entry_list(TwoLayers.forward.__code__)]
+    assert counter.frame_count == 1 and len(entries) == 1
+
+    compare_backends(model, batches, _loss, backends=("eager", "aot_eager"), progress=lambda _: None)
+    assert [e.compile_id for e in _debug_get_cache_entry_list(TwoLayers.forward.__code__)] == entries
+    compiled(batches[0][0])
+    assert counter.frame_count == 1, "the user's compiled model recompiled after the comparison"

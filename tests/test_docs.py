@@ -373,6 +373,7 @@ def _module_names(path: Path) -> set[str]:
         targets = node.targets if isinstance(node, ast.Assign) else []
         targets = [node.target] if isinstance(node, ast.AnnAssign) else targets
         names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        names |= {node.name} if isinstance(node, ast.FunctionDef) else set()
     return names
 
 

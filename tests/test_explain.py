@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
 import gdpa_inductor
@@ -71,3 +73,76 @@ def test_explain_gives_a_refused_blocks_reason_once_and_first(gen):
     assert len(report.rejected) == 1 and report.rejected[0].scores is not None, str(report)
     assert "one factor per query row" in lines[1], str(report)
     assert len(lines) == 2, str(report)
+
+
+# ---- what the user compiled before is left alone ------------------------------------------------------------
+
+
+class BreaksInForward(nn.Module):
+    """Two graphs, the second in Dynamo's resume function of this forward."""
+
+    def forward(self, q, k, v):
+        s = F.gelu(q @ k.transpose(-2, -1) * 0.25)
+        torch._dynamo.graph_break()
+        return s @ v
+
+
+def gelu_block(q, k, v):
+    return F.gelu(q @ k.transpose(-2, -1) * 0.25) @ v
+
+
+def _break_then_relu(x):
+    torch._dynamo.graph_break()
+    return x.relu()
+
+
+class CallsABreakingHelper(nn.Module):
+    """Past the break in the helper, Dynamo compiles the helper's own frames: code the user's compile shares."""
+
+    def forward(self, q, k, v):
+        return _break_then_relu(gelu_block(q, k, v)) + 1
+
+
+def _cache_entries() -> dict[int, tuple]:
+    """Every code object Dynamo has compiled, by id, with its code and its cache entries' compile ids."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo import convert_frame
+
+    codes = [code for ref in convert_frame.input_codes.seen if (code := ref()) is not None]
+    return {id(c): (c, [(e.compile_id, e.code is not None) for e in _debug_get_cache_entry_list(c)]) for c in codes}
+
+
+def _live(entries: dict[int, tuple]) -> dict[int, list]:
+    return {key: [compile_id for compile_id, live in ids if live] for key, (_, ids) in entries.items() if ids}
+
+
+@pytest.mark.parametrize("make", [GeluAndSoftmax, BreaksInForward, lambda: gelu_block, CallsABreakingHelper],
+                         ids=["module", "graph-break", "function", "helper-graph-break"])
+def test_explain_leaves_what_the_user_compiled_alone(gen, make):
+    """The user's compiled graphs survive explain (no recompile at the next call) and explain leaves no cache entry
+    that can match: all its own are gone, or (on the helper's code, which the user's compile has entries on too)
+    invalidated."""
+    model = make()
+    inputs = [torch.randn(2, 2, 8, 16, generator=gen) for _ in range(4 if make is GeluAndSoftmax else 3)]
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    expected = compiled(*inputs)
+    frames, before = counter.frame_count, _cache_entries()
+    assert frames >= 1 and _live(before)
+
+    report = gdpa_inductor.explain(model, *inputs)
+    assert report.graphs >= 1 and report.candidates, str(report)
+    assert _live(_cache_entries()) == _live(before), "explain left a live cache entry or dropped one of the user's"
+
+    torch.testing.assert_close(compiled(*inputs), expected)
+    assert counter.frame_count == frames, "the user's compiled model recompiled after explain"
+    if make is not CallsABreakingHelper:
+        assert {k: ids for k, (_, ids) in _cache_entries().items() if ids} == {
+            k: ids for k, (_, ids) in before.items() if ids}, "explain left cache entries behind"
+
+
+def test_explain_twice_analyzes_twice(gen):
+    """Each explain compiles afresh: a second one is not served from the first one's cache entries."""
+    q, k, v = (torch.randn(2, 2, 8, 16, generator=gen) for _ in range(3))
+    first, second = gdpa_inductor.explain(gelu_block, q, k, v), gdpa_inductor.explain(gelu_block, q, k, v)
+    assert first.graphs == second.graphs == 1 and len(first.fused) == len(second.fused) == 1

@@ -3,8 +3,8 @@
 A build costs 3-5 s on an idle core: cutlass-dsl's IR generation and MLIR passes (about 2-3 s), then ptxas and,
 for a few builds, nvdisasm on the PTX (about 1 s). ``report_fingerprint`` names what every report depends on;
 ``compile_report`` is what a build reports, made in the compile worker this file runs as a script (cutlass-dsl
-reads its dump directory, where ``--keep-ptx`` writes the PTX, and its target once, when first imported: the
-worker sets both before importing it).
+reads its dump directory, where ``--keep-ptx`` writes the PTX, once, when first imported: the worker sets it before
+importing it; the target is the compile's own option, ``kernel_args.TARGET_ARCH``).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main() -> None:
     measured, so only ours are set, before the imports (cutlass-dsl reads them there)."""
     for name in [k for k in os.environ if k.startswith("CUTE_DSL_")]:
         del os.environ[name]
-    os.environ.update(CUTE_DSL_ARCH=TARGET, CUTE_DSL_DUMP_DIR=os.getcwd())
+    os.environ.update(CUTE_DSL_DUMP_DIR=os.getcwd())
     import torch  # noqa: F401
     from compile_reports import serve  # this file's folder leads sys.path when it runs as a script
 

@@ -337,12 +337,6 @@ def test_query_tile_of_80_rows_by_default_in_its_measured_cases_or_on_request(mo
     assert bwd_query_tile(*case) == tile
 
 
-def test_query_tile_environment_variable_named(monkeypatch):
-    monkeypatch.setitem(gdpa_inductor.config.__dict__, "cute_bwd_query_tile", "128")  # as the variable leaves it
-    with pytest.raises(ValueError, match=r"GDPA_CUTE_BWD_QUERY_TILE must be one of \(64, 80\), got '128'"):
-        bwd_query_tile("fp32", 128, 128, False, False, "silu", 2048)
-
-
 BF16, FP16 = torch.bfloat16, torch.float16
 
 

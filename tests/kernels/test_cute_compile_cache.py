@@ -7,6 +7,7 @@ setting turns the disk cache off; the fingerprint changes with any source a CuTe
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 
 import pytest
@@ -153,3 +154,32 @@ def test_disk_cache_off(compiled, cache_dir, monkeypatch, persist_dir, persist):
     build = Builder(compiled)
     cached_compile(("test", "off"), build, persist=persist)
     assert not any(cache_dir.rglob("*.o"))
+
+
+def test_a_compile_leaves_the_environment_alone(monkeypatch):
+    """The target is the compile's own option (``kernel_args.TARGET_ARCH``): a compile with CUTE_DSL_ARCH unset
+    neither sets it nor needs it."""
+    from gdpa_inductor.kernels.cute.gdpa_fwd import compile_fwd
+
+    monkeypatch.delenv("CUTE_DSL_ARCH", raising=False)
+    monkeypatch.setattr(config, "kernel_cache_dir", None)
+    monkeypatch.setattr(compile_cache, "_MEMORY", {})
+    before = dict(os.environ)
+    assert callable(compile_fwd(torch.bfloat16, 64, "relu"))
+    assert dict(os.environ) == before
+
+
+def test_the_fingerprint_names_the_target_not_the_environment(monkeypatch):
+    def fingerprint():
+        compile_cache.source_fingerprint.cache_clear()
+        return compile_cache.source_fingerprint()
+
+    try:
+        monkeypatch.delenv("CUTE_DSL_ARCH", raising=False)
+        unset = fingerprint()
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_100a")
+        assert fingerprint() == unset
+        monkeypatch.setattr(compile_cache, "TARGET_ARCH", "sm_100a")
+        assert fingerprint() != unset
+    finally:
+        compile_cache.source_fingerprint.cache_clear()

@@ -1,4 +1,4 @@
-"""The CuTe-DSL Hopper forward and backward compile for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a, fake
+"""The CuTe-DSL Hopper forward and backward compile for sm_90a without a GPU (their own target option, fake
 tensors): every activation at D=128, a subset at D=64, D=96 and Dv != D, and at head dims of 256 the forward's
 wide-head tiles (O stored from the registers) and the wide-head backward (both warpgroups on one 64-key tile, dense
 and varlen) (the forward in the schedule each

@@ -95,8 +95,6 @@ def bwd_query_tile(dq_sums: str, head_dim: int, head_dim_v: int, causal: bool, s
     ``LONG_QUERY_TILE_PACKED_ACTIVATIONS``) from ``LONG_QUERY_TILE_MIN_QUERIES`` on, 64 otherwise (``QUERY_TILES``'
     comment)."""
     wanted = config.cute_bwd_query_tile
-    if wanted is not None and wanted not in QUERY_TILES:
-        raise ValueError(f"{config.QUERY_TILE_ENV} must be one of {QUERY_TILES}, got {wanted!r}")
     if wanted is None:
         long_tile_activations = LONG_QUERY_TILE_ACTIVATIONS + (LONG_QUERY_TILE_PACKED_ACTIVATIONS if packed else ())
         preferred = activation in long_tile_activations and num_queries >= LONG_QUERY_TILE_MIN_QUERIES

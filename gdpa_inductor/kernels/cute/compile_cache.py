@@ -6,8 +6,9 @@ milliseconds. Each kernel (compiled through TVM-FFI, ``kernel_args``) is exporte
 with ``cute.runtime.load_module(..., enable_tvm_ffi=True)``, which gives a function called the same way. The
 fingerprint hashes the kernel sources (this directory, ``kernels/common`` and ``kernels/activations.py``: all that a
 compiled kernel reads its code and constants from), the cutlass-dsl, TVM-FFI and Python versions and the target
-architecture, so any change to them compiles afresh. Files are written to a temporary name and renamed
-into place: a concurrent or killed writer never leaves a partial file under the final name. A file that fails to
+architecture (``kernel_args.TARGET_ARCH``, which every compile names), so any change to them compiles afresh. Files
+are written to a temporary name and renamed into place: a concurrent or killed writer never leaves a partial file
+under the final name. A file that fails to
 load is removed and rebuilt; a failing export only costs the next process a compile. Both are logged, neither
 reaches the caller.
 """
@@ -24,6 +25,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from ... import config
+from .kernel_args import TARGET_ARCH
 
 log = logging.getLogger("gdpa_inductor")
 _MEMORY: dict = {}
@@ -59,7 +61,7 @@ def source_fingerprint() -> str:
     h = hashlib.sha256()
     h.update(f"py{sys.version_info.major}.{sys.version_info.minor} cutlass={cutlass.__version__} "
              f"tvm_ffi={tvm_ffi.__version__} ".encode())
-    h.update(os.environ.get("CUTE_DSL_ARCH", "").encode())
+    h.update(f"target={TARGET_ARCH} ".encode())
     h.update(sources_hash().encode())
     return h.hexdigest()[:32]
 

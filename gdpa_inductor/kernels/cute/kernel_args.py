@@ -17,7 +17,10 @@ from collections.abc import Callable
 
 import torch
 
-COMPILE_OPTIONS = "--enable-tvm-ffi"
+# The target every compile names itself, so that neither CUTE_DSL_ARCH nor the GPU present (cutlass-dsl's defaults)
+# chooses it: these kernels are Hopper's (wgmma, TMA, setmaxnreg)
+TARGET_ARCH = "sm_90a"
+COMPILE_OPTIONS = f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
 
 
 def compile_options(keep_ptx: bool) -> str:

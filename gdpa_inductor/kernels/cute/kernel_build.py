@@ -5,8 +5,6 @@ cutlass-dsl is imported here, lazily: the package works without it."""
 
 from __future__ import annotations
 
-import os
-
 from .bwd_plan import BwdPlan
 from .compile_cache import cached_compile
 from .fwd_plan import FwdPlan
@@ -16,8 +14,6 @@ from .kernel_args import BWD_ARGS, FWD_ARGS, WIDE_BWD_ARGS, compile_options, ele
 def compile_fwd(plan: FwdPlan, keep_ptx: bool = False):
     """The compiled forward (``GdpaFwdSm90``) of ``plan``, called with ``FWD_ARGS.values(plan, ...)``.
     ``keep_ptx`` keeps the PTX in ``.artifacts`` (compile checks; such builds stay in memory)."""
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-
     def build():
         import cutlass.cute as cute
 
@@ -40,8 +36,6 @@ def compile_fwd(plan: FwdPlan, keep_ptx: bool = False):
 def compile_bwd(plan: BwdPlan, keep_ptx: bool = False):
     """The compiled backward of ``plan`` (``GdpaBwdSm90``, or ``GdpaBwdWideSm90`` past head dims of 128), called
     with ``bwd_args(plan).values(plan, ...)``. ``keep_ptx`` as for ``compile_fwd``."""
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-
     def build():
         import cutlass
         import cutlass.cute as cute
