@@ -7,6 +7,7 @@ backward (``bwd``), other head dims (``head-dims``), the causal mask (``causal``
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -21,8 +22,13 @@ from benchmarks.harness.providers import fa4_function, fa4_providers
 from benchmarks.harness.results import run_meta, write_json
 from benchmarks.harness.timing import SETTLE_MS, median_over_rounds, time_by_pass, warm_up_gpu
 from gdpa_inductor.kernels.activations import get_activation
-from gdpa_inductor.kernels.cute.gdpa_bwd import bwd_supported, compile_bwd, gdpa_bwd_cute
-from gdpa_inductor.kernels.cute.gdpa_fwd import compile_fwd, fwd_schedule, fwd_supported, gdpa_fwd_cute
+from gdpa_inductor.kernels.cute.bwd_plan import DQ_SUMS, BwdPlan, bwd_query_tile, dq_last_round_for
+from gdpa_inductor.kernels.cute.bwd_support import bwd_supported
+from gdpa_inductor.kernels.cute.fwd_plan import fwd_schedule, plan_fwd
+from gdpa_inductor.kernels.cute.fwd_support import fwd_supported
+from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute, plan_dense_bwd
+from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute, plan_dense_fwd
+from gdpa_inductor.kernels.cute.kernel_build import compile_bwd, compile_fwd
 from gdpa_inductor.kernels.reference import band_keep_mask, gdpa_reference, gdpa_reference_backward
 from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
 from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
@@ -112,7 +118,7 @@ def run_fwd(args):
     """
     rows = []
     t = time.time()
-    compile_fwd(torch.bfloat16, 128, args.activation)
+    compile_fwd(plan_fwd(torch.bfloat16, 128, args.activation))
     rows.append(dict(kind="compile_s", seconds=time.time() - t))
     print("compile", time.time() - t, flush=True)
     ok = True if args.skip_check else fwd_correctness(rows)
@@ -222,7 +228,7 @@ def run_bwd(args):
     """
     rows = []
     t0 = time.time()
-    compile_bwd(torch.bfloat16, 128, "gelu_tanh")
+    compile_bwd(BwdPlan(torch.bfloat16, 128, 128, "gelu_tanh"))
     print(f"compile (fake operands) {time.time() - t0:.1f}s", flush=True)
     ok = True if args.skip_check else bwd_correctness(rows)
     print("correct:", ok, flush=True)
@@ -263,10 +269,10 @@ def head_dims_timing(rows, batch, heads, act, head_dims, passes, settle_ms):
             def sdpa_fb():
                 torch.autograd.grad(F.scaled_dot_product_attention(qt, kt, vt, scale=scale), (qt, kt, vt), do)
 
+            other = dataclasses.replace(plan_dense_fwd(q, k, v, act), pingpong=not pingpong, split_store=not split)
             fns = {
                 "cute_fwd": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01),
-                "cute_fwd_other": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, pingpong=not pingpong,
-                                                        split_store=not split),
+                "cute_fwd_other": lambda: gdpa_fwd_cute(q, k, v, act, scale, post, 0.01, plan=other),
                 "triton_fwd": lambda: gdpa_fwd_triton(q, k, v, None, act, scale, post, False, 0.01),
                 "sdpa_fwd": lambda: F.scaled_dot_product_attention(q, k, v, scale=scale),
                 "cute_bwd": lambda: gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01),
@@ -469,16 +475,21 @@ def dq_errors(rows):
                                               post)[0]
                 row = dict(kind="error", dtype=str(dtype), act=act, nk=nk,
                            eager=rel_err(eager_dq(q, k, v, do, act, scale, post), ref))
-                for how in sums_taking(nk):
-                    row[how] = rel_err(gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_sums=how)[0], ref)
+                for how in DQ_SUMS:
+                    plan = summing_dq(q, k, v, act, how)
+                    row[how] = rel_err(gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, plan=plan)[0], ref)
                 rows.append(row)
                 print(f"{row['dtype']:15s} {act:10s} nk={nk:5d} eager={row['eager']:.2e} "
-                      + " ".join(f"{how}={row[how]:.2e}" for how in sums_taking(nk)), flush=True)
+                      + " ".join(f"{how}={row[how]:.2e}" for how in DQ_SUMS), flush=True)
 
 
-def sums_taking(nk):
-    """The sums that can take nk keys: pairs need an even number of key tiles."""
-    return ("fp32", "in_place") + (("pairs",) if -(-nk // 128) % 2 == 0 else ())
+def summing_dq(q, k, v, act, how):
+    """The launcher's plan for the call with dQ summed ``how`` (one of ``DQ_SUMS``), the query tile and dQ's last
+    round chosen for that sum as the planner would."""
+    plan = plan_dense_bwd(q, k, v, act)
+    d, dv, nq = q.shape[-1], v.shape[-1], q.shape[2]
+    return dataclasses.replace(plan, dq_sums=how, dq_last_round=dq_last_round_for(how, d, dv),
+                               query_tile=bwd_query_tile(how, d, dv, False, False, act, nq, plan.packed))
 
 
 def dq_timing(rows, batch=1152, heads=4, d=128):
@@ -487,14 +498,14 @@ def dq_timing(rows, batch=1152, heads=4, d=128):
         k, v = (torch.randn(batch, heads, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         flops = 2.5 * 4 * batch * heads * nq * nk * d
         row = dict(kind="time", nq=nq, nk=nk)
-        for how in sums_taking(nk):
-            def run(how=how, q=q, k=k, v=v, do=do, nk=nk):
-                return gdpa_bwd_cute(q, k, v, do, "silu", d**-0.5, 1.0 / nk, 0.01, dq_sums=how)
+        for how in DQ_SUMS:
+            def run(plan=summing_dq(q, k, v, "silu", how), q=q, k=k, v=v, do=do, nk=nk):
+                return gdpa_bwd_cute(q, k, v, do, "silu", d**-0.5, 1.0 / nk, 0.01, plan=plan)
 
             ms = triton.testing.do_bench(run, warmup=50, rep=300)
             row[f"{how}_tflops"] = flops / ms / 1e9
         rows.append(row)
-        print(f"bwd {nq}x{nk}: " + ", ".join(f"{how} {row[f'{how}_tflops']:.0f} TF/s" for how in sums_taking(nk)),
+        print(f"bwd {nq}x{nk}: " + ", ".join(f"{how} {row[f'{how}_tflops']:.0f} TF/s" for how in DQ_SUMS),
               flush=True)
 
 
@@ -503,8 +514,8 @@ DQ_HEAD_DIM_CASES = [(d, d, n) for d in (64, 96, 128) for n in (1280, 1536, 2048
 
 
 def dq_timing_by_head_dims(rows, heads=4, act="gelu_tanh"):
-    """Past eight key tiles, which sum is faster at each (D, Dv) (``dq_sums_for``): fp32, pairs and in place
-    (the ceiling, past the error bound there), q = kv, the batch scaled to 288 x (2048 / N)², each sum's median of
+    """Past eight key tiles, which sum is faster at each (D, Dv) (``dq_sums_for``): fp32 and in place (the ceiling,
+    past the error bound there), q = kv, the batch scaled to 288 x (2048 / N)², each sum's median of
     three rotated and settled rounds."""
     warm_up_gpu(3.0)
     for d, dv, n in DQ_HEAD_DIM_CASES:
@@ -515,8 +526,9 @@ def dq_timing_by_head_dims(rows, heads=4, act="gelu_tanh"):
         do = torch.randn(z, heads, n, dv, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(z, heads, n, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(z, heads, n, dv, device="cuda", dtype=torch.bfloat16)
-        fns = {how: (lambda how=how: gdpa_bwd_cute(q, k, v, do, act, d**-0.5, 1.0 / n, 0.01, dq_sums=how))
-               for how in ("fp32", "pairs", "in_place")}
+        fns = {how: (lambda plan=summing_dq(q, k, v, act, how): gdpa_bwd_cute(q, k, v, do, act, d**-0.5, 1.0 / n, 0.01,
+                                                                              plan=plan))
+               for how in DQ_SUMS}
         flops = 2.0 * z * heads * n * n * (3 * d + 2 * dv)
         row = dict(kind="time_head_dims", act=act, d=d, dv=dv, n=n, z=z)
         for how, ms in median_over_rounds(fns, settle_ms=SETTLE_MS, warmup=25, rep=100).items():
@@ -531,15 +543,14 @@ def dq_sums_options(ap):
 
 
 def run_dq_sums(args):
-    """How the CuTe backward should sum dQ over key tiles: in place in the operands' dtype, by pairs of key tiles
-    (fp32 within a cluster of two CTAs, then in place), or in an fp32 buffer. GPU only (sm_90, needs
-    nvidia-cutlass-dsl).
+    """How the CuTe backward should sum dQ over key tiles: in place in the operands' dtype, or in an fp32 buffer. GPU
+    only (sm_90, needs nvidia-cutlass-dsl).
 
-    For each number of 128-key tiles, dQ's relative error against float64 for each sum that takes it (pairs: an
-    even number of tiles), next to eager PyTorch's own error at the same inputs (four activations, bf16 and fp16);
-    then backward TF/s of each at Meta's shapes (B=1152, H=4, D=128, bf16, do_bench medians), and past eight key
-    tiles at each pair of head dims (``--only-head-dims`` runs just that). ``DQ_DIRECT_MAX_KEY_TILES``
-    and ``dq_sums_for`` in kernels/cute/gdpa_bwd.py are chosen from these tables.
+    For each number of 128-key tiles, dQ's relative error against float64 for each sum, next to eager PyTorch's own
+    error at the same inputs (four activations, bf16 and fp16); then backward TF/s of each at Meta's shapes (B=1152,
+    H=4, D=128, bf16, do_bench medians), and past eight key tiles at each pair of head dims (``--only-head-dims`` runs
+    just that). ``DQ_DIRECT_MAX_KEY_TILES`` and ``dq_sums_for`` in kernels/cute/bwd_plan.py are chosen from these
+    tables.
 
         PYTHONPATH=$PWD python3 benchmarks/kernels.py dq-sums --out benchmarks/results/<run>/dq_sums   # .json
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS
+from gdpa_inductor.kernels.cute.fwd_support import SUPPORTED_ACTIVATIONS
 
 # (Nq, Nk) at B=1152, H=4
 META_SHAPES = [(256, 256), (512, 512), (1024, 1024), (2048, 2048), (512, 256), (1024, 256), (2048, 256)]
