@@ -134,6 +134,7 @@ def register() -> None:
     if _registered:
         return
     from . import ops, varlen_ops
+    from .op_autograd import OpAutograd
 
     @torch.library.triton_op("gdpa::attention_fwd_direct_v1", mutates_args=())
     def attention_fwd_direct(
@@ -177,13 +178,7 @@ def register() -> None:
                 return dq, dk, dv, dbias if dbias is not None else q.new_empty(0)
         return ops.attention_bwd(*args)
 
-    def attention_backward(ctx, dout):
-        q, k, v, bias = ctx.saved_tensors
-        bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = attention_bwd_direct(dout, q, k, v, bias, *ctx.params, bias_grad)
-        return dq, dk, dv, dbias if bias_grad else None, None, None, None, None, None
-
-    attention_fwd_direct.register_autograd(attention_backward, setup_context=ops._setup_context)
+    OpAutograd(4, attention_bwd_direct).register(attention_fwd_direct)
 
     @torch.library.triton_op("gdpa::varlen_fwd_direct_v2", mutates_args=())
     def varlen_fwd_direct(
@@ -245,13 +240,7 @@ def register() -> None:
         return varlen_ops.varlen_bwd(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, activation, scale,
                                      post_scale, causal, window_left, window_right, negative_slope, bias_requires_grad)
 
-    def varlen_backward(ctx, dout):
-        q, k, v, bias, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
-        bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = varlen_bwd_direct(dout, q, k, v, bias, cu_q, cu_k, used_q, used_k, *ctx.params, bias_grad)
-        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 13
-
-    varlen_fwd_direct.register_autograd(varlen_backward, setup_context=varlen_ops._setup_context)
+    OpAutograd(8, varlen_bwd_direct).register(varlen_fwd_direct)
     _registered = True
 
 

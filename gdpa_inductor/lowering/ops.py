@@ -110,5 +110,5 @@ def _attention_bwd_fake(dout, q, k, v, bias, activation, scale, post_scale, caus
 
 
 OpAutograd(4, attention_bwd).register(attention_fwd)
-# the eager fast path's autograd (``eager``): the same steps on the implementation
-EAGER_AUTOGRAD = OpAutograd(4, backward_impl)
+# the eager fast path's autograd (``eager``): the same steps on the implementation, looked up when the backward runs
+EAGER_AUTOGRAD = OpAutograd(4, lambda *args: backward_impl(*args))
