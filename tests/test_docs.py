@@ -320,9 +320,13 @@ def test_op_calls_in_the_docs_use_real_keywords():
 
 def test_bare_keyword_spans_name_real_arguments():
     # `window=`, `causal=True`: a keyword named on its own in the text is an argument of the ops, or of one of
-    # the few other functions the docs describe (torch.compile's, the backend's, nested tensors', dropout's).
-    others = [torch.compile, torch.nested.nested_tensor, torch.nn.functional.dropout]
+    # the few other functions the docs describe (torch.compile's, the backend's, nested tensors', dropout's, the
+    # CuTe launchers').
     from gdpa_inductor.backend import gdpa_backend
+    from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
+    from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
+
+    others = [torch.compile, torch.nested.nested_tensor, torch.nn.functional.dropout, gdpa_fwd_cute, gdpa_bwd_cute]
 
     known = set().union(*(_params(f) for f in [*OPS.values(), gdpa_backend, *others]))
     unknown, seen = [], 0
@@ -474,17 +478,16 @@ def hopper(monkeypatch):
     """The CuTe support checks as on an sm_90 GPU with the hopper extra: CPU tensors stand in for its tensors
     (their layouts taken as TMA-readable), and Triton's check as on a GPU, not its CPU interpreter. Returns the four
     CuTe checks with one calling convention."""
-    from gdpa_inductor.kernels.cute import gdpa_fwd, varlen_fwd
+    from gdpa_inductor.kernels.cute import fwd_support, varlen_support
     from gdpa_inductor.lowering import dispatch
 
     monkeypatch.setattr(dispatch, "interpreting", lambda: False)
 
-    bwd = pytest.importorskip("gdpa_inductor.kernels.cute.gdpa_bwd")
-    varlen_bwd = pytest.importorskip("gdpa_inductor.kernels.cute.varlen_bwd")
-    for module in (gdpa_fwd, varlen_fwd):
+    bwd = pytest.importorskip("gdpa_inductor.kernels.cute.bwd_support")
+    for module in (fwd_support, varlen_support):
         monkeypatch.setattr(module, "cute_dsl_available", lambda: True)
         monkeypatch.setattr(module, "on_sm90", lambda device: True)
-    monkeypatch.setattr(gdpa_fwd, "tma_layout", lambda t: True)
+    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
 
     def dense(check):
         def run(d, dv, dtype=torch.bfloat16, activation="silu", nk=16):
@@ -501,10 +504,10 @@ def hopper(monkeypatch):
         return run
 
     return {
-        "CuTe-DSL forward": dense(gdpa_fwd.cute_fwd_support),
+        "CuTe-DSL forward": dense(fwd_support.cute_fwd_support),
         "CuTe-DSL backward": dense(bwd.cute_bwd_support),
-        "CuTe-DSL varlen forward": varlen(varlen_fwd.cute_varlen_fwd_support),
-        "CuTe-DSL varlen backward": varlen(varlen_bwd.cute_varlen_bwd_support),
+        "CuTe-DSL varlen forward": varlen(varlen_support.cute_varlen_fwd_support),
+        "CuTe-DSL varlen backward": varlen(varlen_support.cute_varlen_bwd_support),
     }
 
 
@@ -548,7 +551,7 @@ def test_head_dim_table_matches_the_support_checks(hopper):
 
 def test_wide_head_threshold_under_auto_matches(hopper):
     # "a pair with a 256 only from N keys": cute_fwd_preferred's threshold.
-    from gdpa_inductor.kernels.cute.gdpa_fwd import cute_fwd_preferred
+    from gdpa_inductor.kernels.cute.fwd_support import cute_fwd_preferred
 
     head, rows = _table(DOCS / "support-matrix.md", "Head dims", "path")
     (keys,) = _ints(_row(rows, "CuTe-DSL forward")[_column(head, "under")])

@@ -6,12 +6,16 @@ tile to the next: key counts of one and two key tiles, ragged and exact)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.activations import get_activation
-from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS, cute_dsl_available, on_sm90
+from gdpa_inductor.kernels.cute.bwd_plan import bwd_query_tile, dq_last_round_for
+from gdpa_inductor.kernels.cute.fwd_support import SUPPORTED_ACTIVATIONS, cute_dsl_available, on_sm90
+from gdpa_inductor.kernels.cute.gdpa_bwd import plan_dense_bwd
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering.dispatch import select_backward_impl
 
@@ -47,6 +51,19 @@ CASES = [("bf16", act, 2, 4, 4, 300, 300, 128, 128) for act in SUPPORTED_ACTIVAT
     ("bf16", "gelu", 2, 4, 2, 300, 260, 96, 64),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def dense_bwd_plan(q, k, v, activation, causal=False, bias=None, bias_grad=False, dq_sums=None, **fields):
+    """The dense backward's plan of this call (``plan_dense_bwd``) with dQ summed as ``dq_sums`` says (None: the
+    launcher's way), its query tile and dQ's last round then as the launcher takes them for that way, and
+    ``fields`` replaced (a query tile, a last round, the atomic dbias sums)."""
+    plan = plan_dense_bwd(q, k, v, activation, causal, bias, bias_grad)
+    if dq_sums is not None:
+        d, dv = q.shape[-1], v.shape[-1]
+        query_tile = bwd_query_tile(dq_sums, d, dv, causal, plan.score_bias, activation, q.shape[2], plan.packed)
+        plan = dataclasses.replace(plan, dq_sums=dq_sums, query_tile=query_tile,
+                                   dq_last_round=dq_last_round_for(dq_sums, d, dv))
+    return dataclasses.replace(plan, **fields)
 
 
 def bwd_inputs(z, h, hkv, nq, nk, d, dv, dtype, seed):

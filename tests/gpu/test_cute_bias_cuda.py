@@ -174,7 +174,7 @@ def test_backend_rewrite_of_log_n_bias_runs_cute(monkeypatch):
     """torch.compile(backend="gdpa") turns sigmoid attention's -log n into the op's 0-d bias, and "auto" runs the
     CuTe forward and backward on it: output and gradients within 2x eager's error against float64."""
     calls = {"fwd": 0, "bwd": 0}
-    fwd, bwd = cute_fwd.gdpa_fwd_cute_batched, cute_bwd.gdpa_bwd_cute_batched
+    fwd, bwd = cute_fwd.gdpa_fwd_cute_op, cute_bwd.gdpa_bwd_cute_op
 
     def counting(name, fn):
         def wrapped(*args, **kwargs):
@@ -182,8 +182,8 @@ def test_backend_rewrite_of_log_n_bias_runs_cute(monkeypatch):
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(cute_fwd, "gdpa_fwd_cute_batched", counting("fwd", fwd))
-    monkeypatch.setattr(cute_bwd, "gdpa_bwd_cute_batched", counting("bwd", bwd))
+    monkeypatch.setattr(cute_fwd, "gdpa_fwd_cute_op", counting("fwd", fwd))
+    monkeypatch.setattr(cute_bwd, "gdpa_bwd_cute_op", counting("bwd", bwd))
     q, k, v, do = bwd_inputs(4, 4, 4, 512, 512, 128, 128, torch.bfloat16, 13)
     torch._dynamo.reset()
     model = torch.compile(_SigmoidAttention(), backend="gdpa")

@@ -114,11 +114,11 @@ def test_bias_tensor_with_its_gradient(case, auto_backend):
 def test_bias_gradient_added_atomically(case, auto_backend, monkeypatch):
     """dbias added atomically in fp32 (the varlen batches' way for a shared bias; a dense one's where its dS buffer
     does not fit): every gradient within 2x eager's error, and the atomic build ran."""
-    monkeypatch.setattr(gdpa_bwd, "dbias_sums_for", lambda *args, **kwargs: ("atomic", ""))
+    monkeypatch.setattr(gdpa_bwd, "dbias_way", lambda *args, **kwargs: "atomic")
     built = []
     compile_bwd = gdpa_bwd.compile_bwd
-    monkeypatch.setattr(gdpa_bwd, "compile_bwd", lambda *a, **kw: built.append(kw["dbias_atomic"]) or compile_bwd(
-        *a, **kw))
+    monkeypatch.setattr(gdpa_bwd, "compile_bwd", lambda plan, **kw: built.append(plan.dbias_atomic) or compile_bwd(
+        plan, **kw))
     act, z, h, hkv, nq, nk, kind, causal, dtype_name = case
     dtype = DTYPES[dtype_name]
     q, k, v, do = bwd_inputs(z, h, hkv, nq, nk, 128, 128, dtype, 8)

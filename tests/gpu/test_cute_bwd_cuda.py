@@ -14,13 +14,8 @@ import pytest
 import torch
 
 import gdpa_inductor
-from gdpa_inductor.kernels.cute.gdpa_bwd import (
-    DQ_DIRECT_MAX_KEY_TILES,
-    LONG_QUERY_TILE,
-    bwd_query_tile,
-    dq_sums_for,
-    gdpa_bwd_cute,
-)
+from gdpa_inductor.kernels.cute.bwd_plan import DQ_DIRECT_MAX_KEY_TILES, LONG_QUERY_TILE, bwd_query_tile, dq_sums_for
+from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl
 
@@ -30,13 +25,14 @@ from .cute_common import (
     NEEDS_CUTE,
     assert_backward_case_within_eager,
     assert_nonfinite_like_eager,
+    dense_bwd_plan,
     eager_grads,
     rel_error,
 )
 
 pytestmark = NEEDS_CUTE
-# the forward's cases plus a ragged fp16 D=64 one, Meta's 2048x256, key ranges whose dQ is summed by pairs of key
-# tiles (12 and 16 tiles; GQA, fp16) and one that the fp32 buffer sums at D=64 (16 tiles)
+# the forward's cases plus a ragged fp16 D=64 one, Meta's 2048x256, key ranges past the in-place dQ sums (12 and 16
+# key tiles; GQA, fp16) and one that the fp32 buffer sums at D=64 (16 tiles)
 CASES = SHARED_CASES + [
     ("fp16", "silu", 1, 4, 4, 1000, 200, 64, 64), ("bf16", "gelu_tanh", 2, 4, 4, 2048, 256, 128, 128),
     ("bf16", "silu", 1, 4, 4, 300, 1500, 128, 128), ("fp16", "gelu_tanh", 1, 4, 2, 129, 2045, 128, 128),
@@ -70,9 +66,7 @@ def test_cute_backward_nonfinite_like_eager_pattern(cute_backend):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_dq_sums_each_within_eager_error(act, nk, dtype):
     """Every way of summing dQ that can take nk keys, forced: in place (up to DQ_DIRECT_MAX_KEY_TILES + 1 key
-    tiles, one past the launcher's limit), by pairs of key tiles (an even number of tiles; at 2048 keys eight
-    roundings, the most the launcher lets the in-place sums take) and in fp32, each within 2x eager's error; by
-    pairs, dK and dV equal the fp32 form's bit for bit."""
+    tiles, one past the launcher's limit) and in fp32, each within 2x eager's error."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     q, do = (torch.randn(2, 4, 512, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     k, v = (torch.randn(2, 4, nk, 128, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
@@ -80,21 +74,17 @@ def test_dq_sums_each_within_eager_error(act, nk, dtype):
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[0]
     base = rel_error(eager_grads(q, k, v, do, act, scale, post)[0], ref)
     tiles = -(-nk // 128)
-    sums = ["fp32"] + ["in_place"] * (tiles <= DQ_DIRECT_MAX_KEY_TILES + 1) + ["pairs"] * (tiles % 2 == 0)
+    sums = ["fp32"] + ["in_place"] * (tiles <= DQ_DIRECT_MAX_KEY_TILES + 1)
     assert dq_sums_for(nk) in sums
-    grads = {}
     for how in sums:
-        grads[how] = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_sums=how)
-        dq = grads[how][0]
+        dq = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, plan=dense_bwd_plan(q, k, v, act, dq_sums=how))[0]
         assert dq.dtype == dtype
         assert rel_error(dq, ref) <= 2 * base + FLOOR, (how, rel_error(dq, ref), base)
-    if "pairs" in grads:
-        assert all(torch.equal(a, b) for a, b in zip(grads["pairs"][1:3], grads["fp32"][1:3]))
 
 
 @pytest.mark.parametrize("amp", [0.3, 1.0, 3.0, 6.0])
 @pytest.mark.parametrize("dq_sums, query_tile, nq, nk", [
-    ("in_place", 64, 300, 1024), ("pairs", 64, 512, 2048), ("fp32", 64, 1000, 2045), ("fp32", 80, 1000, 2045)])
+    ("in_place", 64, 300, 1024), ("fp32", 64, 1000, 2045), ("fp32", 80, 1000, 2045)])
 def test_packed_gelu_tanh_backward_within_eager_error(amp, dq_sums, query_tile, nq, nk):
     """bf16 gelu_tanh's backward on bf16x2 pairs (``activation_math.PackedBackwardForm``), inputs up to 6x randn (scores
     to ~±50, where the derivative's (1 - t²) v term needs t exactly ±1 past |u| ~ 4, which tanh.approx.bf16x2 missed):
@@ -106,7 +96,8 @@ def test_packed_gelu_tanh_backward_within_eager_error(amp, dq_sums, query_tile, 
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, "gelu_tanh", scale,
                                   post)[:3]
     eager = eager_grads(q, k, v, do, "gelu_tanh", scale, post)
-    got = gdpa_bwd_cute(q, k, v, do, "gelu_tanh", scale, post, 0.01, dq_sums=dq_sums, query_tile=query_tile)[:3]
+    plan = dense_bwd_plan(q, k, v, "gelu_tanh", dq_sums=dq_sums, query_tile=query_tile)
+    got = gdpa_bwd_cute(q, k, v, do, "gelu_tanh", scale, post, 0.01, plan=plan)[:3]
     for name, g, e, r in zip(("dq", "dk", "dv"), got, eager, ref):
         assert rel_error(g, r) <= 2 * rel_error(e, r) + FLOOR, (name, rel_error(g, r), rel_error(e, r))
 
@@ -123,7 +114,8 @@ def test_80_row_query_tiles_within_eager_error(act, nq, nk, dtype):
     scale, post = 128**-0.5, 1.0 / nk
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, act, scale, post)[:3]
     eager = eager_grads(q, k, v, do, act, scale, post)
-    got = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_sums="fp32", query_tile=80)[:3]
+    got = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01,
+                        plan=dense_bwd_plan(q, k, v, act, dq_sums="fp32", query_tile=80))[:3]
     for name, g, e, r in zip(("dq", "dk", "dv"), got, eager, ref):
         assert g.dtype == dtype and g.shape == r.shape, name
         assert rel_error(g, r) <= 2 * rel_error(e, r) + FLOOR, (name, rel_error(g, r), rel_error(e, r))
@@ -148,8 +140,9 @@ def test_80_row_query_tiles_with_one_element_bias():
     k, v = (torch.randn(2, 4, 1300, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     bias = torch.tensor(-0.7, device="cuda")
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), bias.double(), "silu", 0.1, 0.01)
-    got = gdpa_bwd_cute(q, k, v, do, "silu", 0.1, 0.01, 0.01, dq_sums="fp32", bias=bias, query_tile=80)
-    base = gdpa_bwd_cute(q, k, v, do, "silu", 0.1, 0.01, 0.01, dq_sums="fp32", bias=bias, query_tile=64)
+    got, base = (gdpa_bwd_cute(q, k, v, do, "silu", 0.1, 0.01, 0.01, bias=bias,
+                               plan=dense_bwd_plan(q, k, v, "silu", bias=bias, dq_sums="fp32", query_tile=tile))
+                 for tile in (80, 64))
     for g, b, r in zip(got[:3], base[:3], ref[:3]):
         assert rel_error(g, r) <= 1.1 * rel_error(b, r) + FLOOR
 
@@ -160,13 +153,14 @@ def test_80_row_query_tiles_nonfinite_like_eager():
     q, do = (torch.randn(1, 2, 130, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(1, 2, 1300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k[0, 1, 7, 3] = float("inf")
-    got = gdpa_bwd_cute(q, k, v, do, "sigmoid", 1.0, 1.0, 0.01, dq_sums="fp32", query_tile=80)[:3]
+    got = gdpa_bwd_cute(q, k, v, do, "sigmoid", 1.0, 1.0, 0.01,
+                        plan=dense_bwd_plan(q, k, v, "sigmoid", dq_sums="fp32", query_tile=80))[:3]
     for g, e in zip(got, eager_grads(q, k, v, do, "sigmoid", 1.0, 1.0)):
         assert torch.equal(g.isnan(), e.isnan()) and torch.equal(g.isinf(), e.isinf())
 
 
 
-@pytest.mark.parametrize("dq_sums", ["fp32", "in_place", "pairs"])
+@pytest.mark.parametrize("dq_sums", ["fp32", "in_place"])
 def test_hardswish_derivative_at_its_kinks_like_eager(dq_sums):
     """Scores exactly at hardswish's kinks (±3, where eager's derivative is 0 and 1, not the middle piece's -0.5 and
     1.5: about a third of the scores here) beside scores on every piece: dq, dk and dv within 2x eager's error
@@ -183,11 +177,12 @@ def test_hardswish_derivative_at_its_kinks_like_eager(dq_sums):
     v, do = (torch.randn(1, 2, n, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for n in (256, 200))
     ref = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, "hardswish", 1.0, 1.0)[:3]
     eager = eager_grads(q, k, v, do, "hardswish", 1.0, 1.0)
-    got = gdpa_bwd_cute(q, k, v, do, "hardswish", 1.0, 1.0, 0.01, dq_sums=dq_sums)[:3]
+    plan = dense_bwd_plan(q, k, v, "hardswish", dq_sums=dq_sums)
+    got = gdpa_bwd_cute(q, k, v, do, "hardswish", 1.0, 1.0, 0.01, plan=plan)[:3]
     for name, g, e, r in zip(("dq", "dk", "dv"), got, eager, ref):
         assert rel_error(g, r) <= 2 * rel_error(e, r) + FLOOR, (name, rel_error(g, r), rel_error(e, r))
     k[0, 1, 9, 0] = float("nan")
-    got = gdpa_bwd_cute(q, k, v, do, "hardswish", 1.0, 1.0, 0.01, dq_sums=dq_sums)[:3]
+    got = gdpa_bwd_cute(q, k, v, do, "hardswish", 1.0, 1.0, 0.01, plan=plan)[:3]
     for name, g, e in zip(("dq", "dk", "dv"), got, eager_grads(q, k, v, do, "hardswish", 1.0, 1.0)):
         assert e.isnan().any() or name == "dk", name
         assert torch.equal(g.isnan(), e.isnan()) and torch.equal(g.isinf(), e.isinf()), name

@@ -11,11 +11,21 @@ import pytest
 import torch
 
 from gdpa_inductor import gdpa
-from gdpa_inductor.kernels.cute.gdpa_bwd import dq_sums_for, gdpa_bwd_cute
+from gdpa_inductor.kernels.cute.bwd_plan import dq_sums_for
+from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 from gdpa_inductor.lowering import dispatch
 
-from .cute_common import DTYPES, FLOOR, NEEDS_CUTE, assert_grads_within_eager, autograd_grads, bwd_inputs, rel_error
+from .cute_common import (
+    DTYPES,
+    FLOOR,
+    NEEDS_CUTE,
+    assert_grads_within_eager,
+    autograd_grads,
+    bwd_inputs,
+    dense_bwd_plan,
+    rel_error,
+)
 from .test_cute_causal_fwd_cuda import eager_causal
 
 pytestmark = NEEDS_CUTE
@@ -58,21 +68,19 @@ def test_causal_backward_matches_float64(case, cute_backend):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_causal_dq_sums_each_within_eager_error(nq, nk, dtype):
     """dQ summed in place and in the fp32 buffer, forced, each within 2x eager's error; dK and dV the same bits
-    either way (the sums touch only dQ); the pairs are refused under the causal mask."""
+    either way (the sums touch only dQ)."""
     q, k, v, do = bwd_inputs(2, 4, 4, nq, nk, 128, 128, dtype, 5)
     scale, post = 128**-0.5, 1.0 / nk
     refs = gdpa_reference_backward(do.double(), q.double(), k.double(), v.double(), None, "silu", scale, post,
                                    causal=True)[:3]
     base = rel_error(_eager_causal_grads(q, k, v, do, "silu", scale, post)[0], refs[0])
     assert dq_sums_for(nk) in ("in_place", "fp32")
-    grads = {how: gdpa_bwd_cute(q, k, v, do, "silu", scale, post, 0.01, dq_sums=how, causal=True)
+    grads = {how: gdpa_bwd_cute(q, k, v, do, "silu", scale, post, 0.01, causal=True,
+                                plan=dense_bwd_plan(q, k, v, "silu", causal=True, dq_sums=how))
              for how in ("in_place", "fp32")}
     for how, (dq, *_) in grads.items():
         assert rel_error(dq, refs[0]) <= 2 * base + FLOOR, (how, rel_error(dq, refs[0]), base)
     assert all(torch.equal(a, b) for a, b in zip(grads["in_place"][1:3], grads["fp32"][1:3]))
-    with pytest.raises(ValueError, match="causal CuTe backward takes dq_sums 'in_place' or 'fp32'"):
-        gdpa_bwd_cute(q, k[:, :, :1280], v[:, :, :1280], do, "silu", scale, post, 0.01, dq_sums="pairs",
-                      causal=True)
 
 
 @pytest.mark.parametrize("act", ["relu", "sigmoid"])

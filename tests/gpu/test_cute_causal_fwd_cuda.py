@@ -6,13 +6,15 @@ the bits of the one-CTA-per-SM grid. Through ``config.backend = "cute"``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from gdpa_inductor import gdpa
 from gdpa_inductor.kernels.activations import get_activation
 from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
-from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
+from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute, plan_dense_fwd
 from gdpa_inductor.kernels.reference import band_keep_mask, gdpa_reference
 from gdpa_inductor.lowering import dispatch
 
@@ -67,7 +69,9 @@ def test_causal_schedules_change_no_bit(nq, nk):
     """Ping-pong and split O stores only order the work: the same bits, with several query tiles per CTA, which
     under the causal mask run longest first and differ in their key tiles."""
     q, k, v = _qkv(30, 4, 4, nq, nk, 128, 128, torch.bfloat16, 2)
-    outs = [gdpa_fwd_cute(q, k, v, "gelu_tanh", 128**-0.5, 1e-3, 0.01, pingpong=pp, split_store=split, causal=True)
+    plan = plan_dense_fwd(q, k, v, "gelu_tanh", causal=True)
+    outs = [gdpa_fwd_cute(q, k, v, "gelu_tanh", 128**-0.5, 1e-3, 0.01, causal=True,
+                          plan=dataclasses.replace(plan, pingpong=pp, split_store=split))
             for pp in (True, False) for split in (True, False)]
     assert torch.isfinite(outs[0]).all()
     for out in outs[1:]:

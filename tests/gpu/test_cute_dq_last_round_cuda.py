@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from gdpa_inductor.kernels.cute import dq_workspace, gdpa_bwd
-from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd, gdpa_bwd_cute
+from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
+from gdpa_inductor.kernels.cute.kernel_build import compile_bwd
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 
-from .cute_common import FLOOR, NEEDS_CUTE, eager_grads, rel_error
+from .cute_common import FLOOR, NEEDS_CUTE, dense_bwd_plan, eager_grads, rel_error
 
 pytestmark = NEEDS_CUTE
 
@@ -46,11 +47,13 @@ def test_dq_rounded_in_the_kernel_like_the_pass_after_it(case):
     k, v = (torch.randn(z, h, nk, d, device="cuda", generator=gen).to(dtype) for _ in range(2))
     bias = torch.randn(z, h, nq, nk, device="cuda", generator=gen).to(dtype) if with_bias else None
     scale, post = d**-0.5, 1.0 / nk
-    kw = dict(dq_sums="fp32", query_tile=tile, causal=causal, bias=bias, bias_grad=with_bias)
-    base = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_last_round=False, **kw)
+    kw = dict(causal=causal, bias=bias, bias_grad=with_bias)
+    plans = {rounds: dense_bwd_plan(q, k, v, act, dq_sums="fp32", query_tile=tile, dq_last_round=rounds, **kw)
+             for rounds in (False, True)}
+    base = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, plan=plans[False], **kw)
     bound = 2 * torch.finfo(dtype).eps * base[0].float().abs().max().item()
     for _ in range(3):
-        got = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, dq_last_round=True, **kw)
+        got = gdpa_bwd_cute(q, k, v, do, act, scale, post, 0.01, plan=plans[True], **kw)
         assert got[0].dtype == dtype and got[0].shape == q.shape
         assert (got[0].float() - base[0].float()).abs().max().item() <= bound
         assert_workspace_zero()
@@ -72,7 +75,8 @@ def test_dq_rounded_in_the_kernel_keeps_nonfinite_values_like_eager():
     k, v = (torch.randn(1, 2, 2100, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k[0, 1, 7, 3] = float("inf")
     for tile in (64, 80):
-        got = gdpa_bwd_cute(q, k, v, do, "sigmoid", 1.0, 1.0, 0.01, dq_sums="fp32", query_tile=tile, dq_last_round=True)
+        plan = dense_bwd_plan(q, k, v, "sigmoid", dq_sums="fp32", query_tile=tile, dq_last_round=True)
+        got = gdpa_bwd_cute(q, k, v, do, "sigmoid", 1.0, 1.0, 0.01, plan=plan)
         eager = eager_grads(q, k, v, do, "sigmoid", 1.0, 1.0)
         assert torch.equal(got[0].isnan(), eager[0].isnan()) and torch.equal(got[0].isinf(), eager[0].isinf())
         assert_workspace_zero()
@@ -94,9 +98,8 @@ def test_calls_of_other_sizes_share_the_workspace_after_one_another():
                                   (4, 4, 2048, 2048, 128, 64), (1, 1, 90, 2000, 128, 80)]:
         q, do = (torch.randn(z, h, nq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         k, v = (torch.randn(z, h, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        kw = dict(dq_sums="fp32", query_tile=tile)
-        base = gdpa_bwd_cute(q, k, v, do, "silu", d**-0.5, 1.0 / nk, 0.01, dq_last_round=False, **kw)[0]
-        got = gdpa_bwd_cute(q, k, v, do, "silu", d**-0.5, 1.0 / nk, 0.01, dq_last_round=True, **kw)[0]
+        base, got = (gdpa_bwd_cute(q, k, v, do, "silu", d**-0.5, 1.0 / nk, 0.01, plan=dense_bwd_plan(
+            q, k, v, "silu", dq_sums="fp32", query_tile=tile, dq_last_round=rounds))[0] for rounds in (False, True))
         bound = 2 * torch.finfo(q.dtype).eps * base.float().abs().max().item()
         assert (got.float() - base.float()).abs().max().item() <= bound, (z, h, nq, nk, d, tile)
         assert_workspace_zero()
@@ -106,7 +109,7 @@ def test_calls_of_other_sizes_share_the_workspace_after_one_another():
 def test_the_launcher_rounds_in_the_kernel_where_dq_sums_in_fp32(monkeypatch, nk, d, rounds):
     built = []
     monkeypatch.setattr(gdpa_bwd, "compile_bwd",
-                        lambda *a, **kw: built.append(kw["dq_last_round"]) or compile_bwd(*a, **kw))
+                        lambda plan, **kw: built.append(plan.dq_last_round) or compile_bwd(plan, **kw))
     q, do = (torch.randn(1, 2, 300, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(1, 2, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     gdpa_bwd_cute(q, k, v, do, "silu", 0.1, 0.01, 0.01)

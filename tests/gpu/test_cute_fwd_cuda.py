@@ -9,11 +9,13 @@ registers with rows past Nq left alone), fp16 and bf16, through the op with ``co
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from gdpa_inductor import gdpa
-from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute
+from gdpa_inductor.kernels.cute.gdpa_fwd import gdpa_fwd_cute, plan_dense_fwd
 from gdpa_inductor.kernels.reference import gdpa_reference
 
 from .cute_common import CASES, DTYPES, FLOOR, NEEDS_CUTE, eager_gdpa, rel_error
@@ -96,7 +98,9 @@ def test_cute_forward_schedules_change_no_bit(act, dtype, nk):
     q = torch.randn(30, 4, 700, 128, device="cuda", dtype=dtype, generator=gen)
     k = torch.randn(30, 4, nk, 128, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(30, 4, nk, 128, device="cuda", dtype=dtype, generator=gen)
-    outs = [gdpa_fwd_cute(q, k, v, act, 128**-0.5, 1e-3, 0.01, pingpong=pp, split_store=split)
+    plan = plan_dense_fwd(q, k, v, act)
+    outs = [gdpa_fwd_cute(q, k, v, act, 128**-0.5, 1e-3, 0.01,
+                          plan=dataclasses.replace(plan, pingpong=pp, split_store=split))
             for pp in (True, False) for split in (True, False)]
     assert torch.isfinite(outs[0]).all()
     for out in outs[1:]:
@@ -111,7 +115,9 @@ def test_cute_forward_schedules_agree_across_head_dims(d, dv):
     q = torch.randn(30, 4, 700, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     k = torch.randn(30, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(30, 4, 1000, dv, device="cuda", dtype=torch.bfloat16, generator=gen)
-    outs = [gdpa_fwd_cute(q, k, v, "gelu_tanh", d**-0.5, 1e-3, 0.01, pingpong=pp, split_store=split)
+    plan = plan_dense_fwd(q, k, v, "gelu_tanh")
+    outs = [gdpa_fwd_cute(q, k, v, "gelu_tanh", d**-0.5, 1e-3, 0.01,
+                          plan=dataclasses.replace(plan, pingpong=pp, split_store=split))
             for pp in (True, False) for split in (True, False)]
     assert outs[0].shape == (30, 4, 700, dv) and torch.isfinite(outs[0]).all()
     for out in outs[1:]:

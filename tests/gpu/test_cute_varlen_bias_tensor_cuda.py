@@ -18,8 +18,8 @@ from varlen_testing import make_case
 
 import gdpa_inductor
 from gdpa_inductor import gdpa_varlen
-from gdpa_inductor.kernels.cute import gdpa_bwd, varlen_bwd
-from gdpa_inductor.kernels.cute.varlen_bwd import cute_varlen_bwd_support
+from gdpa_inductor.kernels.cute import varlen_bwd
+from gdpa_inductor.kernels.cute.varlen_support import cute_varlen_bwd_support
 from gdpa_inductor.kernels.triton import varlen_bwd as triton_varlen_bwd
 from gdpa_inductor.lowering import dispatch
 
@@ -87,11 +87,11 @@ def test_bias_tensor_matches_float64(case, gen, cute_varlen_only):
 def test_bias_gradient_either_way(case, way, gen, cute_varlen_only, monkeypatch):
     """dbias stored through the [B, H, rows, columns] dS buffer or added atomically in fp32 (by default: the
     latter for a bias the samples share), either way within 2x the oracle's error, and the build of that way ran."""
-    monkeypatch.setattr(gdpa_bwd, "dbias_sums_for", lambda *args, **kwargs: (way, ""))
+    monkeypatch.setattr(varlen_bwd, "dbias_way", lambda *args, **kwargs: way)
     built = []
     compile_bwd = varlen_bwd.compile_bwd
-    monkeypatch.setattr(varlen_bwd, "compile_bwd", lambda *a, **kw: built.append(kw["dbias_atomic"]) or compile_bwd(
-        *a, **kw))
+    monkeypatch.setattr(varlen_bwd, "compile_bwd", lambda plan, **kw: built.append(plan.dbias_atomic) or compile_bwd(
+        plan, **kw))
     layout, dtype, activation, d, dv, hkv, kind, grad, mask = case
     sample = _sample(layout, d, dv, hkv, gen)
     bias = _bias(kind, sample, 7).to(DTYPES[dtype]).double()

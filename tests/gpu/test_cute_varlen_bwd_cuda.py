@@ -16,7 +16,7 @@ import pytest
 import torch
 from varlen_testing import LAYOUTS, make_case
 
-from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS
+from gdpa_inductor.kernels.cute.fwd_support import SUPPORTED_ACTIVATIONS
 
 from .cute_common import NEEDS_CUTE
 from .varlen_common import assert_poison_stays_in_its_sample, check

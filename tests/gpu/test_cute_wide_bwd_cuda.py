@@ -15,8 +15,9 @@ import pytest
 import torch
 from varlen_testing import make_case
 
-from gdpa_inductor.kernels.cute.gdpa_bwd import DQ_DIRECT_MAX_KEY_TILES, WIDE_KEY_TILE, dq_sums_for, gdpa_bwd_cute
-from gdpa_inductor.kernels.cute.gdpa_fwd import SUPPORTED_ACTIVATIONS
+from gdpa_inductor.kernels.cute.bwd_plan import DQ_DIRECT_MAX_KEY_TILES, WIDE_KEY_TILE, dq_sums_for
+from gdpa_inductor.kernels.cute.fwd_support import SUPPORTED_ACTIVATIONS
+from gdpa_inductor.kernels.cute.gdpa_bwd import gdpa_bwd_cute
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
 
 from .cute_common import (
@@ -24,6 +25,7 @@ from .cute_common import (
     NEEDS_CUTE,
     assert_backward_case_within_eager,
     assert_nonfinite_like_eager,
+    dense_bwd_plan,
     eager_grads,
     rel_error,
 )
@@ -69,7 +71,8 @@ def test_dq_sums_each_within_eager_error(nk, d, dv):
     tiles = -(-nk // WIDE_KEY_TILE)
     sums = ["fp32"] + ["in_place"] * (tiles <= DQ_DIRECT_MAX_KEY_TILES + 1)
     assert dq_sums_for(nk, WIDE_KEY_TILE) in sums
-    grads = {how: gdpa_bwd_cute(q, k, v, do, "silu", scale, post, 0.01, dq_sums=how) for how in sums}
+    grads = {how: gdpa_bwd_cute(q, k, v, do, "silu", scale, post, 0.01,
+                                plan=dense_bwd_plan(q, k, v, "silu", dq_sums=how)) for how in sums}
     for how, (dq, *_) in grads.items():
         assert dq.dtype == torch.bfloat16
         assert rel_error(dq, ref) <= 2 * base + FLOOR, (how, rel_error(dq, ref), base)

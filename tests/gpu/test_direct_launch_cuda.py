@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
 from gdpa_inductor.demo import DemoRecModel, make_batch
-from gdpa_inductor.kernels.cute.gdpa_fwd import machine_support
+from gdpa_inductor.kernels.cute.fwd_support import machine_support
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gdpa_inductor.kernels.common.dq_round import BLOCK, scale_round_triton
-from gdpa_inductor.kernels.cute.gdpa_bwd import dq_of_sums
+from gdpa_inductor.kernels.cute.bwd_results import dq_of_sums
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -10,6 +10,7 @@ importing it; the target is the compile's own option, ``kernel_args.TARGET_ARCH`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import re
@@ -38,18 +39,32 @@ def report_fingerprint() -> str:
 
 # --- what a build reports (the worker's side) ---
 
-def compile_ptx(spec: dict) -> str:
-    """The PTX of the build ``spec`` names: ``build`` "fwd" (``compile_fwd``) or "bwd" (``compile_bwd``),
-    ``args`` its arguments, ``dtype`` by torch's name."""
+def plan_fields(plan) -> dict:
+    """A plan (``FwdPlan``, ``BwdPlan``) as a spec carries it: the fields of its compile key, ``dtype`` by torch's
+    name."""
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.compare}
+    return fields | {"dtype": str(plan.dtype).removeprefix("torch.")}
+
+
+def plan_of(spec: dict):
+    """The plan ``spec`` names: ``build`` "fwd" (an ``FwdPlan``) or "bwd" (a ``BwdPlan``), ``plan`` its fields
+    (``plan_fields``)."""
     import torch
 
-    from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd
-    from gdpa_inductor.kernels.cute.gdpa_fwd import compile_fwd
+    from gdpa_inductor.kernels.cute.bwd_plan import BwdPlan
+    from gdpa_inductor.kernels.cute.fwd_plan import FwdPlan
 
-    args = dict(spec["args"])
+    fields = dict(spec["plan"])
+    plan_type = {"fwd": FwdPlan, "bwd": BwdPlan}[spec["build"]]
+    return plan_type(**(fields | {"dtype": getattr(torch, fields["dtype"])}))
+
+
+def compile_ptx(spec: dict) -> str:
+    """The PTX of the build of ``spec``'s plan (``plan_of``): ``kernel_build.compile_fwd`` or ``compile_bwd``."""
+    from gdpa_inductor.kernels.cute.kernel_build import compile_bwd, compile_fwd
+
     build = {"fwd": compile_fwd, "bwd": compile_bwd}[spec["build"]]
-    dtype = getattr(torch, args.pop("dtype"))
-    return build(dtype, args.pop("head_dim"), args.pop("activation"), keep_ptx=True, **args).artifacts.PTX
+    return build(plan_of(spec), keep_ptx=True).artifacts.PTX
 
 
 def ptxas_and_sass(ptx: str, workdir: str, sass: bool = True) -> tuple[str, str | None]:
@@ -150,7 +165,7 @@ def main() -> None:
     import torch  # noqa: F401
     from compile_reports import serve  # this file's folder leads sys.path when it runs as a script
 
-    from gdpa_inductor.kernels.cute import gdpa_bwd, gdpa_fwd  # noqa: F401
+    from gdpa_inductor.kernels.cute import kernel_build  # noqa: F401
 
     serve(compile_report)
 

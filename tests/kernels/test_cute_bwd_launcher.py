@@ -1,7 +1,6 @@
 """How the CuTe backward's launcher sums dQ (no GPU needed): in place in the operands' dtype up to eight
-128-key tiles, so that no dQ value takes more than eight roundings; in an fp32 buffer past them; by pairs of key
-tiles (fp32 within a cluster of two CTAs, then in place) only when asked, for an even number of tiles
-(tests/gpu check each form's error against the 2x-eager bound)."""
+128-key tiles, so that no dQ value takes more than eight roundings; in an fp32 buffer past them (tests/gpu check
+each form's error against the 2x-eager bound); and how the host finishes dQ and dbias from the kernel's sums."""
 
 from __future__ import annotations
 
@@ -9,32 +8,32 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
+import dataclasses  # noqa: E402
+
 import torch  # noqa: E402
 from gdpa_testing import wgmma_fragments_of  # noqa: E402
 
 import gdpa_inductor.config  # noqa: E402
 from gdpa_inductor.kernels.cute.activation_math import backward_form  # noqa: E402
-from gdpa_inductor.kernels.cute.gdpa_bwd import (  # noqa: E402
+from gdpa_inductor.kernels.cute.bwd_plan import (  # noqa: E402
     LONG_QUERY_TILE,
     WIDE_KEY_TILE,
-    bias_tile_modes,
     bwd_key_tile,
     bwd_query_tile,
-    compile_bwd,
-    dbias_buffer,
-    dbias_of,
-    dbias_sums_for,
-    dq_fragments_as_rows,
     dq_last_round_for,
     dq_late_for,
+    dq_sums_for,
+    packed_backward,
+)
+from gdpa_inductor.kernels.cute.bwd_results import (  # noqa: E402
+    dbias_of,
+    dq_fragments_as_rows,
     dq_of_fragments,
     dq_of_sums,
-    dq_sums_for,
-    gdpa_bwd_cute,
-    packed_backward,
-    preferred_dbias_sums,
-    tma_bias,
 )
+from gdpa_inductor.kernels.cute.dbias_plan import dbias_sums_for, preferred_dbias_sums  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_bwd import dbias_buffer, gdpa_bwd_cute, plan_dense_bwd  # noqa: E402
+from gdpa_inductor.kernels.cute.kernel_args import bias_tile_modes, tma_bias  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -48,8 +47,7 @@ def test_dq_sums_by_key_tiles(num_keys, sums):
 
 @pytest.mark.parametrize("num_keys", range(1, 4200, 37))
 def test_dq_sums_never_past_eight_roundings_in_place(num_keys):
-    """The default never takes the pairs (they measured no faster than the fp32 buffer) nor more than eight
-    roundings in place."""
+    """The default never takes more than eight roundings in place."""
     tiles = -(-num_keys // 128)
     sums = dq_sums_for(num_keys)
     assert sums in ("in_place", "fp32")
@@ -62,24 +60,6 @@ def test_wide_head_dq_sums_count_64_key_tiles(num_keys, sums):
     assert bwd_key_tile(256, 128) == bwd_key_tile(64, 256) == WIDE_KEY_TILE == 64
     assert bwd_key_tile(128, 128) == bwd_key_tile(96, 64) == 128
     assert dq_sums_for(num_keys, WIDE_KEY_TILE) == sums
-
-
-@pytest.mark.parametrize("change", [dict(causal=True), dict(dq_sums="pairs"), dict(varlen=True, band=True),
-                                    dict(score_bias=True)])
-def test_wide_head_backward_refuses_masks_pairs_and_bias_tensors(change):
-    with pytest.raises(ValueError, match=r"wide-head backward \(D=256, Dv=128\) takes no mask, no dQ pairs and no "
-                                         "bias tensor"):
-        compile_bwd(torch.bfloat16, 256, "silu", head_dim_v=128, **(dict(dq_sums="fp32") | change))
-
-
-@pytest.mark.parametrize("change, message", [
-    (dict(bias_grad=True), "bias_grad=True needs score_bias=True"),
-    (dict(score_bias=True, score_offset=True), "score_bias=True: no one-element bias"),
-    (dict(score_bias=True, dq_sums="pairs"), "dq_sums other than 'pairs'"),
-])
-def test_bias_tensor_builds_refuse_what_they_lack(change, message):
-    with pytest.raises(ValueError, match=message):
-        compile_bwd(torch.bfloat16, 128, "silu", **(dict(dq_sums="fp32") | change))
 
 
 @pytest.mark.parametrize("shape", [(3, 4, 40, 48), (1, 4, 40, 48), (3, 1, 40, 48), (4, 40, 48), (40, 48),
@@ -133,7 +113,7 @@ def test_dbias_from_the_atomic_sums(shape, activation):
 @pytest.mark.parametrize("zb, hb", [(3, 4), (1, 4), (3, 1), (1, 1)])
 @pytest.mark.parametrize("one_row", [True, False])
 def test_dbias_of_one_row_bias_sums_its_rows(sums, zb, hb, one_row):
-    """A bias of one row for every query seen as Nq rows of stride 0 (``_bias_4d``) gets its one row's gradient: the
+    """A bias of one row for every query seen as Nq rows of stride 0 (``bias_4d``) gets its one row's gradient: the
     scaled dS summed over the queries too (over the broadcast dims as any bias), in its [Zb, Hb, 1, Nk] shape. A
     bias its caller expanded to Nq rows itself (the same stride-0 view) gets a gradient per row."""
     bias = torch.randn(zb, hb, 1, 48, dtype=torch.float64).expand(zb, hb, 40, 48)
@@ -243,44 +223,14 @@ def test_bias_gradient_needs_a_bias_tensor():
         gdpa_bwd_cute(q, q, q, q, "silu", 1.0, 1.0, 0.01, bias=torch.tensor(0.5), bias_grad=True)
 
 
-def test_pairs_need_an_even_number_of_key_tiles():
-    q = torch.zeros(1, 1, 64, 128, dtype=torch.bfloat16)
-    k = torch.zeros(1, 1, 1300, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="even number of 128-key tiles, got 1300 keys"):
-        gdpa_bwd_cute(q, k, k, q, "silu", 1.0, 1.0, 0.01, dq_sums="pairs")
-
-
-def test_causal_refuses_the_pairs():
-    """The causal backward sums dQ in place or in fp32 (its builds are compiled in test_cute_compile_sm90.py,
-    dense and varlen); the pairs are refused by name (their two CTAs would start at different query tiles)."""
-    with pytest.raises(ValueError, match="causal CuTe backward takes dq_sums 'in_place' or 'fp32'"):
-        compile_bwd(torch.bfloat16, 128, "silu", dq_sums="pairs", causal=True)
-
-
-def test_unknown_dq_sums_named():
-    with pytest.raises(ValueError, match="dq_sums must be one of"):
-        compile_bwd(torch.bfloat16, 128, "silu", dq_sums="bf16")
-
-
 @pytest.mark.parametrize(
     "sums, d, dv, late",
-    [("in_place", 128, 128, False), ("fp32", 128, 128, True), ("pairs", 128, 128, True), ("in_place", 64, 64, True),
+    [("in_place", 128, 128, False), ("fp32", 128, 128, True), ("in_place", 64, 64, True),
      ("in_place", 96, 96, True), ("in_place", 128, 64, True), ("in_place", 64, 128, True)],
 )
 def test_dq_one_tile_late_except_in_place_at_128(sums, d, dv, late):
     """The warpgroups meet every tile only where that measured faster: dQ summed in place at D = Dv = 128."""
     assert dq_late_for(sums, d, dv) is late
-
-
-def test_pairs_need_the_one_tile_late_dq():
-    import cutlass
-
-    from gdpa_inductor.kernels.cute.activation_math import backward_form
-    from gdpa_inductor.kernels.cute.gdpa_bwd_sm90 import GdpaBwdSm90
-
-    bf16 = cutlass.BFloat16
-    with pytest.raises(AssertionError, match="one tile late"):
-        GdpaBwdSm90(bf16, 128, 128, backward_form("silu"), bf16, dq_pairs=True, dq_late=False)
 
 
 @pytest.mark.parametrize("num_queries", [80, 170, 240])
@@ -299,20 +249,6 @@ def test_dq_of_fragments_scales_and_rounds_once(dtype):
     factor = torch.tensor(0.125) * torch.tensor(1 / 777) * backward_form("gelu_tanh").grad_factor
     assert got.shape == (1, 2, 170, 128) and got.dtype == dtype
     assert torch.equal(got, (dq[:, :, :170] * factor).to(dtype))
-
-
-@pytest.mark.parametrize("change, activation", [
-    (dict(dq_sums="in_place"), "silu"), (dict(dq_sums="pairs"), "silu"), (dict(causal=True), "silu"),
-    (dict(varlen=True), "silu"), (dict(score_bias=True), "silu"), (dict(head_dim_v=64), "silu"), ({}, "gelu"),
-])
-def test_80_row_query_tiles_refuse_what_they_lack(change, activation):
-    with pytest.raises(ValueError, match="query_tile=80 needs dq_sums='fp32', D = Dv = 128, no mask"):
-        compile_bwd(torch.bfloat16, 128, activation, query_tile=80, **(dict(dq_sums="fp32") | change))
-
-
-def test_query_tile_named():
-    with pytest.raises(ValueError, match=r"query_tile must be one of \(64, 80\), got 96"):
-        compile_bwd(torch.bfloat16, 128, "silu", query_tile=96)
 
 
 def _tile_case(activation, num_queries, dq_sums="fp32", head_dim=128, causal=False, score_bias=False, packed=False):
@@ -353,19 +289,13 @@ def test_packed_backward_form_for_bf16_gelu_tanh_without_bias_in_narrow_heads(dt
 
 @pytest.mark.parametrize("dq_sums, d, dv, varlen, rounds", [
     ("fp32", 128, 128, False, True), ("fp32", 64, 64, False, True), ("fp32", 96, 64, False, True),
-    ("in_place", 128, 128, False, False), ("pairs", 128, 128, False, False), ("fp32", 128, 128, True, False),
+    ("in_place", 128, 128, False, False), ("fp32", 128, 128, True, False),
     ("fp32", 256, 128, False, False), ("fp32", 64, 256, False, False),
 ])
 def test_dq_rounded_in_the_kernel_where_it_sums_in_fp32_in_a_dense_batch(dq_sums, d, dv, varlen, rounds):
     """The last CTA of each head rounds dQ wherever the kernel sums it in fp32 at D, Dv <= 128 in a dense batch (the
     varlen launcher sums its per-sample buffer itself; the wide-head kernel has no such path)."""
     assert dq_last_round_for(dq_sums, d, dv, varlen) is rounds
-
-
-@pytest.mark.parametrize("change", [dict(dq_sums="in_place"), dict(varlen=True), dict(head_dim_v=256)])
-def test_dq_last_round_refused_where_the_kernel_cannot(change):
-    with pytest.raises(ValueError, match=r"dq_last_round=True needs dq_sums='fp32', a dense batch and D, Dv <= 128"):
-        compile_bwd(torch.bfloat16, 128, "silu", **(dict(dq_sums="fp32", dq_last_round=True) | change))
 
 
 @pytest.mark.parametrize("rounds", [True, False])
@@ -393,11 +323,12 @@ def test_dq_sums_from_the_kept_workspace_where_the_kernel_rounds_dq(monkeypatch,
 
     monkeypatch.setattr(gdpa_bwd, "compile_bwd", lambda *a, **kw: kernel)
     release_dq_workspaces()
-    q, k, v, do = (torch.randn(1, 2, 192, 64) for _ in range(4))
+    q, k, v, do = (torch.randn(1, 2, 192, 64, dtype=torch.bfloat16) for _ in range(4))
+    # 192 keys sum dQ in place by default: fp32 sums asked for
+    plan = dataclasses.replace(plan_dense_bwd(q, k, v, "silu"), dq_sums="fp32", dq_last_round=rounds)
     try:
         for _ in range(2):
-            dq = gdpa_bwd_cute(q, k, v, do, "silu", 1.0, 1.0, 0.01, dq_sums="fp32", query_tile=64,
-                               dq_last_round=rounds)[0]
+            dq = gdpa_bwd_cute(q, k, v, do, "silu", 1.0, 1.0, 0.01, plan=plan)[0]
             assert torch.equal(dq, q) if rounds else dq.shape == q.shape
         assert (seen[0].data_ptr() == seen[1].data_ptr()) is rounds
     finally:

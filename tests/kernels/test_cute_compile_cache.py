@@ -20,19 +20,19 @@ import tvm_ffi  # noqa: E402
 
 from gdpa_inductor import config  # noqa: E402
 from gdpa_inductor.kernels.cute import compile_cache  # noqa: E402
+from gdpa_inductor.kernels.cute.bwd_plan import BwdPlan  # noqa: E402
 from gdpa_inductor.kernels.cute.compile_cache import cache_path, cached_compile  # noqa: E402
+from gdpa_inductor.kernels.cute.kernel_build import compile_bwd  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def compiled():
     """One real compile (the smallest backward), shared by the tests: never a copy loaded from memory or from an
     earlier run's disk cache, which has nothing to export."""
-    from gdpa_inductor.kernels.cute.gdpa_bwd import compile_bwd
-
     saved = config.kernel_cache_dir, compile_cache._MEMORY
     config.kernel_cache_dir, compile_cache._MEMORY = None, {}
     try:
-        return compile_bwd(torch.bfloat16, 64, "relu")
+        return compile_bwd(BwdPlan(torch.bfloat16, 64, 64, "relu"))
     finally:
         config.kernel_cache_dir, compile_cache._MEMORY = saved
 
@@ -69,9 +69,16 @@ def test_second_process_loads_instead_of_compiling(compiled, cache_dir):
 
 
 def test_keys_and_sources_name_distinct_files(cache_dir):
-    a, b = cache_path(("bwd", "torch.bfloat16", 64, "relu")), cache_path(("bwd", "torch.float16", 64, "relu"))
+    a, b = (cache_path((BwdPlan(dtype, 64, 64, "relu"), False)) for dtype in (torch.bfloat16, torch.float16))
     assert a != b and a.parent == b.parent
     assert a.parent.name == compile_cache.source_fingerprint() and len(a.parent.name) == 32
+
+
+def test_a_plans_reason_names_no_other_file(cache_dir):
+    """A plan's ``reason`` says why it was chosen, not what is built: the same build is the same file."""
+    plan = BwdPlan(torch.bfloat16, 64, 64, "relu", reason="one account")
+    same = BwdPlan(torch.bfloat16, 64, 64, "relu", reason="another")
+    assert cache_path((plan, False)) == cache_path((same, False)) != cache_path((plan, True))
 
 
 def test_unreadable_file_is_rebuilt(compiled, cache_dir, caplog):
@@ -159,13 +166,14 @@ def test_disk_cache_off(compiled, cache_dir, monkeypatch, persist_dir, persist):
 def test_a_compile_leaves_the_environment_alone(monkeypatch):
     """The target is the compile's own option (``kernel_args.TARGET_ARCH``): a compile with CUTE_DSL_ARCH unset
     neither sets it nor needs it."""
-    from gdpa_inductor.kernels.cute.gdpa_fwd import compile_fwd
+    from gdpa_inductor.kernels.cute.fwd_plan import plan_fwd
+    from gdpa_inductor.kernels.cute.kernel_build import compile_fwd
 
     monkeypatch.delenv("CUTE_DSL_ARCH", raising=False)
     monkeypatch.setattr(config, "kernel_cache_dir", None)
     monkeypatch.setattr(compile_cache, "_MEMORY", {})
     before = dict(os.environ)
-    assert callable(compile_fwd(torch.bfloat16, 64, "relu"))
+    assert callable(compile_fwd(plan_fwd(torch.bfloat16, 64, "relu")))
     assert dict(os.environ) == before
 
 

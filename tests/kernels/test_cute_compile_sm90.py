@@ -4,10 +4,9 @@ wide-head tiles (O stored from the registers) and the wide-head backward (both w
 and varlen) (the forward in the schedule each
 pair of head dims takes, in the two others, for key counts that are a multiple of the key tile (no mask) and in
 fp16, whose activation forms differ, the causal forward, and the varlen forward (causal too), whose loads and
-stores go through 5-D ragged descriptors; the backward in its three dQ forms: summed in an fp32 buffer, in place in
-the operands' dtype, or by pairs of key tiles in clusters of two CTAs, whose st.async stores into the peer and
-arrives at its mbarrier are checked too, the varlen backward in the first two, through 5-D ragged descriptors, and
-the causal backward in the first two, whose diagonal takes a third, masked copy of the loop, dense and varlen,
+stores go through 5-D ragged descriptors; the backward in its two dQ forms: summed in an fp32 buffer or in place in
+the operands' dtype, the varlen backward in both, through 5-D ragged descriptors, and
+the causal backward in both, whose diagonal takes a third, masked copy of the loop, dense and varlen,
 and the varlen kernels' band mask: every forward step masked, the backward in one masked copy of its loop, and
 both with a one-element bias added to every score),
 each checked for wgmma (every matmul), TMA loads and stores (and the
@@ -25,10 +24,12 @@ change (``compile_reports``, which also says why the compiles run in a subproces
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from compile_reports import CompileWorker, ReportStore, report_dir, run_dir
-from cute_compile_reports import WORKER_ARGV, report_fingerprint
+from cute_compile_reports import WORKER_ARGV, plan_fields, report_fingerprint
 
 from gdpa_inductor import config
 
@@ -36,14 +37,15 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
 
 from gdpa_inductor.kernels.activations import PACKED_BF16_FORWARD  # noqa: E402
-from gdpa_inductor.kernels.cute.gdpa_bwd import dq_last_round_for, dq_late_for, packed_backward  # noqa: E402
-from gdpa_inductor.kernels.cute.gdpa_fwd import (  # noqa: E402
-    SUPPORTED_ACTIVATIONS,
+from gdpa_inductor.kernels.cute.bwd_plan import BwdPlan, dq_last_round_for, dq_late_for, packed_backward  # noqa: E402
+from gdpa_inductor.kernels.cute.fwd_plan import (  # noqa: E402
     fwd_kv_stages,
     fwd_schedule,
     key_tile,
+    plan_fwd,
     wide_head_tiles,
 )
+from gdpa_inductor.kernels.cute.fwd_support import SUPPORTED_ACTIVATIONS  # noqa: E402
 from gdpa_inductor.kernels.cute.wide_bwd_plan import WideBwdPlan  # noqa: E402
 
 # (D, Dv, activation)
@@ -51,8 +53,9 @@ CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu_tan
 HEAD_DIM_CASES = [(96, 96, "gelu_tanh"), (64, 128, "relu"), (128, 64, "silu"), (96, 128, "sigmoid"), (128, 96, "gelu")]
 # past 128 only the forward (64-key tiles, one Q stage, O stored from the registers)
 WIDE_HEAD_CASES = [(256, 256, "gelu_tanh"), (256, 256, "relu"), (128, 256, "silu"), (256, 64, "gelu")]
-# compile_fwd's arguments per forward kind: "fwd" is the schedule the launcher takes for the head dim, with the
-# mask of keys past Nk; the others are D=128's two other schedules, Nk a multiple of the key tile, fp16
+# plan_fwd's arguments per forward kind (pingpong and split_store: the plan's schedule replaced): "fwd" is the
+# schedule the launcher takes for the head dim, with the mask of keys past Nk; the others are D=128's two other
+# schedules, Nk a multiple of the key tile, fp16
 FWD_KINDS = {
     "fwd": {},
     "fwd_no_pingpong": dict(pingpong=False, split_store=False),
@@ -113,16 +116,16 @@ BWD_CASES = [(128, 128, act) for act in SUPPORTED_ACTIVATIONS] + [(64, 64, "gelu
 # measured with cutlass-dsl 4.8.1: hardswish's (value, derivative) pass (its form of three compares) spills 24-48 bytes
 # in each dQ sum. Every other activation compiles without spills: the shared-memory operands' descriptors stay in
 # uniform registers and fp32 dQ sums leave their scale to the cast
-BWD_SPILLING = {(kind, 128, 128, "hardswish") for kind in ("bwd", "bwd_dq_direct", "bwd_dq_pairs")}
+BWD_SPILLING = {(kind, 128, 128, "hardswish") for kind in ("bwd", "bwd_dq_direct")}
 # measured with cutlass-dsl 4.8.1, gelu_tanh's packed form (bf16x2 pairs without a mask, its fp32 twin on the masked
 # tiles): the causal builds, with two masked copies of the loop beside the packed one, spill 8 bytes stored, 12-24
-# loaded; pairs 4
+# loaded
 BWD_SPILLING |= {(kind, 128, 128, "gelu_tanh") for kind in ("bwd_causal", "bwd_causal_direct", "bwd_varlen_causal",
-                                                             "bwd_varlen_causal_direct", "bwd_dq_pairs")}
+                                                             "bwd_varlen_causal_direct")}
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
-# the dQ sums: in an fp32 buffer, in place in bf16 (short key ranges), or by pairs of key tiles
-BWD_KINDS = ("bwd", "bwd_dq_direct", "bwd_dq_pairs")
-BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_dq_pairs": "pairs", "bwd_varlen": "fp32",
+# the dQ sums: in an fp32 buffer, or in place in bf16 (short key ranges)
+BWD_KINDS = ("bwd", "bwd_dq_direct")
+BWD_DQ_SUMS = {"bwd": "fp32", "bwd_dq_direct": "in_place", "bwd_varlen": "fp32",
                "bwd_varlen_direct": "in_place", "bwd_causal": "fp32", "bwd_causal_direct": "in_place",
                "bwd_varlen_causal": "fp32", "bwd_varlen_causal_direct": "in_place", "bwd_varlen_band": "fp32",
                "bwd_varlen_band_direct": "in_place", "bwd_offset": "fp32", "bwd_dq_direct_offset": "in_place",
@@ -207,19 +210,27 @@ def _expected_failure(reason: str):
     return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
 
 
-def build_spec(case) -> dict:
-    """What ``case`` compiles: ``compile_fwd``'s or ``compile_bwd``'s arguments (``cute_compile_reports``)."""
+def case_plan(case):
+    """The plan ``case`` builds: the forward's by ``plan_fwd`` (its schedule replaced where the kind names one), the
+    backward's as the kind names it, dQ rounded by the kernel where the launcher has it so."""
     kind, d, dv, act = case
     if kind.startswith("fwd"):
-        args = dict(dtype="float16" if kind == "fwd_fp16" else "bfloat16", head_dim=d, activation=act, head_dim_v=dv,
-                    **FWD_KINDS[kind])
-        return dict(case=list(case), build="fwd", args=args, sass=tuple(case) in SASS_CASES)
+        flags = FWD_KINDS[kind]
+        schedule = {name: flags[name] for name in ("pingpong", "split_store") if name in flags}
+        call = {name: value for name, value in flags.items() if name not in schedule}
+        plan = plan_fwd(torch.float16 if kind == "fwd_fp16" else torch.bfloat16, d, act, dv, **call)
+        return dataclasses.replace(plan, **schedule)
     sums, varlen = BWD_DQ_SUMS[kind], kind.startswith("bwd_varlen")
-    args = dict(dtype="bfloat16", head_dim=d, activation=act, dq_sums=sums, head_dim_v=dv, varlen=varlen,
-                causal="causal" in kind, band="band" in kind, score_offset=kind.endswith("_offset"),
-                score_bias="_bias" in kind, bias_grad="_dbias" in kind, dbias_atomic=kind.endswith("_atomic"),
-                query_tile=80 if kind == "bwd_q80" else 64, dq_last_round=dq_last_round_for(sums, d, dv, varlen))
-    return dict(case=list(case), build="bwd", args=args, sass=tuple(case) in SASS_CASES)
+    return BwdPlan(torch.bfloat16, d, dv, act, dq_sums=sums, varlen=varlen, causal="causal" in kind,
+                   band="band" in kind, score_offset=kind.endswith("_offset"), score_bias="_bias" in kind,
+                   bias_grad="_dbias" in kind, dbias_atomic=kind.endswith("_atomic"),
+                   query_tile=80 if kind == "bwd_q80" else 64, dq_last_round=dq_last_round_for(sums, d, dv, varlen))
+
+
+def build_spec(case) -> dict:
+    """What ``case`` compiles: its plan (``case_plan``) as the compile worker takes it (``cute_compile_reports``)."""
+    build = "fwd" if case[0].startswith("fwd") else "bwd"
+    return dict(case=list(case), build=build, plan=plan_fields(case_plan(case)), sass=tuple(case) in SASS_CASES)
 
 
 class Reports:
@@ -344,10 +355,8 @@ def test_cute_bwd_compiles_for_sm90a(case, reports):
     assert r["named_barrier_arrives"] > 0, "the consumers signal their dS and dQ without waiting for each other"
     assert r["setmaxnreg"] == 2
     assert (r["tanh_approx"] > 0) == (case[3] in TANH_BASED)
-    pairs = case[0] == "bwd_dq_pairs"
-    # by pairs: the sending warpgroup's stores into the peer CTA, counted by its mbarrier, and the owning
-    # warps' arrive there once they have read them
-    assert (r["st_async"] > 0) == pairs and (r["cluster_arrives"] > 0) == pairs, r
+    # no CTA stores into a peer's shared memory (no clusters)
+    assert r["st_async"] == 0 and r["cluster_arrives"] == 0, r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     assert not r["wgmma_serialized"], "ptxas serialized the wgmmas (register pressure)"
 

@@ -11,7 +11,9 @@ import math
 import pytest
 import torch
 
-from gdpa_inductor.kernels.cute.gdpa_fwd import _bias_4d, persistent_grid, score_bias_support
+from gdpa_inductor.kernels.cute.fwd_plan import persistent_grid
+from gdpa_inductor.kernels.cute.fwd_support import score_bias_support
+from gdpa_inductor.kernels.cute.operand_views import bias_4d
 
 
 def _key_tiles_per_cta(grid: int, heads: int, num_m: int, offset_tiles: int = 0) -> list[int]:
@@ -62,7 +64,7 @@ def test_one_row_bias_seen_as_every_query_row(shape, batch):
     storage (no copy), [Zb, Hb, Nq, Nk] with Zb 1 or the batch, and the forward's bias check takes it."""
     nq, heads = 40, 4
     bias = torch.randn(shape, dtype=torch.bfloat16)
-    got = _bias_4d(bias, batch, nq)
+    got = bias_4d(bias, batch, nq)
     full = torch.broadcast_to(bias, (*batch, heads, nq, 64)).reshape(-1, heads, nq, 64)
     assert got.shape[2:] == (nq, 64) and got.stride(2) == 0
     assert got.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr()
@@ -76,7 +78,7 @@ def test_other_biases_keep_their_rows(shape, nq):
     """A bias over every row, and one row where there is one query, stay as they are; one broadcast over the columns
     (a value per query) too, which the forward's check then refuses, naming the shape it takes."""
     bias = torch.randn(shape, dtype=torch.bfloat16)
-    got = _bias_4d(bias, (6,), nq)
+    got = bias_4d(bias, (6,), nq)
     assert got.shape == shape and got.stride() == bias.stride()
     if shape[-1] == 1:
         q, k = torch.empty(6, 4, nq, 128, dtype=torch.bfloat16), torch.empty(6, 4, 64, 128, dtype=torch.bfloat16)

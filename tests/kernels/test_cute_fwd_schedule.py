@@ -1,15 +1,18 @@
 """The CuTe forward's schedule and K/V stages per head dims and call (no GPU needed): the plain dense D = Dv = 64
 forward takes ping-pong with split O stores and three K/V stages (measured faster on H100), the causal, varlen and
-biased forwards at D = 64 keep one shared store and two stages, and ``compile_fwd`` hands the kernel what these
-say (the kernel class replaced by a recorder, so nothing is compiled)."""
+biased forwards at D = 64 keep one shared store and two stages, and ``compile_fwd`` hands the kernel what its plan
+says (the kernel class replaced by a recorder, so nothing is compiled)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from gdpa_inductor.kernels.cute import compile_cache, gdpa_fwd_sm90
-from gdpa_inductor.kernels.cute.gdpa_fwd import compile_fwd, fwd_kv_stages, fwd_schedule
+from gdpa_inductor.kernels.cute.fwd_plan import fwd_kv_stages, fwd_schedule, plan_fwd
+from gdpa_inductor.kernels.cute.kernel_build import compile_fwd
 
 
 @pytest.mark.parametrize(
@@ -68,6 +71,9 @@ def recorded(monkeypatch):
 )
 def test_compile_fwd_hands_the_kernel_its_schedule(recorded, d, flags, pingpong, stages):
     pytest.importorskip("cutlass")
+    schedule = {name: flags[name] for name in ("pingpong", "split_store") if name in flags}
+    call = {name: value for name, value in flags.items() if name not in schedule}
+    plan = dataclasses.replace(plan_fwd(torch.bfloat16, d, "gelu_tanh", **call), **schedule)
     with pytest.raises(_Built):
-        compile_fwd(torch.bfloat16, d, "gelu_tanh", **flags)
+        compile_fwd(plan)
     assert (recorded["pingpong"], recorded["split_store"], recorded["kv_stages"]) == (pingpong, pingpong, stages)

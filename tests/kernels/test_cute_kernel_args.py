@@ -1,11 +1,14 @@
 """The CuTe launchers' calling convention (kernels/cute/kernel_args.py), without a GPU: tensors reach the kernels as
 views in the kernels' (N, D, H, Z) mode order, never copies, and each launcher's argument list, as it stands, is
 taken by the kernel compiled for sm_90a through TVM-FFI, fresh or loaded from the disk cache (which fills in no
-defaults), up to the one check a CPU cannot pass: the tensors' device. The kernels' results are checked on the GPU
-(tests/gpu)."""
+defaults), up to the one check a CPU cannot pass: the tensors' device; each kernel's argument schema lists its
+``__call__``'s parameters, and its compile fakes and launch values agree on what a plan's build takes. The kernels'
+results are checked on the GPU (tests/gpu)."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
 from types import SimpleNamespace
 
@@ -18,8 +21,26 @@ import torch  # noqa: E402
 import tvm_ffi  # noqa: E402
 
 from gdpa_inductor import config  # noqa: E402
-from gdpa_inductor.kernels.cute import compile_cache, gdpa_bwd, gdpa_fwd, varlen_bwd, varlen_fwd  # noqa: E402
-from gdpa_inductor.kernels.cute.kernel_args import dense_modes, row_modes  # noqa: E402
+from gdpa_inductor.kernels.cute import (  # noqa: E402
+    compile_cache,
+    gdpa_bwd,
+    gdpa_fwd,
+    kernel_build,
+    varlen_bwd,
+    varlen_fwd,
+)
+from gdpa_inductor.kernels.cute.bwd_plan import BwdPlan  # noqa: E402
+from gdpa_inductor.kernels.cute.fwd_plan import plan_fwd  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_bwd_sm90 import GdpaBwdSm90  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_bwd_wide_sm90 import GdpaBwdWideSm90  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_fwd_sm90 import GdpaFwdSm90  # noqa: E402
+from gdpa_inductor.kernels.cute.kernel_args import (  # noqa: E402
+    BWD_ARGS,
+    FWD_ARGS,
+    WIDE_BWD_ARGS,
+    dense_modes,
+    row_modes,
+)
 from gdpa_inductor.lowering.varlen_ops import _sides  # noqa: E402
 
 DTYPE, D, ACT = torch.float16, 64, "relu"
@@ -53,6 +74,11 @@ class Launch:
     def compile(self, *args, **kwargs):
         self.compile_args = (args, kwargs)
         return self
+
+    @property
+    def plan(self):
+        """The plan the launcher compiled."""
+        return self.compile_args[0][0]
 
     def __call__(self, *args):
         self.call_args = args
@@ -109,7 +135,7 @@ def _randn(*shape):
 
 
 def test_dense_forward_call(launch):
-    stand_in = launch(gdpa_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    stand_in = launch(gdpa_fwd, "compile_fwd", kernel_build.compile_fwd)
     q, k, v = _randn(2, 4, 200, D), _randn(2, 4, 130, D), _randn(2, 4, 130, D)
     out = gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.125, 1.0, 0.01)
     tensors = stand_in.call_args[:4]
@@ -120,7 +146,7 @@ def test_dense_forward_call(launch):
 
 @pytest.mark.parametrize("num_keys, dq_dtype", [(300, DTYPE), (1100, torch.float32)])
 def test_dense_backward_call(launch, num_keys, dq_dtype):
-    stand_in = launch(gdpa_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    stand_in = launch(gdpa_bwd, "compile_bwd", kernel_build.compile_bwd)
     q, k, v, do = _randn(1, 2, 100, D), _randn(1, 2, num_keys, D), _randn(1, 2, num_keys, D), _randn(1, 2, 100, D)
     gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01)
     tensors, scalars = stand_in.call_args[:7], stand_in.call_args[7:]
@@ -141,13 +167,13 @@ def test_dense_calls_with_a_one_element_bias(launch, bias):
     """A one-element bias (of any float dtype) ends the forward's and the backward's call as a 1-element fp32
     tensor, after Nones for the varlen and band arguments, and the builds with a score offset take it."""
     q, k, v, do = _randn(2, 4, 200, D), _randn(2, 4, 130, D), _randn(2, 4, 130, D), _randn(2, 4, 200, D)
-    stand_in = launch(gdpa_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    stand_in = launch(gdpa_fwd, "compile_fwd", kernel_build.compile_fwd)
     gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.125, 1.0, 0.01, bias=bias)
     assert stand_in.call_args[8:12] == (None, None, None, None)
     offset = stand_in.call_args[12]
     assert offset.dtype == torch.float32 and offset.tolist() == [bias.item()]
     stand_in.check_on_compiled_kernel()
-    stand_in = launch(gdpa_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    stand_in = launch(gdpa_bwd, "compile_bwd", kernel_build.compile_bwd)
     gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01, bias=bias)
     assert stand_in.call_args[10:14] == (None, None, None, None)
     assert stand_in.call_args[14].tolist() == [bias.item()] and stand_in.call_args[15:] == (None,) * 4
@@ -164,9 +190,12 @@ def test_dense_backward_calls_with_a_bias_tensor(launch, bias, bias_grad, sums):
     padded to whole tiles, and dbias comes back in the bias's shape."""
     q, k, v, do = _randn(2, 4, 200, D), _randn(2, 4, 136, D), _randn(2, 4, 136, D), _randn(2, 4, 200, D)
     bias4 = bias.reshape((1,) * (4 - bias.dim()) + bias.shape)
-    stand_in = launch(gdpa_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    stand_in = launch(gdpa_bwd, "compile_bwd", kernel_build.compile_bwd)
+    plan = gdpa_bwd.plan_dense_bwd(q, k, v, ACT, bias=bias4, bias_grad=bias_grad)
+    if sums == "atomic":
+        plan = dataclasses.replace(plan, dbias_atomic=True)
     dbias = gdpa_bwd.gdpa_bwd_cute(q, k, v, do, ACT, 0.125, 1.0, 0.01, bias=bias4, bias_grad=bias_grad,
-                                   dbias_sums=sums)[3]
+                                   plan=plan)[3]
     assert stand_in.call_args[10:15] == (None, None, None, None, None)
     modes = stand_in.call_args[15]
     assert modes.shape == (200, 136, bias4.shape[1], bias4.shape[0]) and modes.data_ptr() == bias.data_ptr()
@@ -181,8 +210,8 @@ def test_dense_backward_calls_with_a_bias_tensor(launch, bias, bias_grad, sums):
             assert ds.stride(1) == 1
         else:
             assert ds.shape == (200, 136, 4, 2) and ds.dtype == DTYPE
-    assert stand_in.compile_args[1]["score_bias"] and stand_in.compile_args[1]["bias_grad"] == bias_grad
-    assert stand_in.compile_args[1].get("dbias_atomic", False) == (sums == "atomic")
+    assert stand_in.plan.score_bias and stand_in.plan.bias_grad == bias_grad
+    assert stand_in.plan.dbias_atomic == (sums == "atomic")
     stand_in.check_on_compiled_kernel()
 
 
@@ -194,7 +223,7 @@ def test_varlen_backward_calls_with_a_bias_gradient(launch, bias, atomic):
     (columns, rows, Hb, Zb) tensor padded to whole tiles; a bias per sample gets the [B, H, rows, columns] dS
     buffer."""
     qs, ks, v, order = _jagged_sides([5, 300, 129])
-    stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    stand_in = launch(varlen_bwd, "compile_bwd", kernel_build.compile_bwd)
     dout = _randn(qs.tensor.shape[0], 4, D)
     dbias = varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01, bias=bias,
                                             bias_grad=True)[3]
@@ -204,7 +233,7 @@ def test_varlen_backward_calls_with_a_bias_gradient(launch, bias, atomic):
         assert ds.shape == (384, 320, lead[1], lead[0]) and ds.dtype == torch.float32 and ds.stride(1) == 1
     else:
         assert ds.shape == (300, 304, 4, 3) and ds.dtype == DTYPE
-    assert stand_in.compile_args[1]["dbias_atomic"] == atomic
+    assert stand_in.plan.dbias_atomic == atomic
     assert dbias.shape == bias.shape and dbias.dtype == DTYPE
     stand_in.check_on_compiled_kernel()
 
@@ -216,7 +245,7 @@ def test_dense_forward_calls_with_a_bias_tensor(launch, bias):
     values in the kernel's (Nq, Nk / 2, Hb, Zb) mode order, leading dims it lacks of one, and the build with a bias
     tensor takes it."""
     q, k, v = _randn(2, 4, 200, D), _randn(2, 4, 130, D), _randn(2, 4, 130, D)
-    stand_in = launch(gdpa_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    stand_in = launch(gdpa_fwd, "compile_fwd", kernel_build.compile_fwd)
     gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.125, 1.0, 0.01, bias=bias.reshape((1,) * (4 - bias.dim()) + bias.shape))
     assert stand_in.call_args[8:13] == (None, None, None, None, None)
     pairs = stand_in.call_args[13]
@@ -224,7 +253,7 @@ def test_dense_forward_calls_with_a_bias_tensor(launch, bias):
     assert pairs.shape == (200, 65, leading[1], leading[0]) and pairs.dtype == torch.int32
     assert pairs.data_ptr() == bias.data_ptr() and pairs.stride()[:2] == (bias.stride(-2) // 2, 1)
     assert torch.equal(pairs[:, :, 0, 0].contiguous().view(DTYPE), bias.reshape(-1, 200, 130)[0])
-    assert stand_in.compile_args[1]["score_bias"]
+    assert stand_in.plan.score_bias
     stand_in.check_on_compiled_kernel()
 
 
@@ -237,7 +266,7 @@ def _jagged_sides(lengths):
 
 
 def test_varlen_forward_call(launch):
-    stand_in = launch(varlen_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    stand_in = launch(varlen_fwd, "compile_fwd", kernel_build.compile_fwd)
     qs, ks, v, order = _jagged_sides([5, 300, 129])
     out = torch.empty(qs.tensor.shape[0], 4, D, dtype=DTYPE)
     varlen_fwd.gdpa_varlen_fwd_cute(qs, ks, v, SimpleNamespace(tensor=out), order, ACT, 0.125, 1.0, 0.01)
@@ -250,7 +279,7 @@ def test_varlen_forward_call(launch):
 
 
 def test_varlen_backward_call(launch):
-    stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    stand_in = launch(varlen_bwd, "compile_bwd", kernel_build.compile_bwd)
     qs, ks, v, order = _jagged_sides([5, 300, 129])
     dout = _randn(qs.tensor.shape[0], 4, D)
     varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01)
@@ -265,14 +294,14 @@ def test_varlen_calls_with_a_one_element_bias(launch, bias):
     """The varlen forward's and backward's calls end with the one-element bias as a 1-element fp32 tensor, after
     the band's Nones, and the builds with a score offset take it."""
     qs, ks, v, order = _jagged_sides([5, 300, 129])
-    stand_in = launch(varlen_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    stand_in = launch(varlen_fwd, "compile_fwd", kernel_build.compile_fwd)
     out = torch.empty(qs.tensor.shape[0], 4, D, dtype=DTYPE)
     varlen_fwd.gdpa_varlen_fwd_cute(qs, ks, v, SimpleNamespace(tensor=out), order, ACT, 0.125, 1.0, 0.01, bias=bias)
     assert stand_in.call_args[10:12] == (None, None)
     offset = stand_in.call_args[12]
     assert offset.dtype == torch.float32 and offset.tolist() == [bias.item()]
     stand_in.check_on_compiled_kernel()
-    stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    stand_in = launch(varlen_bwd, "compile_bwd", kernel_build.compile_bwd)
     dout = _randn(qs.tensor.shape[0], 4, D)
     varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01, bias=bias)
     assert stand_in.call_args[12:14] == (None, None) and stand_in.call_args[14].tolist() == [bias.item()]
@@ -283,14 +312,121 @@ def test_varlen_band_calls(launch):
     """A band's bounds follow the rows and the tile count, in the forward's and the backward's call, and the band
     builds take them."""
     qs, ks, v, order = _jagged_sides([5, 300, 129])
-    stand_in = launch(varlen_fwd, "compile_fwd", gdpa_fwd.compile_fwd)
+    stand_in = launch(varlen_fwd, "compile_fwd", kernel_build.compile_fwd)
     out = torch.empty(qs.tensor.shape[0], 4, D, dtype=DTYPE)
     varlen_fwd.gdpa_varlen_fwd_cute(qs, ks, v, SimpleNamespace(tensor=out), order, ACT, 0.125, 1.0, 0.01,
                                     causal=True, band=(300, 0))
     assert stand_in.call_args[10:] == (300, 0, None, None)
     stand_in.check_on_compiled_kernel()
-    stand_in = launch(varlen_bwd, "compile_bwd", gdpa_bwd.compile_bwd)
+    stand_in = launch(varlen_bwd, "compile_bwd", kernel_build.compile_bwd)
     dout = _randn(qs.tensor.shape[0], 4, D)
     varlen_bwd.gdpa_varlen_bwd_cute(dout, qs, ks, v, order, ACT, 0.125, 1.0, 0.01, causal=True, band=(7, 0))
     assert stand_in.call_args[12:] == (7, 0, None, None, None, None, None)
     stand_in.check_on_compiled_kernel()
+
+
+# --- the argument schemas (``KernelArgs``): the compile's fakes and a launch's values from one list ---
+
+FWD_PLANS = [
+    plan_fwd(DTYPE, 64, ACT), plan_fwd(DTYPE, 128, ACT, causal=True), plan_fwd(DTYPE, 64, ACT, varlen=True),
+    plan_fwd(DTYPE, 64, ACT, varlen=True, band=True), plan_fwd(DTYPE, 256, ACT, varlen=True, score_offset=True),
+    plan_fwd(torch.bfloat16, 96, ACT, 128, score_bias=True),
+]
+BWD_PLANS = [
+    BwdPlan(DTYPE, 64, 64, ACT), BwdPlan(DTYPE, 128, 128, ACT, dq_last_round=True),
+    BwdPlan(DTYPE, 64, 64, ACT, dq_sums="in_place", varlen=True, band=True),
+    BwdPlan(DTYPE, 64, 64, ACT, varlen=True, causal=True, score_offset=True),
+    BwdPlan(DTYPE, 128, 128, ACT, score_bias=True),
+    BwdPlan(DTYPE, 128, 128, ACT, score_bias=True, bias_grad=True, dq_last_round=True),
+    BwdPlan(DTYPE, 96, 64, ACT, score_bias=True, bias_grad=True, dbias_atomic=True, dq_sums="in_place"),
+    BwdPlan(DTYPE, 256, 256, ACT), BwdPlan(DTYPE, 128, 256, ACT, varlen=True, score_offset=True),
+]
+SCHEMA_PLANS = [(FWD_ARGS, plan) for plan in FWD_PLANS] + [(kernel_build.bwd_args(plan), plan) for plan in BWD_PLANS]
+
+
+def _taken(plan) -> set[str]:
+    """The parameters a build reads, from its plan's flags: the operands and scalars always, the rest per flag."""
+    if isinstance(plan, BwdPlan):
+        names = {"q", "k", "v", "dout", "dq", "dk", "dv", "scale", "post_scale", "slope"}
+        names |= {"rows", "num_n"} if plan.varlen else set()
+        names |= {"bias"} if plan.score_bias else set()
+        names |= {"dbias"} if plan.bias_grad else set()
+        names |= {"dq_out", "dq_count"} if plan.dq_last_round else set()
+    else:
+        names = {"q", "k", "v", "out", "scale", "post_scale", "slope", "num_ctas"}
+        names |= {"rows", "num_m"} if plan.varlen else set()
+        names |= {"bias"} if plan.score_bias else set()
+    names |= {"band_left", "band_right"} if plan.band else set()
+    names |= {"offset"} if plan.score_offset else set()
+    return names
+
+
+def _given(schema, plan) -> dict:
+    """A launch's named arguments for every parameter the build takes (each its own name)."""
+    return {a.name: a.name for a in schema.args if a.passed and a.taken(plan)}
+
+
+def _plan_id(plan) -> str:
+    flags = [f.name for f in dataclasses.fields(plan) if f.type in (bool, "bool") and getattr(plan, f.name)]
+    sums = [plan.dq_sums] if isinstance(plan, BwdPlan) else []
+    return "-".join([type(plan).__name__, f"{plan.head_dim}x{plan.head_dim_v}", *sums, *flags])
+
+
+@pytest.mark.parametrize("schema, plan", SCHEMA_PLANS, ids=[_plan_id(plan) for _, plan in SCHEMA_PLANS])
+def test_fakes_and_values_agree_on_what_the_build_takes(schema, plan):
+    """The compile's fakes and the launch's values, the stream aside (taken from the caller's), line up one by one:
+    None at the same places, the parameters the plan's flags name taken."""
+    fakes = [fake for a, fake in zip(schema.args, schema.fakes(plan)) if a.passed]
+    values = schema.values(plan, **_given(schema, plan))
+    assert len(values) == len(fakes) == len(schema.args) - 1
+    assert [v is None for v in values] == [f is None for f in fakes]
+    passed = [a.name for a in schema.args if a.passed]
+    assert {name for name, v in zip(passed, values) if v is not None} == _taken(plan)
+    assert all(v == name for name, v in zip(passed, values) if v is not None)
+
+
+def test_values_need_every_argument_the_build_takes():
+    plan = plan_fwd(DTYPE, 64, ACT, score_offset=True)
+    given = _given(FWD_ARGS, plan)
+    del given["offset"]
+    with pytest.raises(TypeError, match="this build of the kernel needs 'offset'"):
+        FWD_ARGS.values(plan, **given)
+
+
+@pytest.mark.parametrize("name", ["bias", "rows", "band_left"])
+def test_values_refuse_an_argument_the_build_does_not_take(name):
+    plan = plan_fwd(DTYPE, 64, ACT, score_offset=True)
+    with pytest.raises(TypeError, match=f"this build of the kernel takes no '{name}'"):
+        FWD_ARGS.values(plan, **_given(FWD_ARGS, plan), **{name: torch.zeros(1)})
+
+
+def test_values_ignore_untaken_arguments_given_as_none():
+    """A launcher shared by two kernels (the narrow and the wide backward) names, as None, parameters one lacks."""
+    plan = BwdPlan(DTYPE, 256, 128, ACT)
+    given = _given(WIDE_BWD_ARGS, plan)
+    quiet = dict(band_left=None, band_right=None, bias=None, dbias=None, dq_out=None, dq_count=None, offset=None)
+    assert WIDE_BWD_ARGS.values(plan, **given, **quiet) == WIDE_BWD_ARGS.values(plan, **given)
+    with pytest.raises(TypeError, match=r"the kernel has no parameters \['dq_out'\]"):
+        WIDE_BWD_ARGS.values(plan, **given, dq_out=torch.zeros(1))
+
+
+def test_wide_backward_schema_has_no_mask_bias_or_dq_round():
+    names = {a.name for a in WIDE_BWD_ARGS.args}
+    assert not names & {"band_left", "band_right", "bias", "dbias", "dq_out", "dq_count"}
+    assert kernel_build.bwd_args(BwdPlan(DTYPE, 256, 128, ACT)) is WIDE_BWD_ARGS
+    assert kernel_build.bwd_args(BwdPlan(DTYPE, 128, 128, ACT)) is BWD_ARGS
+
+
+# the kernels' names of the schemas' tensors (the others are the same)
+KERNEL_NAMES = {"q": "mQ", "k": "mK", "v": "mV", "out": "mO", "dout": "mdO", "dq": "mdQ", "dk": "mdK", "dv": "mdV",
+                "bias": "mBias", "dbias": "mdBias", "dq_out": "mdQ_out"}
+
+
+@pytest.mark.parametrize("schema, kernel", [(FWD_ARGS, GdpaFwdSm90), (BWD_ARGS, GdpaBwdSm90),
+                                            (WIDE_BWD_ARGS, GdpaBwdWideSm90)], ids=["fwd", "bwd", "wide_bwd"])
+def test_schema_is_the_kernels_call_signature(schema, kernel):
+    """Each schema lists its kernel's ``__call__`` parameters after ``self``, all of them and in order: a build
+    loaded from the disk cache fills in no defaults, and the values are passed by position."""
+    params = list(inspect.signature(kernel.__call__).parameters)
+    assert params[0] == "self"
+    assert [KERNEL_NAMES.get(a.name, a.name) for a in schema.args] == params[1:]

@@ -14,7 +14,7 @@ import torch
 from test_triton_compile_sm90 import DENSE_KERNELS, SPILL_BUDGET, TMA_KERNELS, VARLEN_KERNELS
 from triton_compile_reports import case_id
 
-from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
+from gdpa_inductor.kernels.cute import fwd_support
 
 # (dtype, head dim, activation, variant, kv length): each kernel family at short and long kv, with and without the
 # masks and the bias, in both half-precision dtypes, and fp32 (IEEE dots: no tensor cores, no tanh.approx).
@@ -64,9 +64,9 @@ def test_sm100_compile(case, triton_reports, subtests):
 def test_the_cute_kernels_are_for_hopper_only(monkeypatch, major, hopper):
     """On a Blackwell GPU (compute capability 10 or 12) the CuTe kernels are refused with the reason, so the dispatch
     takes these Triton kernels."""
-    monkeypatch.setattr(cute_fwd, "cute_dsl_available", lambda: True)
-    monkeypatch.setattr(cute_fwd, "capability_major", lambda index: major)
-    monkeypatch.setattr(cute_fwd.torch.cuda, "is_available", lambda: True)
-    ok, reason = cute_fwd.machine_support(torch.device("cuda", 0))
+    monkeypatch.setattr(fwd_support, "cute_dsl_available", lambda: True)
+    monkeypatch.setattr(fwd_support, "capability_major", lambda index: major)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ok, reason = fwd_support.machine_support(torch.device("cuda", 0))
     assert ok == hopper
     assert hopper or reason == "the CuTe kernel is built for sm_90 (Hopper)"

@@ -9,7 +9,8 @@ import torch
 from gdpa_testing import requires_interpreter, wgmma_fragments_of
 
 from gdpa_inductor.kernels.common.dq_fragments import dq_of_fragments_triton
-from gdpa_inductor.kernels.cute.gdpa_bwd import LONG_QUERY_TILE, dq_fragments_as_rows
+from gdpa_inductor.kernels.cute.bwd_plan import LONG_QUERY_TILE
+from gdpa_inductor.kernels.cute.bwd_results import dq_fragments_as_rows
 
 pytestmark = requires_interpreter
 

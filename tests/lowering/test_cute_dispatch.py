@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from gdpa_inductor import gdpa
-from gdpa_inductor.kernels.cute import gdpa_bwd as cute_bwd
-from gdpa_inductor.kernels.cute import gdpa_fwd as cute_fwd
+from gdpa_inductor.kernels.cute import bwd_support, fwd_support
 from gdpa_inductor.lowering import dispatch
 from gdpa_inductor.lowering.dispatch import select_backward_impl, select_forward_impl, select_impl
 
@@ -42,14 +41,15 @@ def test_forced_cute_backward_without_hopper_raises_with_reason(backend):
 def test_without_a_cute_package_the_reason_names_it(monkeypatch, request, missing):
     """cutlass-dsl, its CUDA bindings and TVM-FFI (the kernels' calling path) are all needed: without any one of
     them the CuTe kernels are not taken, and the reason says which packages to install."""
-    find_spec = cute_fwd.importlib.util.find_spec
-    monkeypatch.setattr(cute_fwd.importlib.util, "find_spec", lambda name: None if name == missing else find_spec(name))
-    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    find_spec = fwd_support.importlib.util.find_spec
+    monkeypatch.setattr(fwd_support.importlib.util, "find_spec",
+                        lambda name: None if name == missing else find_spec(name))
+    monkeypatch.setattr(fwd_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
-    cute_fwd.cute_dsl_available.cache_clear()
-    request.addfinalizer(cute_fwd.cute_dsl_available.cache_clear)
-    assert not cute_fwd.cute_dsl_available()
-    ok, why = cute_fwd.fwd_supported(*_qkv(), None, False, "silu")
+    fwd_support.cute_dsl_available.cache_clear()
+    request.addfinalizer(fwd_support.cute_dsl_available.cache_clear)
+    assert not fwd_support.cute_dsl_available()
+    ok, why = fwd_support.fwd_supported(*_qkv(), None, False, "silu")
     assert not ok and "nvidia-cutlass-dsl or apache-tvm-ffi is not installed" in why
 
 
@@ -61,16 +61,16 @@ def test_off_hopper_dispatches_as_before(backend, name, what):
     assert SELECTORS[what](q, k, v, None, False, "silu") == select_impl(q, k, v, None, what)
 
 
-@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
 @pytest.mark.parametrize("what", SELECTORS)
 @pytest.mark.parametrize("name, causal, expected", [("auto", False, "cute"), ("cute", False, "cute"),
                                                      ("auto", True, "reference"), ("triton", False, "triton")])
 def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal, expected, what):
     """On sm_90 (stood in for here) "auto" runs the CuTe kernels where they cover the call; a case they do
     not cover (causal with Nk - Nq = 16) falls through to the usual choice (the reference on these CPU tensors)."""
-    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(fwd_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
-    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
     backend(name)
     q, k, v = _qkv()
     if name == "triton":
@@ -78,7 +78,7 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
     assert SELECTORS[what](q, k, v, None, causal, "silu") == expected
 
 
-@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
 @pytest.mark.parametrize(
     "change, reason",
     [
@@ -119,7 +119,7 @@ def test_on_hopper_takes_cute_where_supported(monkeypatch, backend, name, causal
     ],
 )
 def test_support_reasons(monkeypatch, change, reason):
-    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(fwd_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
     q, k, v = _qkv(change.get("dtype", torch.bfloat16), change.get("d", 128), change.get("dv"),
                    nq=change.get("nq", 64), nk=change.get("nk", 80))
@@ -130,12 +130,12 @@ def test_support_reasons(monkeypatch, change, reason):
     bias = torch.randn(change["bias"], dtype=change.get("bias_dtype", q.dtype)) if "bias" in change else None
     if change.get("transpose_bias"):
         bias = bias.mT.contiguous().mT
-    ok, why = cute_fwd.cute_fwd_support(q, k, v, bias, change.get("causal", False), change.get("activation", "silu"))
+    ok, why = fwd_support.cute_fwd_support(q, k, v, bias, change.get("causal", False), change.get("activation", "silu"))
     assert ok == (reason == "")
     assert reason in why
 
 
-@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
 @pytest.mark.parametrize("bias_shape, bias_grad, nk, backward, reason", [
     ((), False, 80, "cute", ""),
     ((1, 1, 1), False, 80, "cute", ""),
@@ -150,91 +150,91 @@ def test_biases_in_the_cute_backward(monkeypatch, backend, bias_shape, bias_grad
     kernels, added to each score in the activation's first product, without its gradient; a bias tensor runs on both
     CuTe kernels, with its gradient or without, Nk a multiple of 8 or not (the backward's TMA then reads a padded
     copy); otherwise the CuTe forward and the usual backward (the reference on CPU tensors), the reason said."""
-    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(fwd_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
-    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
     backend("auto")
     q, k, v = _qkv(nk=nk)
     bias = torch.randn(bias_shape, dtype=q.dtype)
     assert select_forward_impl(q, k, v, bias, False, "sigmoid") == "cute"
     assert select_backward_impl(q, k, v, bias, False, "sigmoid", bias_grad) == backward
-    ok, why = cute_bwd.cute_bwd_support(q, k, v, bias, False, "sigmoid", bias_grad)
+    ok, why = bwd_support.cute_bwd_support(q, k, v, bias, False, "sigmoid", bias_grad)
     assert ok == (backward == "cute") and reason in why and bool(reason) == (not ok)
 
 
-@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
 def test_bias_tensor_backward_at_wide_heads_says_why(monkeypatch, backend):
     """Past head dims of 128 (the wide-head backward) a bias tensor keeps the usual backward, with the reason."""
-    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(fwd_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
-    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
     q, k, v = _qkv(d=256, dv=256)
-    ok, why = cute_bwd.cute_bwd_support(q, k, v, torch.randn(64, 80, dtype=q.dtype), False, "silu")
+    ok, why = bwd_support.cute_bwd_support(q, k, v, torch.randn(64, 80, dtype=q.dtype), False, "silu")
     assert not ok and "reads a bias tensor at D and Dv up to 128 (got 256, 256)" in why
 
 
-@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
 @pytest.mark.parametrize("d, dv, covered", [(256, 256, True), (128, 256, True), (256, 64, True), (128, 128, True),
                                              (96, 64, True), (256, 192, False), (32, 256, False)])
 def test_backward_takes_head_dims_up_to_256(monkeypatch, backend, d, dv, covered):
     """Head dims of 64, 96, 128 and 256 in any pair take the CuTe backward under "auto" (past 128 the wide-head
     kernel, faster than Triton's at every measured shape); others keep the usual choice, with the reason in the
     support check."""
-    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(fwd_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
-    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
     backend("auto")
     q, k, v = _qkv(d=d, dv=dv)
-    ok, why = cute_bwd.cute_bwd_support(q, k, v, None, False, "silu")
+    ok, why = bwd_support.cute_bwd_support(q, k, v, None, False, "silu")
     assert ok == covered
     assert ("must each be one of (64, 96, 128, 256)" in why) == (not covered)
     expected = "cute" if covered else select_impl(q, k, v, None, "backward")
     assert select_backward_impl(q, k, v, None, False, "silu") == expected
 
 
-@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
-@pytest.mark.parametrize("name, keys, expected", [("auto", cute_fwd.WIDE_HEAD_MIN_KEYS - 1, "reference"),
-                                                  ("auto", cute_fwd.WIDE_HEAD_MIN_KEYS, "cute"),
+@pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.parametrize("name, keys, expected", [("auto", fwd_support.WIDE_HEAD_MIN_KEYS - 1, "reference"),
+                                                  ("auto", fwd_support.WIDE_HEAD_MIN_KEYS, "cute"),
                                                   ("cute", 80, "cute")])
 def test_wide_head_forward_from_min_keys_under_auto(monkeypatch, backend, name, keys, expected):
     """"auto" runs the wide-head CuTe forward from ``WIDE_HEAD_MIN_KEYS`` keys (below, the usual choice: the
     reference on these CPU tensors); forcing "cute" runs it at any key count."""
-    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(fwd_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
-    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
     backend(name)
     q = torch.randn(2, 4, 64, 256, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 4, keys, 256, dtype=torch.bfloat16) for _ in range(2))
     assert select_forward_impl(q, k, v, None, False, "silu") == expected
 
 
-@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
 @pytest.mark.parametrize("nq, nk", [(80, 80), (80, 208)])
 def test_causal_on_cute_where_covered(monkeypatch, backend, nq, nk):
     """Under the causal mask "auto" and a forced "cute" run both CuTe kernels where they cover the call."""
-    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(fwd_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
-    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
     q, k, v = _qkv(nq=nq, nk=nk)
-    assert cute_bwd.cute_bwd_support(q, k, v, None, True, "silu") == (True, "")
+    assert bwd_support.cute_bwd_support(q, k, v, None, True, "silu") == (True, "")
     for name in ("auto", "cute"):
         backend(name)
         assert select_forward_impl(q, k, v, None, True, "silu") == "cute"
         assert select_backward_impl(q, k, v, None, True, "silu") == "cute"
 
 
-@pytest.mark.skipif(not cute_fwd.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+@pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
 @pytest.mark.parametrize("nq, nk, d, dv, reason", [(80, 96, 128, 128, "non-negative multiple of 128"),
                                                    (208, 80, 128, 128, "non-negative multiple of 128"),
                                                    (80, 80, 128, 256, "D and Dv of at most 128")])
 def test_causal_backward_outside_the_mask_cases_says_why(monkeypatch, backend, nq, nk, d, dv, reason):
     """Causal calls the CuTe kernels do not cover (Nk - Nq not a whole number of 128-key tiles, Nq > Nk, heads
     past 128) keep the usual choice under "auto", and a forced "cute" names the reason."""
-    monkeypatch.setattr(cute_fwd, "on_sm90", lambda device: True)
+    monkeypatch.setattr(fwd_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
-    monkeypatch.setattr(cute_fwd, "tma_layout", lambda t: True)
+    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
     q, k, v = _qkv(nq=nq, nk=nk, d=d, dv=dv)
-    ok, why = cute_bwd.cute_bwd_support(q, k, v, None, True, "silu")
+    ok, why = bwd_support.cute_bwd_support(q, k, v, None, True, "silu")
     assert not ok and reason in why
     backend("auto")
     assert select_backward_impl(q, k, v, None, True, "silu") == select_impl(q, k, v, None, "backward")

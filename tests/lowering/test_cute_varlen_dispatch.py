@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from gdpa_inductor.kernels.common.window_bounds import UNBOUNDED
-from gdpa_inductor.kernels.cute import varlen_bwd as cute_varlen_bwd
-from gdpa_inductor.kernels.cute import varlen_fwd as cute_varlen
-from gdpa_inductor.kernels.cute.gdpa_fwd import cute_dsl_available
+from gdpa_inductor.kernels.cute import varlen_plan, varlen_support
+from gdpa_inductor.kernels.cute.fwd_support import cute_dsl_available
 from gdpa_inductor.lowering import dispatch
 from gdpa_inductor.lowering.dispatch import select_impl, select_varlen_backward_impl, select_varlen_forward_impl
 
@@ -21,7 +20,7 @@ needs_cute_dsl = pytest.mark.skipif(not cute_dsl_available(), reason="nvidia-cut
 
 @pytest.fixture
 def on_hopper(monkeypatch):
-    monkeypatch.setattr(cute_varlen, "on_sm90", lambda device: True)
+    monkeypatch.setattr(varlen_support, "on_sm90", lambda device: True)
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)  # CPU tensors stand in for CUDA ones
 
 
@@ -82,7 +81,7 @@ def test_support_reasons(on_hopper, change, reason):
     if change.get("dense_q"):
         q = torch.randn(1, 7, 4, q.shape[-1], dtype=q.dtype)
     bias = torch.randn(change["bias"], dtype=change.get("bias_dtype", q.dtype)) if "bias" in change else None
-    ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, bias, change.get("causal", False),
+    ok, why = varlen_support.cute_varlen_fwd_support(q, k, v, bias, change.get("causal", False),
                                                   change.get("window", (-1, -1)), change.get("activation", "silu"),
                                                   _self_rows())
     assert ok == (reason == "")
@@ -141,16 +140,16 @@ def test_causal_mask_kinds(on_hopper, layout, reason):
         rows = {"padded_self": (None, None, lengths, lengths),
                 "padded_two_lengths": (None, None, lengths, lengths.clone()),
                 "padded_q_only": (None, None, lengths, None)}.get(layout, (None, None, None, None))
-    aligned, why = cute_varlen.varlen_causal_support(q, k, v, rows)
+    aligned, why = varlen_support.varlen_causal_support(q, k, v, rows)
     assert aligned == (reason == "")
     assert reason in why
-    band = cute_varlen.varlen_band(q, k, v, True, (-1, -1), rows)
+    band = varlen_plan.varlen_band(q, k, v, True, (-1, -1), rows)
     assert band == (None if aligned else (UNBOUNDED, 0))
     wide = layout == "self_d256"
-    assert cute_varlen.cute_varlen_fwd_support(q, k, v, None, True, (-1, -1), "silu", rows)[0] == (not wide)
+    assert varlen_support.cute_varlen_fwd_support(q, k, v, None, True, (-1, -1), "silu", rows)[0] == (not wide)
     # the same call without the mask is taken, and runs no band
-    assert cute_varlen.cute_varlen_fwd_support(q, k, v, None, False, (-1, -1), "silu", rows) == (True, "")
-    assert cute_varlen.varlen_band(q, k, v, False, (-1, -1), rows) is None
+    assert varlen_support.cute_varlen_fwd_support(q, k, v, None, False, (-1, -1), "silu", rows) == (True, "")
+    assert varlen_plan.varlen_band(q, k, v, False, (-1, -1), rows) is None
 
 
 @pytest.mark.parametrize("causal, window, rows, band", [
@@ -169,12 +168,12 @@ def test_band_bounds(causal, window, rows, band):
     under causal; None where the plain or the aligned causal builds run."""
     q, k, v = _jagged()
     rows = _self_rows() if rows == "self" else (_self_rows()[0], _self_rows()[0].clone(), None, None)
-    assert cute_varlen.varlen_band(q, k, v, causal, window, rows) == band
+    assert varlen_plan.varlen_band(q, k, v, causal, window, rows) == band
 
 
 def test_off_hopper_is_not_cute():
     q, k, v = _jagged()
-    ok, why = cute_varlen.cute_varlen_fwd_support(q, k, v, None, False, (-1, -1), "silu", _self_rows())
+    ok, why = varlen_support.cute_varlen_fwd_support(q, k, v, None, False, (-1, -1), "silu", _self_rows())
     assert not ok and ("sm_90" in why or "not installed" in why)
 
 
@@ -243,7 +242,7 @@ def test_backward_support_reasons(on_hopper, change, reason):
     if change.get("equal_offsets"):
         rows = (rows[0], rows[0].clone(), None, None)
     bias = torch.randn(change["bias"], dtype=q.dtype) if "bias" in change else None
-    ok, why = cute_varlen_bwd.cute_varlen_bwd_support(q, k, v, bias, change.get("causal", False),
+    ok, why = varlen_support.cute_varlen_bwd_support(q, k, v, bias, change.get("causal", False),
                                                       change.get("window", (-1, -1)),
                                                       change.get("activation", "silu"), rows,
                                                       change.get("bias_grad", False))

@@ -19,9 +19,9 @@ pytestmark = pytest.mark.skipif(not INTERPRETING, reason="Triton runs on CPU ten
 
 # op -> (the module and name of its CuTe kernel, of its Triton kernel, the selector the op asks)
 KERNELS = {
-    "forward": ("gdpa_inductor.kernels.cute.gdpa_fwd.gdpa_fwd_cute_batched",
+    "forward": ("gdpa_inductor.kernels.cute.gdpa_fwd.gdpa_fwd_cute_op",
                 "gdpa_inductor.kernels.triton.gdpa_fwd.gdpa_fwd_triton", (ops, "select_forward_impl")),
-    "backward": ("gdpa_inductor.kernels.cute.gdpa_bwd.gdpa_bwd_cute_batched",
+    "backward": ("gdpa_inductor.kernels.cute.gdpa_bwd.gdpa_bwd_cute_op",
                  "gdpa_inductor.kernels.triton.gdpa_bwd.gdpa_bwd_triton", (ops, "select_backward_impl")),
     "varlen forward": ("gdpa_inductor.kernels.cute.varlen_fwd.gdpa_varlen_fwd_cute",
                        "gdpa_inductor.kernels.triton.varlen_fwd.gdpa_varlen_fwd_triton",
@@ -156,7 +156,7 @@ def test_running_out_of_gpu_memory_is_not_hidden(monkeypatch, gen):
 def test_a_cute_module_that_cannot_import_is_not_selected(monkeypatch, caplog, gen):
     """The support check itself imports the CuTe modules: where they fail, the check says no and why."""
     monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)
-    monkeypatch.setitem(sys.modules, "gdpa_inductor.kernels.cute.gdpa_fwd", None)
+    monkeypatch.setitem(sys.modules, "gdpa_inductor.kernels.cute.fwd_support", None)
     q, k, v = (randn(gen, 2, 2, 24, 16) for _ in range(3))
     with caplog.at_level(logging.DEBUG, logger="gdpa_inductor"):
         assert dispatch.select_forward_impl(q, k, v, None, False, "silu") == "triton"

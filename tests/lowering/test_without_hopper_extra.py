@@ -19,7 +19,7 @@ BLOCK = "import sys\nfor name in {names!r}:\n    sys.modules[name] = None\n"
 OP_AND_BACKEND = """
 import torch
 import gdpa_inductor
-from gdpa_inductor.kernels.cute.gdpa_fwd import cute_dsl_available
+from gdpa_inductor.kernels.cute.fwd_support import cute_dsl_available
 
 assert not cute_dsl_available()
 g = torch.Generator().manual_seed(0)
