@@ -9,7 +9,8 @@ import dataclasses
 import torch
 
 from ... import config
-from ..activations import ACTIVATION_NAMES, PACKED_BF16_BACKWARD, ActivationName, with_long_query_tile
+from ..activations import PACKED_BF16_BACKWARD, ActivationName, with_long_query_tile
+from .fwd_plan import check_element
 
 # Up to this many key tiles (128 keys; 64 in the wide-head kernel), dQ tiles are added straight into dQ in the
 # operands' dtype: the fp32 buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at
@@ -132,10 +133,7 @@ class BwdPlan:
     reason: str = dataclasses.field(default="", compare=False, repr=False)
 
     def __post_init__(self):
-        if self.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"the CuTe backward is built for fp16 or bf16, got {self.dtype}")
-        if self.activation not in ACTIVATION_NAMES:
-            raise ValueError(f"activation: expected one of {ACTIVATION_NAMES}; got {self.activation!r}")
+        check_element(self, "the CuTe backward")
         if self.dq_sums not in DQ_SUMS:
             raise ValueError(f"dq_sums must be one of {DQ_SUMS}, got {self.dq_sums!r}")
         if self.band and not self.varlen:

@@ -69,6 +69,14 @@ def persistent_grid(tiles: int, sms: int, num_m: int, uneven: bool) -> int:
     return grid
 
 
+def check_element(plan, kernel: str) -> None:
+    """A plan's dtype and activation are ones the CuTe kernels are built for (ValueError naming them otherwise)."""
+    if plan.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"{kernel} is built for fp16 or bf16, got {plan.dtype}")
+    if plan.activation not in ACTIVATION_NAMES:
+        raise ValueError(f"activation: expected one of {ACTIVATION_NAMES}; got {plan.activation!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class FwdPlan:
     """One build of the forward (``GdpaFwdSm90``) and why it is shaped so: the plan is the compile key (every
@@ -101,10 +109,7 @@ class FwdPlan:
     reason: str = dataclasses.field(default="", compare=False, repr=False)
 
     def __post_init__(self):
-        if self.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"the CuTe forward is built for fp16 or bf16, got {self.dtype}")
-        if self.activation not in ACTIVATION_NAMES:
-            raise ValueError(f"activation: expected one of {ACTIVATION_NAMES}; got {self.activation!r}")
+        check_element(self, "the CuTe forward")
         if self.band and not self.varlen:
             raise ValueError("band=True needs varlen=True (the band mask is in the varlen kernels)")
 
