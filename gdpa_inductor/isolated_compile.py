@@ -13,12 +13,15 @@ Dynamo still counts them.
 from __future__ import annotations
 
 import contextlib
+import logging
 import types
 from collections.abc import Iterator
 
 import torch
 from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
 from torch._dynamo import convert_frame
+
+log = logging.getLogger("gdpa_inductor")
 
 
 def on_fresh_code(fn):
@@ -59,18 +62,30 @@ def _entries_by_code() -> dict[int, tuple[types.CodeType, list]]:
 def dropping_new_cache_entries() -> Iterator[None]:
     """The Dynamo cache entries that compiles inside add are removed on leaving (on code that had entries before:
     invalidated)."""
-    from torch._dynamo.guards import DeletedGuardManagerWrapper
-
-    before = _entries_by_code()
+    try:
+        before = _entries_by_code()
+    except Exception as exc:  # Dynamo internals of another torch: the entries stay, nothing else changes
+        before = exc
     try:
         yield
     finally:
-        for key, (code, entries) in _entries_by_code().items():
-            kept = {entry.compile_id for entry in before[key][1]} if key in before else set()
-            if not kept:
-                reset_code(code)
-                continue
-            for entry in entries:
-                if entry.compile_id not in kept and entry.code is not None:
-                    reason = "added by a compile that gdpa_inductor discarded"
-                    entry.guard_manager.extra_state.invalidate(entry, DeletedGuardManagerWrapper(reason))
+        try:
+            if isinstance(before, Exception):
+                raise before
+            _drop_entries_added_since(before)
+        except Exception as exc:
+            log.info("gdpa_inductor: could not drop the extra compile's Dynamo cache entries (%s)", exc)
+
+
+def _drop_entries_added_since(before: dict) -> None:
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    for key, (code, entries) in _entries_by_code().items():
+        kept = {entry.compile_id for entry in before[key][1]} if key in before else set()
+        if not kept:
+            reset_code(code)
+            continue
+        for entry in entries:
+            if entry.compile_id not in kept and entry.code is not None:
+                reason = "added by a compile that gdpa_inductor discarded"
+                entry.guard_manager.extra_state.invalidate(entry, DeletedGuardManagerWrapper(reason))

@@ -146,3 +146,25 @@ def test_explain_twice_analyzes_twice(gen):
     q, k, v = (torch.randn(2, 2, 8, 16, generator=gen) for _ in range(3))
     first, second = gdpa_inductor.explain(gelu_block, q, k, v), gdpa_inductor.explain(gelu_block, q, k, v)
     assert first.graphs == second.graphs == 1 and len(first.fused) == len(second.fused) == 1
+
+
+@pytest.mark.parametrize("fails", ["before", "after"])
+def test_explain_reports_even_where_the_cache_entries_cannot_be_read(gen, monkeypatch, caplog, fails):
+    """Dynamo's cache entries are read through torch internals: where those fail, explain still reports, and says in
+    the log that its own entries stayed."""
+    from gdpa_inductor import isolated_compile
+
+    real, calls = isolated_compile._entries_by_code, []
+
+    def entries():
+        calls.append(1)
+        if (fails == "before") == (len(calls) == 1):
+            raise AttributeError("no such Dynamo internal")
+        return real()
+
+    monkeypatch.setattr(isolated_compile, "_entries_by_code", entries)
+    q, k, v = (torch.randn(2, 2, 8, 16, generator=gen) for _ in range(3))
+    with caplog.at_level("INFO", logger="gdpa_inductor"):
+        report = gdpa_inductor.explain(gelu_block, q, k, v)
+    assert report.graphs == 1 and len(report.fused) == 1
+    assert "could not drop the extra compile's Dynamo cache entries" in caplog.text
