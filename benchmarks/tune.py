@@ -18,9 +18,15 @@ from benchmarks.harness.cli import Benchmark, main
 from benchmarks.harness.operands import lengths_for
 from gdpa_inductor.kernels.common.varlen_rows import with_tensor
 from gdpa_inductor.kernels.reference import gdpa_reference, gdpa_reference_backward
-from gdpa_inductor.kernels.triton.gdpa_bwd import BwdConfig, default_bwd_configs, gdpa_bwd_triton
-from gdpa_inductor.kernels.triton.gdpa_fwd import FwdConfig, gdpa_fwd_triton
-from gdpa_inductor.kernels.triton.varlen_bwd import default_varlen_bwd_configs, gdpa_varlen_bwd_triton
+from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
+from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
+from gdpa_inductor.kernels.triton.tile_configs import (
+    BwdConfig,
+    FwdConfig,
+    default_bwd_configs,
+    default_varlen_bwd_configs,
+)
+from gdpa_inductor.kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
 from gdpa_inductor.lowering.varlen_ops import _sides
 
 # ---- triton ----------------------------------------------------------------------------------------------------------

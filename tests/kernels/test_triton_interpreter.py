@@ -18,8 +18,9 @@ from gdpa_testing import (
 
 from gdpa_inductor.kernels.activations import ACTIVATION_NAMES
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
-from gdpa_inductor.kernels.triton.gdpa_bwd import BwdConfig, gdpa_bwd_triton
-from gdpa_inductor.kernels.triton.gdpa_fwd import FwdConfig, gdpa_fwd_triton
+from gdpa_inductor.kernels.triton.gdpa_bwd import gdpa_bwd_triton
+from gdpa_inductor.kernels.triton.gdpa_fwd import gdpa_fwd_triton
+from gdpa_inductor.kernels.triton.tile_configs import BwdConfig, FwdConfig
 
 pytestmark = [
     requires_interpreter,

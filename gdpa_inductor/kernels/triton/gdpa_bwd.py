@@ -13,7 +13,6 @@ batch or heads) is accumulated with atomics in fp32 and summed to the input's sh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -22,39 +21,12 @@ import triton.language as tl
 from ..activations import ActivationName, get_activation
 from ..common.layout import as_4d
 from .activation_math import activate_and_grad, fp32_factors
-from .gdpa_fwd import causal_key_tiles, query_tile_program
 from .layout import block_dim, fit_tile, grad_buffer, grad_is_atomic, kernel_flags, launcher, strides4
+from .tile_configs import BwdConfig, default_bwd_configs
+from .tile_order import causal_key_tiles, query_tile_program
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
 _RUNTIME_SIZES = ["H", "HKV", "GROUP", "NQ", "NK"]
-
-
-@dataclass(frozen=True)
-class BwdConfig:
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-
-def default_bwd_configs(d: int, dv: int, dtype: torch.dtype, kv_len: int) -> tuple[BwdConfig, BwdConfig]:
-    """(dK/dV config, dQ config), measured with benchmarks/tune.py triton (H200, bf16, D=128): dK/dV
-    64x128, 8 warps, 3 stages with dQ 128x64 was fastest from kv=512 to 2048 (268-348 TF/s); at kv=256
-    with as many queries, smaller dK/dV tiles (32x64, 4 warps) give more programs (215 vs 206 TF/s).
-    Fusing dQ into the dK/dV kernel (5 matmuls instead of 7) was measured and dropped: with tl.atomic_add
-    it ran 2x slower at every shape (scalar fp32 atomics became the limit), and the TMA reduce-add
-    (descriptor atomic_add) that FA3 uses for dQ does not exist in Triton 3.6."""
-    width = max(block_dim(d), block_dim(dv))
-    if dtype == torch.float32:
-        return BwdConfig(32, 64, 4, 2), BwdConfig(64, 32, 4, 2)
-    if width <= 64:
-        # the spill-free pair on sm_90a at this width
-        return BwdConfig(64, 64, 8, 2), BwdConfig(128, 64, 8, 2)
-    if width <= 128:
-        kv_cfg = BwdConfig(32, 64, 4, 3) if kv_len <= 256 else BwdConfig(64, 128, 8, 3)
-        return kv_cfg, BwdConfig(128, 64, 8, 2)
-    # D > 128: two [BLOCK_N, D] fp32 accumulators; 8 warps spill least (ptxas report)
-    return BwdConfig(64, 64, 8, 2), BwdConfig(64, 32, 4, 2)
 
 
 @triton.jit

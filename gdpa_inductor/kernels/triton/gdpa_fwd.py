@@ -8,8 +8,6 @@ Keys past Nk (only in the masked tiles) get P = 0, so they add nothing even wher
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -18,63 +16,11 @@ from ..activations import ActivationName, get_activation
 from ..common.layout import as_4d
 from .activation_math import activate, fp32_factors
 from .layout import block_dim, fit_tile, kernel_flags, launcher, strides4
+from .tile_configs import TMA_CONFIG, FwdConfig, default_fwd_config
+from .tile_order import causal_key_tiles, query_tile_program
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
 _RUNTIME_SIZES = ["H", "GROUP", "NQ", "NK"]
-
-
-@dataclass(frozen=True)
-class FwdConfig:
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-
-def default_fwd_config(d: int, dv: int, dtype: torch.dtype, kv_len: int, has_bias: bool = False) -> FwdConfig:
-    """Tiles measured with benchmarks/tune.py triton (H200, bf16, D=128, gelu_tanh): 128x64 with 8 warps
-    and 3 stages at kv=2048 (502 TF/s); with short kv (<= 512) the loop is too short to pipeline, and
-    4 warps with 2 stages win (329 vs 256 TF/s at kv=256) although ptxas spills ~140 B/thread there
-    (the spill-free 8-warp tile is the slower one). With a bias tile to load as well, that tile spills
-    ~1.6 KB and drops to 63 TF/s; 64x64 with 4 warps gives 202-237 TF/s at kv=256-512."""
-    width = max(block_dim(d), block_dim(dv))
-    if dtype == torch.float32:
-        return FwdConfig(64, 32 if width > 64 else 64, 4, 2)
-    if width <= 64:
-        return FwdConfig(128, 64, 4, 2)  # spill-free on sm_90a (tests/kernels/test_triton_compile_sm90.py)
-    if width <= 128:
-        if kv_len > 512:
-            return FwdConfig(128, 64, 8, 3)
-        return FwdConfig(64, 64, 4, 2) if has_bias else FwdConfig(128, 64, 4, 2)
-    return FwdConfig(64, 64, 4, 2)
-
-
-@triton.jit
-def query_tile_program(NQ, H, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
-    """(query tile, sample, head, kv head) of this program in the dense kernels' 1-D grid: query tiles
-    fastest so neighbouring programs share K/V in L2; with causal masking the longest rows (last tiles)
-    go first."""
-    num_m = tl.cdiv(NQ, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = pid % num_m
-    if CAUSAL:
-        pid_m = num_m - 1 - pid_m
-    zh = pid // num_m
-    h = zh % H
-    return pid_m, (zh // H).to(tl.int64), h, h // GROUP
-
-
-@triton.jit
-def causal_key_tiles(pid_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """(end of the key tiles every query of the tile keeps, end of the keys any of them keeps): key j is kept
-    for query i iff j <= i + NK - NQ."""
-    if CAUSAL:
-        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
-        full = tl.minimum(pid_m * BLOCK_M + NK - NQ + 1, NK)
-    else:
-        hi = NK
-        full = NK
-    return tl.maximum(full, 0) // BLOCK_N * BLOCK_N, hi
 
 
 @triton.jit
@@ -182,7 +128,7 @@ def gdpa_fwd_triton(
     out = torch.empty((*batch, h, nq, dv), dtype=v.dtype, device=v.device)
     o4 = out.view(q4.shape[0], h, nq, dv)
     if config is None and not traced:
-        from .gdpa_fwd_tma import TMA_CONFIG, gdpa_fwd_tma, tma_supported
+        from .gdpa_fwd_tma import gdpa_fwd_tma, tma_supported
 
         if tma_supported(q4, k4, v4, b4):
             gdpa_fwd_tma(q4, k4, v4, o4, activation, scale, post_scale, causal, negative_slope,

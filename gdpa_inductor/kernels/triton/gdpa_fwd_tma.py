@@ -19,11 +19,11 @@ from ..activations import ActivationName, get_activation
 from ..common.device import capability_major
 from ..common.layout import tma_layout
 from .activation_math import activate
-from .gdpa_fwd import FwdConfig, causal_key_tiles, query_tile_program
 from .layout import interpreting, kernel_flags
+from .tile_configs import FwdConfig
+from .tile_order import causal_key_tiles, query_tile_program
 
 _RUNTIME_SIZES = ["H", "GROUP", "NQ", "NK"]
-TMA_CONFIG = FwdConfig(128, 64, 4, 2)
 
 
 def on_tma_gpu(device: torch.device) -> bool:

@@ -17,24 +17,13 @@ from ..activations import ActivationName, get_activation
 from ..common.varlen_rows import VarlenSide, with_tensor
 from ..common.window_bounds import UNBOUNDED, band_limits
 from .activation_math import activate_and_grad, fp32_factors
-from .gdpa_bwd import BwdConfig, default_bwd_configs
 from .layout import FULL_GRAD_BUFFER_BYTES, block_dim, fit_tile, kernel_flags, launcher
+from .tile_configs import default_varlen_bwd_configs
 from .varlen_bounds import band_keep, key_span, query_span
 from .varlen_fwd import bias_view
 from .varlen_schedule import program_work
 
 _RUNTIME_SIZES = ["HKV", "GROUP", "MAX_N", "LEFT", "RIGHT"]
-
-
-def default_varlen_bwd_configs(d: int, dv: int, dtype: torch.dtype, max_kv_len: int) -> tuple[BwdConfig, BwdConfig]:
-    """(dK/dV, dQ) tiles. Measured on an H200 (bf16, D=128, B=1152, the two kernels' GPU time,
-    ``benchmarks/tune.py varlen``): with sequences up to 512, 16x64 dK/dV tiles with three stages and 64x32 dQ
-    tiles with three stages, 4 warps each, beat the dense kernels' tiles (1.22 vs 1.37 ms at max 256, sparsity
-    0.5) and the 32x64 / 64x64 two-stage pair (1.11 vs 1.16 ms there, 2.93 vs 2.97 at max 512, even at max 256
-    and sparsity 1.0)."""
-    if dtype != torch.float32 and max(d, dv) <= 128 and max_kv_len <= 512:
-        return BwdConfig(16, 64, 4, 3), BwdConfig(64, 32, 4, 3)
-    return default_bwd_configs(d, dv, dtype, max_kv_len)
 
 
 @triton.jit

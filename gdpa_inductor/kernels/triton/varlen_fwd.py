@@ -18,22 +18,12 @@ from ..activations import ActivationName, get_activation
 from ..common.varlen_rows import VarlenSide
 from ..common.window_bounds import UNBOUNDED, band_limits
 from .activation_math import activate, fp32_factors
-from .gdpa_fwd import FwdConfig, default_fwd_config
 from .layout import block_dim, fit_tile, kernel_flags, launcher
+from .tile_configs import default_varlen_fwd_config
 from .varlen_bounds import band_keep, key_span
 from .varlen_schedule import program_work
 
 _RUNTIME_SIZES = ["H", "GROUP", "MAX_NQ", "LEFT", "RIGHT"]
-
-
-def default_varlen_fwd_config(d: int, dv: int, dtype: torch.dtype, max_kv_len: int) -> FwdConfig:
-    """Measured on an H200 (bf16, D=128, B=1152, gelu_tanh, kernel time): with sequences up to 512, most
-    samples span only a few key tiles; 32-key tiles waste less on each sample's ragged last tile and three
-    stages keep them fed (max 256: 0.29 ms vs 0.48 with the dense kernel's 128x64x2 at sparsity 0.5, 0.51
-    vs 0.62 at 1.0; max 512: 0.75 vs 1.05 and 1.70 vs 1.91). Longer ones use the dense kernel's tiles."""
-    if dtype != torch.float32 and max(d, dv) <= 128 and max_kv_len <= 512:
-        return FwdConfig(128, 32, 4, 3)
-    return default_fwd_config(d, dv, dtype, max_kv_len)
 
 
 @triton.jit
