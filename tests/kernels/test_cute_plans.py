@@ -175,7 +175,7 @@ PLANS = [
 def test_plans_are_compile_keys_whatever_their_reason(make):
     """Two plans of one call are equal and hash alike, one key of a dict, with any ``reason`` (which no repr
     shows: the disk cache names files by it); a plan is frozen, and another build is another key."""
-    plan, again = make(), make()
+    plan, again = make(), dataclasses.replace(make())
     assert plan == again and hash(plan) == hash(again) and plan is not again
     reworded = dataclasses.replace(plan, reason="another account")
     assert reworded == plan and hash(reworded) == hash(plan) and repr(reworded) == repr(plan)

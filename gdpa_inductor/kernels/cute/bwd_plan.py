@@ -5,6 +5,7 @@ the compile key."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -188,6 +189,17 @@ def plan_bwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, head
     """The backward's plan for a call of these head dims (None: Dv = D), ``num_queries`` queries and ``num_keys``
     keys (a varlen batch: its longest sample's), masks and bias: dQ's sums by ``dq_sums_for``, the query tile by
     ``bwd_query_tile`` (a dense batch), dQ rounded by the kernel where ``dq_last_round_for`` allows."""
+    return _plan_bwd(dtype, head_dim, activation, head_dim_v, num_queries=num_queries, num_keys=num_keys, varlen=varlen,
+                     causal=causal, band=band, score_offset=score_offset, score_bias=score_bias, bias_grad=bias_grad,
+                     dbias_atomic=dbias_atomic, query_tile_setting=config.cute_bwd_query_tile)
+
+
+# plans are pure functions of their arguments and the query-tile option (``query_tile_setting``, read by
+# ``bwd_query_tile``), asked for at every launch
+@functools.lru_cache(maxsize=4096)
+def _plan_bwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, head_dim_v: int | None, *,
+              num_queries: int, num_keys: int, varlen: bool, causal: bool, band: bool, score_offset: bool,
+              score_bias: bool, bias_grad: bool, dbias_atomic: bool, query_tile_setting: int | None) -> BwdPlan:
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     key_tile = bwd_key_tile(head_dim, head_dim_v)
     dq_sums = dq_sums_for(num_keys, key_tile)

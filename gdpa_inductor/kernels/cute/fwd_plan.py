@@ -4,6 +4,7 @@ behind it), frozen in a ``FwdPlan`` that is also the compile key, and the persis
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -116,6 +117,8 @@ class FwdPlan:
 
 
 
+# plans are pure functions of their arguments, asked for at every launch
+@functools.lru_cache(maxsize=4096)
 def plan_fwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, head_dim_v: int | None = None, *,
              mask_keys: bool = True, varlen: bool = False, causal: bool = False, band: bool = False,
              score_offset: bool = False, score_bias: bool = False) -> FwdPlan:

@@ -181,6 +181,8 @@ class KernelArgs:
 
     def __init__(self, *args: Arg):
         self.args = args
+        # per plan: the passed parameters' names and whether the build takes each (asked for at every launch)
+        self._layouts: dict = {}
 
     def fakes(self, plan) -> list:
         return [a.fake(plan) if a.taken(plan) else None for a in self.args]
@@ -188,15 +190,16 @@ class KernelArgs:
     def values(self, plan, **given) -> list:
         """The launch's arguments: each parameter the build takes from ``given`` (by name), None for the others
         (``given`` may name, as None, parameters this kernel lacks: a launcher shared by two kernels)."""
+        layout = self._layouts.get(plan)
+        if layout is None:
+            layout = self._layouts[plan] = tuple((a.name, a.taken(plan)) for a in self.args if a.passed)
         out = []
-        for a in self.args:
-            if not a.passed:
-                continue
-            value = given.pop(a.name, None)
-            if a.taken(plan) and value is None:
-                raise TypeError(f"this build of the kernel needs {a.name!r}")
-            if not a.taken(plan) and value is not None:
-                raise TypeError(f"this build of the kernel takes no {a.name!r}")
+        for name, taken in layout:
+            value = given.pop(name, None)
+            if taken and value is None:
+                raise TypeError(f"this build of the kernel needs {name!r}")
+            if not taken and value is not None:
+                raise TypeError(f"this build of the kernel takes no {name!r}")
             out.append(value)
         unknown = sorted(name for name, value in given.items() if value is not None)
         if unknown:
