@@ -15,7 +15,7 @@
 (default ``~/.cache/gdpa_inductor``; the empty string or None keeps them in memory only).
 
 ``cute_bwd_query_tile`` (``GDPA_CUTE_BWD_QUERY_TILE``): the queries the CuTe backward steps over at a time where it
-can choose (64 or 80; None, the default: its own choice, ``kernels/cute/gdpa_bwd.py``).
+can choose (64 or 80; None, the default: its own choice, ``kernels/cute/bwd_plan.py``).
 
 A bad environment value fails the import with a ValueError naming the variable and the values it takes. An
 assignment (``gdpa_inductor.config.backend = "reference"``) is checked when it is made: a ValueError or TypeError

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 ActivationName = Literal[
     "identity", "relu", "relu_square", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish",
 ]
-# When the CuTe backward takes 80-row query tiles where its other conditions hold (``cute/gdpa_bwd.bwd_query_tile``):
+# When the CuTe backward takes 80-row query tiles where its other conditions hold (``cute/bwd_plan.bwd_query_tile``):
 # "never" (not even where ``config.cute_bwd_query_tile`` asks for them), "if_asked" (64 rows unless asked),
 # "by_default" (from ``LONG_QUERY_TILE_MIN_QUERIES`` queries on), "by_default_packed" (the same, in its packed bf16x2
 # backward form only). The rows' comments give the measurements (H100, B·N² fixed, the backward alone, two runs, unless

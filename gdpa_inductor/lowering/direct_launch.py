@@ -171,7 +171,8 @@ def register() -> None:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
         if triton_direct(q, k, v, bias, dout, flops=dense_flops(q, k, v, causal), backward=True):
-            from ..kernels.triton.gdpa_bwd import atomic_grads, gdpa_bwd_triton
+            from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
+            from ..kernels.triton.layout import atomic_grads
 
             if not atomic_grads(q, k, v, bias, bias_requires_grad):
                 dq, dk, dv, dbias = gdpa_bwd_triton(*args, traced=True)

@@ -95,7 +95,7 @@ def test_every_activation_over_lengths(activation, dtype):
 @pytest.fixture
 def pointer_forward(monkeypatch):
     """The pointer forward kernel where Hopper would take the TMA one: what other GPUs run without a bias."""
-    monkeypatch.setattr("gdpa_inductor.kernels.triton.gdpa_fwd_tma.tma_supported", lambda *args: False)
+    monkeypatch.setattr("gdpa_inductor.kernels.triton.tma_support.tma_supported", lambda *args: False)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

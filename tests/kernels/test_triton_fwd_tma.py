@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from gdpa_inductor.kernels.common.layout import as_4d
-from gdpa_inductor.kernels.triton import gdpa_fwd_tma
+from gdpa_inductor.kernels.triton import tma_support
 
 
 @pytest.fixture
 def hopper(monkeypatch):
     """Stands the CPU tensors in for tensors on a Hopper GPU."""
-    monkeypatch.setattr(gdpa_fwd_tma, "on_tma_gpu", lambda device: True)
+    monkeypatch.setattr(tma_support, "on_tma_gpu", lambda device: True)
 
 
 def _qkv(shape=(2, 4, 33, 64), dtype=torch.bfloat16, dv=None):
@@ -24,13 +24,13 @@ def _qkv(shape=(2, 4, 33, 64), dtype=torch.bfloat16, dv=None):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_contiguous_half_precision_takes_tma(dtype, hopper):
-    assert gdpa_fwd_tma.tma_supported(*_qkv(dtype=dtype), None)
+    assert tma_support.tma_supported(*_qkv(dtype=dtype), None)
 
 
 def test_a_bnhd_projection_view_takes_tma(hopper):
     """[B, N, H, D] projections transposed to [B, H, N, D]: rows 16-byte aligned, no copy needed."""
     q = torch.randn(2, 33, 4, 64).bfloat16().transpose(1, 2)
-    assert gdpa_fwd_tma.tma_supported(q, q, q, None)
+    assert tma_support.tma_supported(q, q, q, None)
 
 
 @pytest.mark.parametrize("case", ["bias", "fp32", "odd_head_dim", "head_dim_256", "broadcast_batch",
@@ -52,9 +52,9 @@ def test_other_calls_take_the_pointer_kernel(case, hopper):
         q = torch.randn(2, 4, 33, 128).bfloat16()[..., ::2]
     else:  # head dim 16 read from rows of 20 elements: 40 bytes apart, not a multiple of 16
         q = torch.randn(2, 4, 33, 20).bfloat16()[..., :16]
-    assert not gdpa_fwd_tma.tma_supported(q, k, v, bias), case
+    assert not tma_support.tma_supported(q, k, v, bias), case
 
 
 def test_no_tma_off_the_gpu():
-    assert not gdpa_fwd_tma.on_tma_gpu(torch.device("cpu"))
-    assert not gdpa_fwd_tma.tma_supported(*_qkv(), None)
+    assert not tma_support.on_tma_gpu(torch.device("cpu"))
+    assert not tma_support.tma_supported(*_qkv(), None)

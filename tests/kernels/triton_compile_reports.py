@@ -78,7 +78,15 @@ def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:
     from triton.runtime.jit import JITFunction
 
     from gdpa_inductor.kernels.common.varlen_rows import with_tensor
-    from gdpa_inductor.kernels.triton import gdpa_bwd, gdpa_fwd, gdpa_fwd_tma, layout, varlen_bwd, varlen_fwd
+    from gdpa_inductor.kernels.triton import (
+        gdpa_bwd,
+        gdpa_fwd,
+        gdpa_fwd_tma,
+        layout,
+        tma_support,
+        varlen_bwd,
+        varlen_fwd,
+    )
     from gdpa_inductor.kernels.triton.varlen_schedule import varlen_sides
 
     assert not layout.interpreting()
@@ -103,7 +111,7 @@ def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:
     real_flags = layout.kernel_flags
     modules = (gdpa_fwd, gdpa_fwd_tma, gdpa_bwd, varlen_fwd, varlen_bwd)
     # The TMA forward is chosen only on a Hopper GPU; the "tma" cases stand the CPU tensors in for one.
-    gdpa_fwd_tma.on_tma_gpu = lambda device: variant.startswith("tma")
+    tma_support.on_tma_gpu = lambda device: variant.startswith("tma")
     for module in modules:
         module.kernel_flags = lambda dtype, device: real_flags(dtype, torch.device("cuda"))
 

@@ -12,8 +12,6 @@ batch or heads) is accumulated with atomics in fp32 and summed to the input's sh
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -21,7 +19,7 @@ import triton.language as tl
 from ..activations import ActivationName, get_activation
 from ..common.layout import as_4d
 from .activation_math import activate_and_grad, fp32_factors
-from .layout import block_dim, fit_tile, grad_buffer, grad_is_atomic, kernel_flags, launcher, strides4
+from .layout import block_dim, fit_tile, grad_buffer, kernel_flags, launcher, strides4
 from .tile_configs import BwdConfig, default_bwd_configs
 from .tile_order import causal_key_tiles, query_tile_program
 
@@ -241,16 +239,6 @@ def gdpa_bwd_dq_kernel(
     dq = dq * (scale * post_scale)
     dq_ptrs = DQ + z * stride_dqz + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
     _store_grad(dq_ptrs, dq, m_ok[:, None] & (offs_d[None, :] < D), Q_ATOMIC)
-
-
-def atomic_grads(q, k, v, bias, bias_requires_grad: bool) -> bool:
-    """Whether ``gdpa_bwd_triton`` adds a broadcast input's gradient with atomics (``layout.grad_buffer``)."""
-    batch = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
-    z, (h, nq, d), (hkv, nk, dv) = math.prod(batch), q.shape[-3:], v.shape[-3:]
-    grads = [(q, (z, h, nq, d)), (k, (z, hkv, nk, d)), (v, (z, hkv, nk, dv))]
-    if bias is not None and bias_requires_grad:
-        grads.append((bias, (z, h, nq, nk)))
-    return any(grad_is_atomic(x, full4d, batch) for x, full4d in grads)
 
 
 def gdpa_bwd_triton(

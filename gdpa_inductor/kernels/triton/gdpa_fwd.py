@@ -128,7 +128,8 @@ def gdpa_fwd_triton(
     out = torch.empty((*batch, h, nq, dv), dtype=v.dtype, device=v.device)
     o4 = out.view(q4.shape[0], h, nq, dv)
     if config is None and not traced:
-        from .gdpa_fwd_tma import gdpa_fwd_tma, tma_supported
+        from .gdpa_fwd_tma import gdpa_fwd_tma
+        from .tma_support import tma_supported
 
         if tma_supported(q4, k4, v4, b4):
             gdpa_fwd_tma(q4, k4, v4, o4, activation, scale, post_scale, causal, negative_slope,

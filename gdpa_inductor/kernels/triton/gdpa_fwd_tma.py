@@ -11,34 +11,16 @@ It runs without a bias, for fp16/bf16 with power-of-two head dims up to 128 and 
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from ..activations import ActivationName, get_activation
-from ..common.device import capability_major
-from ..common.layout import tma_layout
 from .activation_math import activate
-from .layout import interpreting, kernel_flags
+from .layout import kernel_flags
 from .tile_configs import FwdConfig
 from .tile_order import causal_key_tiles, query_tile_program
 
 _RUNTIME_SIZES = ["H", "GROUP", "NQ", "NK"]
-
-
-def on_tma_gpu(device: torch.device) -> bool:
-    """A CUDA device of compute capability 9 or later, outside the interpreter."""
-    if device.type != "cuda" or interpreting():
-        return False
-    return capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
-
-
-def tma_supported(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether ``gdpa_fwd_tma`` runs this call ([Z, H, N, D] views; same device and dtype)."""
-    d, dv = q4.shape[-1], v4.shape[-1]
-    return (bias is None and q4.dtype in (torch.float16, torch.bfloat16)
-            and all(x in (16, 32, 64, 128) for x in (d, dv))
-            and all(tma_layout(x) for x in (q4, k4, v4)) and on_tma_gpu(q4.device))
 
 
 @triton.jit

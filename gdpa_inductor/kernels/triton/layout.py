@@ -99,3 +99,13 @@ def grad_buffer(
 
 def strides4(x: torch.Tensor | None) -> tuple[int, int, int, int]:
     return tuple(x.stride()) if x is not None else (0, 0, 0, 0)
+
+
+def atomic_grads(q, k, v, bias, bias_requires_grad: bool) -> bool:
+    """Whether ``gdpa_bwd_triton`` adds a broadcast input's gradient with atomics (``layout.grad_buffer``)."""
+    batch = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
+    z, (h, nq, d), (hkv, nk, dv) = math.prod(batch), q.shape[-3:], v.shape[-3:]
+    grads = [(q, (z, h, nq, d)), (k, (z, hkv, nk, d)), (v, (z, hkv, nk, dv))]
+    if bias is not None and bias_requires_grad:
+        grads.append((bias, (z, h, nq, nk)))
+    return any(grad_is_atomic(x, full4d, batch) for x, full4d in grads)
