@@ -92,8 +92,10 @@ def gdpa_varlen(
         window: a sliding window around that diagonal: ``(left, right)`` keeps ``-left <= j - i - (nk - nq)
             <= right`` (None or -1: unbounded on that side); an int w means ``(w, w)``. HSTU's
             ``max_attn_len`` is ``causal=True, window=(max_attn_len, 0)``.
-        seqused_q, seqused_k: for a dense side, per-sample valid lengths (a padded batch): rows past them
-            take no part, cost nothing, and get zero outputs and gradients.
+        seqused_q, seqused_k: per-sample valid lengths: for a dense side (a padded batch), rows past them take
+            no part, cost nothing, and get zero outputs and gradients; for a jagged side, only the first
+            ``seqused[z]`` rows of sample z take part (a padded batch's ``N`` cutting longer samples short),
+            the rest likewise.
         bias: added before the activation, broadcastable to ``[B, H, max_seqlen_q, max_seqlen_k]`` (a dense
             side's N for its max_seqlen) and indexed by the sample and the positions within it: sample z
             reads ``bias[z, :, :n_q(z), :n_k(z)]`` (a relative position bias ``[H, N, N]`` shared by the

@@ -88,15 +88,13 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     if len(set(batches.values())) > 1:
         raise ValueError(f"cu_seqlens_q/cu_seqlens_k: expected one batch size for q and k; got {batches}")
     batch = next(iter(batches.values()), 1)
-    for name, used, cu in (("seqused_q", seqused_q, cu_seqlens_q), ("seqused_k", seqused_k, cu_seqlens_k)):
-        if used is not None and cu is not None:
-            raise ValueError(f"{name}: only for a dense side (its cu_seqlens must be None)")
+    for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
         _check_lengths(name, used, q.device, batch)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"{name}: expected a non-negative int (the longest sequence); got {value!r}")
-    for name, cu, x, longest in (("cu_seqlens_q", cu_seqlens_q, q, max_seqlen_q),
-                                 ("cu_seqlens_k", cu_seqlens_k, k, max_seqlen_k)):
+    for name, cu, x, longest, used in (("cu_seqlens_q", cu_seqlens_q, q, max_seqlen_q, seqused_q),
+                                       ("cu_seqlens_k", cu_seqlens_k, k, max_seqlen_k, seqused_k)):
         # Values are read only from CPU offsets that nothing traces (reading a CUDA one would synchronize).
         if cu is None or cu.device.type != "cpu" or not plain_eager(cu):
             continue
@@ -104,6 +102,8 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         if int(cu[0]) != 0 or int(cu[-1]) != x.shape[0] or bool((lengths < 0).any()):
             raise ValueError(f"{name}: expected non-decreasing offsets from 0 to {x.shape[0]} (rows of the "
                              f"tensor); got {cu.tolist()[:8]}...")
+        if used is not None and used.device.type == "cpu" and plain_eager(used):
+            lengths = torch.minimum(lengths, used.to(lengths.dtype))
         if lengths.numel() and int(lengths.max()) > longest:
             raise ValueError(f"max_seqlen: expected >= the longest sequence of {name} ({int(lengths.max())}); "
                              f"got {longest}")

@@ -11,7 +11,7 @@ from gdpa_testing import EAGER_ACTIVATIONS, randn
 # A batch with empty, single-token and longer-than-a-tile samples.
 LENGTHS_Q = [5, 0, 17, 1, 40, 3]
 LENGTHS_K = [9, 4, 17, 0, 33, 1]
-LAYOUTS = ["self", "cross", "pma", "pffn", "padded"]
+LAYOUTS = ["self", "cross", "pma", "pffn", "padded", "self_cut"]
 MASKS = {"none": (False, None), "causal": (True, None), "window": (False, (3, 2)), "hstu": (True, (4, 0)),
          "left_only": (False, (2, None))}
 
@@ -42,17 +42,18 @@ class VarlenCase:
 
 def make_case(layout: str, gen, h=4, hkv=2, d=16, dv=24, lq=None, lk=None) -> VarlenCase:
     """A random batch in ``layout``: one of ``LAYOUTS``, or "padded_self" (a padded batch whose keys have the
-    queries' lengths, both sides given one seqused tensor). "self" gives both sides one cu_seqlens tensor."""
+    queries' lengths, both sides given one seqused tensor). "self" gives both sides one cu_seqlens tensor;
+    "self_cut" too, with one seqused tensor that cuts some samples short (an empty one, an uncut one)."""
     lq = list(lq or LENGTHS_Q)
     lk = list(lk or LENGTHS_K)
     b = len(lq)
     kw = dict(cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None)
-    if layout in ("self", "padded_self"):
+    if layout in ("self", "padded_self", "self_cut"):
         lk = lq
-    if layout in ("self", "cross", "pffn"):
+    if layout in ("self", "cross", "pffn", "self_cut"):
         q = randn(gen, sum(lq), h, d, dtype=torch.float64)
         kw["cu_seqlens_q"] = cu_of(lq)
-    if layout in ("self", "cross", "pma"):
+    if layout in ("self", "cross", "pma", "self_cut"):
         k = randn(gen, sum(lk), hkv, d, dtype=torch.float64)
         v = randn(gen, sum(lk), hkv, dv, dtype=torch.float64)
         kw["cu_seqlens_k"] = cu_of(lk)
@@ -69,8 +70,12 @@ def make_case(layout: str, gen, h=4, hkv=2, d=16, dv=24, lq=None, lk=None) -> Va
         v = randn(gen, b, max(lk), hkv, dv, dtype=torch.float64)
         kw["seqused_q"] = torch.tensor(lq, dtype=torch.int32)
         kw["seqused_k"] = torch.tensor(lk, dtype=torch.int32)
-    if layout == "self":
+    if layout in ("self", "self_cut"):
         kw["cu_seqlens_k"] = kw["cu_seqlens_q"]
+    if layout == "self_cut":
+        used = [0 if z == 1 else (length if z == 0 else (length + 1) // 2) for z, length in enumerate(lq)]
+        kw["seqused_q"] = kw["seqused_k"] = torch.tensor(used, dtype=torch.int32)
+        lq = lk = used
     if layout == "padded_self":
         kw["seqused_k"] = kw["seqused_q"]
     kw["max_seqlen_q"], kw["max_seqlen_k"] = max(lq), max(lk)
@@ -79,7 +84,7 @@ def make_case(layout: str, gen, h=4, hkv=2, d=16, dv=24, lq=None, lk=None) -> Va
 
 def _sample_rows(x, cu, z, length, dense_len):
     if cu is not None:
-        return x[int(cu[z]):int(cu[z + 1])]
+        return x[int(cu[z]):int(cu[z]) + length]
     return x[z if x.shape[0] > 1 else 0][:length if length is not None else dense_len]
 
 
@@ -119,10 +124,13 @@ def oracle(case: VarlenCase, activation="silu", scale=0.3, post_scale=0.7, causa
                 s = s + bias[z, :, :nq, :nk]
             p = EAGER_ACTIVATIONS[activation](s, negative_slope) * post_scale
             oz = (p.masked_fill(~keep, 0.0) @ vh).transpose(0, 1)
-            if q.dim() == 4:  # dense queries: rows past the sample's length are zeros
-                full = oz.new_zeros(q.shape[1], *oz.shape[1:])
+            rows = q.shape[1] if q.dim() == 4 else int(kw["cu_seqlens_q"][z + 1] - kw["cu_seqlens_q"][z])
+            if rows != nq:  # rows past the sample's length (dense) or its rows used (jagged) are zeros
+                full = oz.new_zeros(rows, *oz.shape[1:])
                 full[:nq] = oz
-                oz = full[None]
+                oz = full
+            if q.dim() == 4:
+                oz = oz[None]
             outs.append(oz)
         return torch.cat(outs)
 

@@ -3,7 +3,8 @@
 Layouts (FlashAttention's): a jagged side is ``[total, H, D]`` with int32 offsets ``cu_seqlens`` of length
 B + 1; a dense side (``cu_seqlens`` None) is ``[B or 1, N, H, D]``, a batch of 1 being shared by every
 sample (PMA's seed queries, a shared memory), optionally with per-sample valid lengths ``seqused`` (a
-padded batch: rows past the length take no part and get zeros). The output follows the query's layout.
+padded batch: rows past the length take no part and get zeros; on a jagged side, the first ``seqused`` rows of
+each sample take part, the rest likewise). The output follows the query's layout.
 An optional additive ``bias`` broadcasts to ``[B, H, max_seqlen_q, max_seqlen_k]`` and is indexed by the
 sample and the positions within it (a padded batch's own coordinates): sample z reads
 ``bias[z, :, :n_q(z), :n_k(z)]``; max_seqlen is a dense side's N.
@@ -38,7 +39,7 @@ class _Rows:
     """Where each sample's rows are in one side's tensors."""
 
     offsets: list[int] | None  # jagged
-    used: list[int] | None  # dense, padded
+    used: list[int] | None  # rows that take part: a padded dense side's, or a jagged side's first ones
 
     @staticmethod
     def of(cu: torch.Tensor | None, seqused: torch.Tensor | None) -> "_Rows":
@@ -46,7 +47,8 @@ class _Rows:
 
     def index(self, x: torch.Tensor, z: int) -> tuple:
         if self.offsets is not None:
-            return (slice(self.offsets[z], self.offsets[z + 1]),)
+            end = self.offsets[z + 1] if self.used is None else min(self.offsets[z + 1], self.offsets[z] + self.used[z])
+            return (slice(self.offsets[z], max(self.offsets[z], end)),)
         entry = z if x.shape[0] > 1 else 0
         return (entry, slice(0, self.used[z] if self.used is not None else x.shape[1]))
 

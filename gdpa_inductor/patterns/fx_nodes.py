@@ -17,6 +17,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ..kernels.activations import ACTIVATIONS, ActivationName
+from .mutation import changed_in_place, stale_readers, written
 
 aten = torch.ops.aten
 
@@ -46,8 +47,20 @@ def example(node: Any) -> Any:
     return node
 
 
+class StaleRead(Exception):
+    """A node that reads a tensor after the graph changed it in place: its value is not computed from its inputs'."""
+
+
 def call_node(node: fx.Node, args: tuple, kwargs: dict) -> Any:
-    """What ``node`` computes on these concrete arguments (its own args and kwargs, evaluated)."""
+    """What ``node`` computes on these concrete arguments (its own args and kwargs, evaluated). An in-place change
+    works on a copy, so that the values given stay as they were made."""
+    if node in stale_readers(node.graph):
+        raise StaleRead(f"{node.name} reads a tensor after the graph changed it in place")
+    target = written(node)
+    if target is not None:
+        if "out" in kwargs or not args or target is not node.args[0] or not isinstance(args[0], torch.Tensor):
+            raise StaleRead(f"{node.name} changes a tensor in place")
+        args = (args[0].clone(), *args[1:])
     if node.op == "call_method":
         return getattr(args[0], node.target)(*args[1:], **kwargs)
     if node.op == "call_function":
@@ -300,8 +313,12 @@ REAL_VALUE = "gdpa_real_value"
 
 
 def real_value(node: fx.Node) -> Optional[torch.Tensor]:
-    """The real value the pass recorded for this graph input, else None."""
-    return node.meta.get(REAL_VALUE)
+    """The real value the pass recorded for this graph input, else None (also where the graph changes it in
+    place: what a proof would read is not what every reader sees)."""
+    value = node.meta.get(REAL_VALUE)
+    if value is None or changed_in_place(node):
+        return None
+    return value
 
 
 # Likewise, for a 1-D integer graph input (offsets or lengths of a padded batch), the number of jagged rows its real

@@ -33,6 +33,8 @@ class LengthMask:
     from_padding: bool = False
     offsets: bool = False
     rows_unread: bool = False  # nothing reads the block's output in the padded query rows
+    # From padding: the nodes holding Q's, K's and V's jagged rows (``padded_operands.jagged_rows``), else None.
+    jagged: tuple = (None, None, None)
 
 
 @dataclass(frozen=True)

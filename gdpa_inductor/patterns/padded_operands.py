@@ -38,6 +38,8 @@ class PaddedLengths:
     rows: bool  # Q is zero past the lengths
     cols: bool  # K and V are
     rows_unread: bool = False  # nothing reads the block's output past the lengths (it is unpadded to jagged rows)
+    # For Q, K and V: the node holding the jagged rows the operand pads (``jagged_rows``), else None.
+    jagged: tuple[Optional[fx.Node], Optional[fx.Node], Optional[fx.Node]] = (None, None, None)
 
 
 def padded_lengths(q, k, v, out: Optional[fx.Node] = None) -> Optional[PaddedLengths]:
@@ -61,8 +63,54 @@ def padded_lengths(q, k, v, out: Optional[fx.Node] = None) -> Optional[PaddedLen
                 unread = rows and out is not None and _rows_unread(out, source, offsets, n, budget)
         except Exception:  # noqa: BLE001  (a subgraph that cannot be evaluated proves nothing)
             continue
-        return PaddedLengths(source, offsets, rows, True, unread)
+        jagged = (jagged_rows(q, source, offsets, n, budget) if rows else None,
+                  jagged_rows(k, source, offsets, n, budget), jagged_rows(v, source, offsets, n, budget))
+        return PaddedLengths(source, offsets, rows, True, unread, jagged)
     return None
+
+
+def jagged_rows(plan, source: fx.Node, offsets: bool, n, budget: Optional[int]) -> Optional[fx.Node]:
+    """The node X ``[L, ...]`` whose rows the operand pads, when it is exactly that: evaluated with X random (the only
+    value the subgraph draws) and drawn lengths, the operand's position i < min(length, N) of sample b, as its
+    ``[H, D]``, equals row ``offsets[b] + i`` of X, for each draw, one of them with samples longer than N (which the
+    padding cuts to N). The fused op may then read X and the offsets in place of the padded copy."""
+    if budget is None:
+        return None
+    n = hint(n)
+    example = plan.example()
+    batch, heads, dim = hint(example.shape[0]), hint(example.shape[1]), hint(example.shape[-1])
+    found = None
+    try:
+        with concrete_mode():
+            for draw in range(DRAWS + 1):
+                lengths = draw_lengths(batch, n, seed=draw, budget=budget, longest=2 * n if draw == DRAWS else n)
+                evaluation = _Evaluation(plan.node, source, _as_source(lengths, offsets, fxn.example(source)))
+                value = evaluation.run()
+                drawn = [x for x, val in evaluation.values.items() if x not in evaluation.depends
+                         and isinstance(val, torch.Tensor) and val.is_floating_point()]
+                if len(drawn) != 1 or (found is not None and drawn[0] is not found):
+                    return None
+                found = drawn[0]
+                values = evaluation.values[found]
+                if values.dim() == 0 or values[0].numel() != heads * dim or values.dtype != example.dtype:
+                    return None
+                if plan.permute is not None:
+                    value = value.permute(plan.permute)
+                if plan.transpose_last:
+                    value = value.transpose(-2, -1)
+                starts = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)[:-1]])
+                kept = lengths.clamp(max=n)
+                pos = torch.arange(n)[None, :]
+                valid = pos < kept[:, None]
+                rows = (starts[:, None] + pos)[valid]
+                if int(starts[-1] + lengths[-1]) > values.shape[0]:
+                    return None
+                want = values.reshape(values.shape[0], heads, dim)[rows]
+                if not torch.equal(value.transpose(1, 2)[valid], want):
+                    return None
+    except Exception:  # noqa: BLE001  (a subgraph that cannot be evaluated proves nothing)
+        return None
+    return found
 
 
 # Nodes followed from the block's output to the one that drops its padded rows (views, a transpose, the unpad).
@@ -159,25 +207,27 @@ def _zero_past(plan, source: fx.Node, offsets: bool, n, budget: Optional[int]) -
     return True
 
 
-def draw_lengths(batch: int, n: int, seed: int, budget: Optional[int] = None) -> torch.Tensor:
+def draw_lengths(batch: int, n: int, seed: int, budget: Optional[int] = None,
+                 longest: Optional[int] = None) -> torch.Tensor:
     """Per-sample lengths in [0, n], with an empty and a full sample and some in between; with a ``budget`` (the
     jagged rows), adding up to it where they can (the last samples filled first, the first kept empty), so that
-    offsets end at the last row as real ones do."""
+    offsets end at the last row as real ones do. ``longest`` (above n) draws samples longer than the padding too."""
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(0, n + 1, (batch,), generator=gen)
+    top = n if longest is None else longest
+    lengths = torch.randint(0, top + 1, (batch,), generator=gen)
     first = 1 if batch >= 2 else 0
     if batch >= 2:
-        lengths[0], lengths[-1] = 0, n
+        lengths[0], lengths[-1] = 0, top
     if batch >= 3:
         lengths[1] = max(1, n // 2) if n >= 2 else 0
     if budget is not None:
-        target = min(budget, (batch - first) * n)
+        target = min(budget, (batch - first) * top)
         total = int(lengths.sum())
         if total > target:
             lengths = lengths * target // total
         deficit = target - int(lengths.sum())
         for i in reversed(range(first, batch)):
-            add = min(n - int(lengths[i]), deficit)
+            add = min(top - int(lengths[i]), deficit)
             lengths[i] += add
             deficit -= add
     return lengths

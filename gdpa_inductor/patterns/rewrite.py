@@ -308,13 +308,89 @@ def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node
     mask, its window. A bias keeps its padded [.., N, N] coordinates, which are the varlen op's per-sample ones."""
     r, plan = m.recipe, m.lengths
     bias = _bias(b, m, dtype, with_masks=plan is None or plan.from_padding)
-    seqused_q, seqused_k = _seqused(b, plan, fxn.example(k).shape[-2])
+    seqused_q, seqused_k = _seqused(b, plan, _size(b, k, -2))
     left, right = r.window if r.window is not None else (-1, -1)
     qt, kt, vt = (b.emit("method", "transpose", (x, 1, 2)) for x in (q, k, v))
     out = b.emit("function", torch.ops.gdpa.varlen_fwd_direct_v2.default,
                  (qt, kt, vt, bias, None, None, seqused_q, seqused_k, 0, 0, r.activation, float(r.scale),
                   float(r.post_scale), bool(r.causal), left, right, float(r.negative_slope)))
     return b.emit("method", "transpose", (out, 1, 2))
+
+
+def _varlen_jagged(b: _Builder, m: GdpaMatch, q: fx.Node, dtype: torch.dtype) -> fx.Node:
+    """The block on the varlen op reading K and V (and Q where its padded rows are skipped) from the jagged rows they
+    pad (``LengthMask.jagged``), with offsets from the plan's lengths and each sample's rows used cut to N as the
+    padding cuts them: no padded copy is read, and the gradients reach the jagged rows directly. A jagged output
+    goes back to the padded batch, zeros past the lengths (where the graph's are zero or unread)."""
+    r, plan = m.recipe, m.lengths
+    jq, jk, jv = plan.jagged
+    n = int(m.k.example().shape[-2])
+    offsets = _offsets(b, plan)
+    cu = b.emit("method", "to", (offsets, torch.int32))
+    used = _seqused(b, plan, n)[1]
+    k, v = _jagged(b, jk, m.k.example(), dtype), _jagged(b, jv, m.v.example(), dtype)
+    if jq is None:
+        q_side = (b.emit("method", "transpose", (q, 1, 2)), None, None)
+    else:
+        qj = _jagged(b, jq, m.q.example(), dtype, r.pre_factors)
+        q_side = (qj, cu, used)
+    left, right = r.window if r.window is not None else (-1, -1)
+    out = b.emit("function", torch.ops.gdpa.varlen_fwd_direct_v2.default,
+                 (q_side[0], k, v, _bias(b, m, dtype), q_side[1], cu, q_side[2], used, n, n, r.activation,
+                  float(r.scale), float(r.post_scale), bool(r.causal), left, right, float(r.negative_slope)))
+    if jq is None:
+        return b.emit("method", "transpose", (out, 1, 2))
+    return _padded_output(b, out, offsets, int(m.q.example().shape[0]), n)
+
+
+def _jagged(b: _Builder, rows: fx.Node, like: torch.Tensor, dtype: torch.dtype, factors=()) -> fx.Node:
+    """``rows`` [L, ...] as the op's jagged [L, H, D] for an operand read as ``like`` [B, H, N, D]."""
+    x = b.emit("method", "reshape", (rows, -1, int(like.shape[1]), int(like.shape[-1])))
+    for value, divide in factors:
+        x = b.emit("function", operator.truediv if divide else operator.mul, (x, value))
+    if fxn.example(x).dtype != dtype:
+        x = b.emit("method", "to", (x, dtype))
+    return x
+
+
+def _offsets(b: _Builder, plan) -> fx.Node:
+    """The plan's lengths as int64 offsets [B + 1]."""
+    if plan.offsets:
+        return b.emit("method", "to", (plan.lengths, torch.int64))
+    ends = b.emit("method", "cumsum", (plan.lengths, 0))
+    return b.emit("function", torch.nn.functional.pad, (b.emit("method", "to", (ends, torch.int64)), (1, 0)))
+
+
+def _padded_output(b: _Builder, out: fx.Node, offsets: fx.Node, batch: int, n: int) -> fx.Node:
+    """Jagged ``out`` [L, H, Dv] as [B, H, N, Dv]: row ``offsets[z] + i`` at position i of sample z for i < N, zeros
+    elsewhere. Rows with no place (past N, or outside the offsets) go to one extra row that is dropped, so that the
+    backward gathers the output's gradient rather than adding it up."""
+    ex = fxn.example(out)
+    rows = ex.shape[0] if isinstance(ex.shape[0], int) else b.emit("function", torch.ops.aten.sym_size.int, (out, 0))
+    t = b.emit("function", torch.arange, (rows,), {"device": ex.device})
+    # searched in the whole offsets: Inductor's CUDA lowering of searchsorted (torch 2.11) reads a sliced
+    # sequence from its storage's first element
+    after = b.emit("function", torch.searchsorted, (offsets, t), {"right": True})
+    sample = b.emit("function", operator.sub, (after, 1))
+    clamped = b.emit("method", "clamp", (sample, 0, batch - 1))
+    pos = b.emit("function", operator.sub, (t, b.emit("function", operator.getitem, (offsets, clamped))))
+    placed = b.emit("function", operator.and_, (
+        b.emit("function", operator.and_, (b.emit("function", operator.lt, (pos, n)),
+                                           b.emit("function", operator.ge, (pos, 0)))),
+        b.emit("function", operator.lt, (sample, batch))))
+    at = b.emit("function", operator.add, (b.emit("function", operator.mul, (clamped, n)), pos))
+    dest = b.emit("function", torch.where, (placed, at, batch * n))
+    full = b.emit("method", "new_zeros", (out, (batch * n + 1, int(ex.shape[1]), int(ex.shape[2]))))
+    full = b.emit("method", "index_copy", (full, 0, dest, out))
+    full = b.emit("function", operator.getitem, (full, slice(None, batch * n, None)))
+    full = b.emit("method", "view", (full, batch, n, int(ex.shape[1]), int(ex.shape[2])))
+    return b.emit("method", "transpose", (full, 1, 2))
+
+
+def _size(b: _Builder, node: fx.Node, dim: int):
+    """``node``'s size along ``dim``: an int, or a node reading it where it is symbolic."""
+    size = fxn.example(node).shape[dim]
+    return size if isinstance(size, int) else b.emit("function", torch.ops.aten.sym_size.int, (node, dim))
 
 
 def _seqused(b: _Builder, plan, n) -> tuple[Optional[fx.Node], Optional[fx.Node]]:
@@ -337,7 +413,7 @@ def _buffer_masked(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node
     r, plan = m.recipe, m.lengths
     mask, keep_form, buffer = m.buffer_mask
     multiplier = mask if keep_form else b.emit("function", torch.logical_not, (mask,))
-    seqused_q, seqused_k = _seqused(b, plan, fxn.example(k).shape[-2])
+    seqused_q, seqused_k = _seqused(b, plan, _size(b, k, -2))
     with_masks = plan is None or plan.from_padding
     return b.emit("function", torch.ops.gdpa.attention_buffer_mask_fwd_v1.default,
                   (q, k, v, _bias(b, m, dtype, with_masks=with_masks), seqused_q, seqused_k, multiplier, buffer,
@@ -352,6 +428,8 @@ def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
     v = _operand(b, m.v, dtype)
     if m.buffer_mask is not None:
         out = _buffer_masked(b, m, q, k, v, dtype)
+    elif m.lengths is not None and m.lengths.from_padding and m.lengths.jagged[1] is not None and _static(m):
+        out = _varlen_jagged(b, m, q, dtype)
     elif m.lengths is not None or r.window is not None:
         out = _varlen_padded(b, m, q, k, v, dtype)
     else:
@@ -369,6 +447,11 @@ def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
     if fxn.example(out).shape != want.shape:
         raise ValueError(f"replacement shape {tuple(fxn.example(out).shape)} != {tuple(want.shape)}")
     return out
+
+
+def _static(m: GdpaMatch) -> bool:
+    """Whether the padded batch's sizes (B, H, N, D of each operand) are plain ints, as the jagged path builds them."""
+    return all(isinstance(s, int) for x in (m.q, m.k, m.v) for s in x.example().shape)
 
 
 def _replace(graph: fx.Graph, m: GdpaMatch) -> None:

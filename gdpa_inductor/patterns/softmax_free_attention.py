@@ -22,10 +22,11 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..lowering.dispatch import TRITON_MAX_HEAD_DIM
 from . import fx_nodes as fxn
-from .causal_mask import buffers_read
+from .causal_mask import _upstream, buffers_read
 from .chain import ChainMismatch, ChainRecipe, _chain_input, read_chain
 from .equivalence import check_equivalent
 from .length_mask import LengthMask, length_mask
+from .mutation import changed_during, stale_readers
 from .padded_operands import padded_lengths
 
 FUSABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -96,8 +97,10 @@ class GdpaMatch:
             source = f"{'offsets' if self.lengths.offsets else 'lengths'} {self.lengths.lengths.name}"
             masks = "" if self.recipe.mask_note == "none" else f"{self.recipe.mask_note}; "
             unread = " (their outputs unread)" if self.lengths.rows_unread else ""
+            read = [name for name, x in zip("QKV", self.lengths.jagged) if x is not None]
+            jagged = f"; {', '.join(read)} read from their jagged rows" if read else ""
             return (f"{masks}operands zero-padded past the {source}: padded {skipped} skipped{unread} "
-                    f"(varlen op, per-sample lengths)")
+                    f"(varlen op, per-sample lengths{jagged})")
         return f"{causal}{window}padding length mask: padded {skipped} skipped (varlen op, per-sample lengths)"
 
 
@@ -128,6 +131,9 @@ class SoftmaxFreeAttention:
         except ChainMismatch as e:
             return None, str(e)
         m = GdpaMatch(self.name, outer, scores, recipe, q_plan, k_plan, v_plan, out_perm)
+        reason = _in_place_reason(m)
+        if reason:
+            return None, reason
         ok, reason = self.check(m)
         if not ok:
             return None, reason
@@ -343,6 +349,29 @@ def _peel_blocked_kv_repeat(k: OperandPlan, v: OperandPlan) -> tuple[OperandPlan
     return OperandPlan(rk[0]), OperandPlan(rv[0])
 
 
+def _in_place_reason(m: GdpaMatch) -> str:
+    """Why in-place changes in the graph keep the block from being rewritten, or "": a change of what the block
+    reads between its first read and the fused op's, or a read of the block (or of the views that lead from its
+    operands to it) that comes after a change of the tensor read."""
+    region = (m.scores, *m.recipe.nodes, m.outer)
+    upstream = set(_upstream(m.outer))
+    changer = changed_during(region, m.outer, upstream)
+    if changer is not None:
+        return f"{changer.name} changes in place a tensor the block reads, before the fused op would read it"
+    stale = stale_readers(m.outer.graph)
+    if not stale:
+        return ""
+    readers = set(region)
+    frontier = [m.q.node, m.k.node, m.v.node]
+    while frontier:  # the views from each operand to the block
+        for user in frontier.pop().users:
+            if user in upstream and user not in readers:
+                readers.add(user)
+                frontier.append(user)
+    hit = sorted(n.name for n in readers & stale)
+    return f"{hit[0]} reads a tensor after the graph changed it in place" if hit else ""
+
+
 def _is_shared_weight(node: fx.Node) -> bool:
     """A parameter (possibly viewed/expanded): the same weights for every sample."""
     cur = node
@@ -367,7 +396,8 @@ def _prove(m: GdpaMatch) -> tuple[bool, str]:
         return ok, reason
     m.lengths = None
     if plan.rows and not plan.rows_unread and not m.recipe.causal and m.recipe.window is None:
-        m.lengths = LengthMask(plan.lengths, False, True, from_padding=True, offsets=plan.offsets)
+        m.lengths = LengthMask(plan.lengths, False, True, from_padding=True, offsets=plan.offsets,
+                               jagged=(None, *plan.jagged[1:]))
         if check_equivalent(m)[0]:
             return True, "ok"
         m.lengths = None
@@ -413,7 +443,21 @@ def _padded_plan(m: GdpaMatch) -> Optional[LengthMask]:
     if (m.recipe.causal or m.recipe.window is not None) and not found.rows:
         return None
     return LengthMask(found.source, found.rows, found.cols, from_padding=True, offsets=found.offsets,
-                      rows_unread=found.rows_unread)
+                      rows_unread=found.rows_unread, jagged=_jagged_sides(m, found))
+
+
+def _jagged_sides(m: GdpaMatch, found) -> tuple:
+    """Which operands the op reads from their jagged rows: K and V together, and Q with them where its padded rows
+    are skipped and it is scaled only by numbers (a tensor factor has the padded layout); every side whose rows are
+    skipped, or none."""
+    jq, jk, jv = found.jagged
+    if jk is None or jv is None:
+        return (None, None, None)
+    if not found.rows:
+        return (None, jk, jv)
+    if jq is None or any(fxn.is_tensor_node(value) for value, _ in m.recipe.pre_factors):
+        return (None, None, None)
+    return (jq, jk, jv)
 
 
 def _varlen_layout(m: GdpaMatch) -> bool:

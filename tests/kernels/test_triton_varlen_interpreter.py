@@ -104,7 +104,8 @@ def test_fp32_bias_and_its_gradient(layout, shared, grouped, gen, monkeypatch):
 
 
 @pytest.mark.parametrize("batch", [1, 5, 300])
-@pytest.mark.parametrize("modes", [("jagged", "jagged"), ("full", "jagged"), ("jagged", "full"), ("padded", "padded")])
+@pytest.mark.parametrize("modes", [("jagged", "jagged"), ("full", "jagged"), ("jagged", "full"), ("padded", "padded"),
+                                   ("cut", "cut")])
 def test_schedule_kernel_matches_torch(modes, batch, gen, monkeypatch):
     """The one-launch schedule (rows of both sides, samples by decreasing work, ties in index order) equals
     the torch-op fallback, with many equal lengths and zeros."""
@@ -114,9 +115,10 @@ def test_schedule_kernel_matches_torch(modes, batch, gen, monkeypatch):
     args = []
     for mode, lens, heads in zip(modes, lengths, (4, 2)):
         total = int(lens.sum())
-        if mode == "jagged":
+        if mode in ("jagged", "cut"):  # "cut": a jagged side with rows used, some past the length, one negative
+            used = torch.randint(-1, 40, (batch,), generator=gen) if mode == "cut" else None
             args.append((torch.zeros(total, heads, 8), torch.cat([torch.zeros(1, dtype=torch.int32),
-                                                                  lens.cumsum(0).to(torch.int32)]), None))
+                                                                  lens.cumsum(0).to(torch.int32)]), used))
         else:
             dense = torch.zeros(1 if mode == "full" else batch, 35, heads, 8)
             args.append((dense, None, lens if mode == "padded" else None))

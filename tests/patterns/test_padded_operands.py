@@ -20,6 +20,8 @@ N = 12
 LENGTHS = [5, 12, 0, 9]
 SKIPS_BOTH = "padded query rows and key columns skipped"
 SKIPS_KEYS = "padded key columns skipped"
+READS_QKV = "Q, K, V read from their jagged rows"
+READS_KV = "; K, V read from their jagged rows"
 
 
 def _masks_of(model: nn.Module, *inputs) -> list[str]:
@@ -64,7 +66,7 @@ def test_hstu_reference_skips_its_padding(case, padding):
     model = HSTUReferenceMHA(N, padding=padding, **CASES[case])
     inputs = _inputs()
     notes = _masks_of(model, *inputs)
-    assert len(notes) == 1 and SKIPS_BOTH in notes[0], notes
+    assert len(notes) == 1 and SKIPS_BOTH in notes[0] and READS_QKV in notes[0], notes
     rewrites, err = compiled_vs_eager(model, *inputs)
     assert rewrites == 1
     assert err < 1e-5
@@ -108,6 +110,11 @@ class PaddedBlock(nn.Module):
         q, k, v = (self._pad(x, offsets, fill) for x in (q, k, v))
         if self.variant == "shifted_keys":
             k = k + self.shift
+        if self.variant == "reversed_rows":  # zero past the lengths, but not the jagged rows in their order
+            lengths = (offsets[1:] - offsets[:-1])[:, None]
+            pos = torch.arange(N)[None, :]
+            order = torch.where(pos < lengths, lengths - 1 - pos, pos)
+            k = torch.gather(k, 2, order[:, None, :, None].expand_as(k))
         s = q @ k.transpose(-2, -1)
         if self.variant == "sigmoid":
             p = torch.sigmoid(s)
@@ -128,19 +135,20 @@ class PaddedBlock(nn.Module):
         return p @ v
 
 
-@pytest.mark.parametrize("variant, skipped", [
-    ("silu", SKIPS_BOTH),
-    ("sigmoid", SKIPS_KEYS),  # sigmoid(0) = 1/2: a padded query row's output is not zero
-    ("causal_sigmoid", None),  # causal needs both skipped
-    ("causal_silu_rab", None),  # silu(rab) at a padded query row is not zero
-    ("band_relu_rab", None),  # the band reaches a valid key from the first padded row: relu(rab) there
+@pytest.mark.parametrize("variant, skipped, reads", [
+    ("silu", SKIPS_BOTH, READS_QKV),
+    ("sigmoid", SKIPS_KEYS, READS_KV),  # sigmoid(0) = 1/2: a padded query row's output is not zero
+    ("causal_sigmoid", None, None),  # causal needs both skipped
+    ("causal_silu_rab", None, None),  # silu(rab) at a padded query row is not zero
+    ("band_relu_rab", None, None),  # the band reaches a valid key from the first padded row: relu(rab) there
     # the same, but the output goes back to jagged rows: what the padded rows hold is never read
-    ("causal_silu_rab_unpadded", SKIPS_BOTH + " (their outputs unread)"),
-    ("causal_sigmoid_unpadded", SKIPS_BOTH + " (their outputs unread)"),
-    ("nonzero_padding_value", None),
-    ("shifted_keys", None),  # K is not zero past the lengths
+    ("causal_silu_rab_unpadded", SKIPS_BOTH + " (their outputs unread)", READS_QKV),
+    ("causal_sigmoid_unpadded", SKIPS_BOTH + " (their outputs unread)", READS_QKV),
+    ("nonzero_padding_value", None, None),
+    ("shifted_keys", None, None),  # K is not zero past the lengths
+    ("reversed_rows", SKIPS_BOTH, None),  # K is zero there, but its rows are not the jagged ones in order
 ])
-def test_padding_is_skipped_only_where_proven(variant, skipped):
+def test_padding_is_skipped_only_where_proven(variant, skipped, reads):
     model = PaddedBlock(variant)
     inputs = _inputs(1)
     notes = _masks_of(model, *inputs)
@@ -149,6 +157,10 @@ def test_padding_is_skipped_only_where_proven(variant, skipped):
         assert "zero-padded" not in notes[0], notes
     else:
         assert skipped in notes[0] and (SKIPS_BOTH in skipped or SKIPS_BOTH not in notes[0]), notes
+    if reads is None:
+        assert "jagged rows" not in notes[0], notes
+    else:
+        assert reads in notes[0], notes
     rewrites, err = compiled_vs_eager(model, *inputs)
     assert rewrites == 1
     assert err < 1e-5
@@ -179,3 +191,45 @@ def test_compiled_with_inductor():
     got = torch.compile(model, backend="gdpa")(*inputs)
     assert counters["gdpa"]["rewrites"] == 1
     torch.testing.assert_close(got, model(*inputs), rtol=1e-5, atol=1e-6)
+
+
+class RowsUnpadded(nn.Module):
+    """The benchmark's spelling: padded by a gather, and back to jagged rows through a [L] index of flat b * N + i
+    positions that the caller computes (no proof can read it)."""
+
+    def forward(self, q, k, v, offsets, rows):
+        q, k, v = (pad_by_gather(x.reshape(x.shape[0], -1), offsets, N).view(-1, N, 2, 8).transpose(1, 2)
+                   for x in (q, k, v))
+        s = torch.einsum("bhxa,bhya->bhxy", q, k)
+        p = F.silu(s) / N * torch.tril(torch.ones(N, N, dtype=torch.bool))
+        out = torch.einsum("bhxy,bhyv->bhxv", p, v)
+        return out.transpose(1, 2).reshape(-1, 16)[rows]
+
+
+def _rows_inputs(lengths: list[int], seed: int) -> tuple:
+    q, k, v, offsets = jagged_inputs(torch.Generator().manual_seed(seed), lengths)
+    rows = torch.cat([z * N + torch.arange(min(n, N)) for z, n in enumerate(lengths)])
+    return q, k, v, offsets, rows
+
+
+def test_samples_longer_than_the_padding_are_cut_as_it_cuts_them():
+    """A sample of 17 rows padded to N = 12 keeps its first 12: the op reads the jagged rows with the rows used cut
+    to N, and the rows past N get no gradient."""
+    inputs = _rows_inputs([5, 17, 0, 9], seed=4)
+    notes = _masks_of(RowsUnpadded(), *inputs)
+    assert len(notes) == 1 and READS_QKV in notes[0], notes
+    rewrites, err = compiled_vs_eager(RowsUnpadded(), *inputs)
+    assert rewrites == 1
+    assert err < 1e-5
+
+
+def test_jagged_rows_of_another_total_in_one_compiled_model():
+    """Batches of other jagged totals (a recompile with the total symbolic) keep reading the jagged rows."""
+    reset()
+    model = RowsUnpadded()
+    compiled = torch.compile(model, backend="gdpa")
+    for seed, lengths in enumerate(([5, 12, 0, 9], [3, 7, 12, 1], [8, 8, 8, 8])):
+        inputs = _rows_inputs(lengths, seed)
+        got = compiled(*inputs)
+        torch.testing.assert_close(got, model(*inputs), rtol=1e-5, atol=1e-6)
+    assert counters["gdpa"]["rewrites"] >= 2

@@ -487,68 +487,43 @@ def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.T
     l_offsets_ = L_offsets_
     l_k_ = L_k_
     values = l_q_.reshape(26, 32);  l_q_ = None
-    getitem = l_offsets_[slice(1, None, None)]
-    getitem_1 = l_offsets_[slice(None, -1, None)]
-    lengths = getitem - getitem_1;  getitem = getitem_1 = None
-    arange = torch.arange(12, device = device(type='cpu'))
-    pos = arange[(None, slice(None, None, None))];  arange = None
-    getitem_3 = l_offsets_[(slice(None, -1, None), None)]
-    add = getitem_3 + pos;  getitem_3 = None
-    src = add.clamp(max = 25);  add = None
-    getitem_4 = lengths[(slice(None, None, None), None)];  lengths = None
-    lt = pos < getitem_4;  pos = getitem_4 = None
-    valid = lt.unsqueeze(-1);  lt = None
-    getitem_5 = values[src];  values = src = None
-    dense = getitem_5 * valid;  getitem_5 = valid = None
-    view = dense.view(-1, 12, 2, 16);  dense = None
-    qp = view.transpose(1, 2);  view = None
     values_1 = l_k_.reshape(26, 32);  l_k_ = None
-    getitem_6 = l_offsets_[slice(1, None, None)]
-    getitem_7 = l_offsets_[slice(None, -1, None)]
-    lengths_1 = getitem_6 - getitem_7;  getitem_6 = getitem_7 = None
-    arange_1 = torch.arange(12, device = device(type='cpu'))
-    pos_1 = arange_1[(None, slice(None, None, None))];  arange_1 = None
-    getitem_9 = l_offsets_[(slice(None, -1, None), None)]
-    add_1 = getitem_9 + pos_1;  getitem_9 = None
-    src_1 = add_1.clamp(max = 25);  add_1 = None
-    getitem_10 = lengths_1[(slice(None, None, None), None)];  lengths_1 = None
-    lt_1 = pos_1 < getitem_10;  pos_1 = getitem_10 = None
-    valid_1 = lt_1.unsqueeze(-1);  lt_1 = None
-    getitem_11 = values_1[src_1];  values_1 = src_1 = None
-    dense_1 = getitem_11 * valid_1;  getitem_11 = valid_1 = None
-    view_1 = dense_1.view(-1, 12, 2, 16);  dense_1 = None
-    kp = view_1.transpose(1, 2);  view_1 = None
     values_2 = l_v_.reshape(26, 32);  l_v_ = None
-    getitem_12 = l_offsets_[slice(1, None, None)]
-    getitem_13 = l_offsets_[slice(None, -1, None)]
-    lengths_2 = getitem_12 - getitem_13;  getitem_12 = getitem_13 = None
-    arange_2 = torch.arange(12, device = device(type='cpu'))
-    pos_2 = arange_2[(None, slice(None, None, None))];  arange_2 = None
-    getitem_15 = l_offsets_[(slice(None, -1, None), None)]
-    add_2 = getitem_15 + pos_2;  getitem_15 = None
-    src_2 = add_2.clamp(max = 25);  add_2 = None
-    getitem_16 = lengths_2[(slice(None, None, None), None)];  lengths_2 = None
-    lt_2 = pos_2 < getitem_16;  pos_2 = getitem_16 = None
-    valid_2 = lt_2.unsqueeze(-1);  lt_2 = None
-    getitem_17 = values_2[src_2];  values_2 = src_2 = None
-    dense_2 = getitem_17 * valid_2;  getitem_17 = valid_2 = None
-    view_2 = dense_2.view(-1, 12, 2, 16);  dense_2 = None
-    vp = view_2.transpose(1, 2);  view_2 = None
     getitem_18 = l_offsets_[slice(1, None, None)]
     getitem_19 = l_offsets_[slice(None, -1, None)]
     sub_3 = getitem_18 - getitem_19;  getitem_18 = getitem_19 = None
     max_ids = sub_3.view(-1, 1, 1);  sub_3 = max_ids = None
+    to = l_offsets_.to(torch.int64)
+    to_1 = to.to(torch.int32)
     getitem_22 = l_offsets_[slice(1, None, None)]
     getitem_23 = l_offsets_[slice(None, -1, None)]
     sub_7 = getitem_22 - getitem_23;  getitem_22 = getitem_23 = None
     clamp_3 = sub_7.clamp(0, 12);  sub_7 = None
-    to = clamp_3.to(torch.int32);  clamp_3 = None
-    transpose_4 = qp.transpose(1, 2);  qp = None
-    transpose_5 = kp.transpose(1, 2);  kp = None
-    transpose_6 = vp.transpose(1, 2);  vp = None
-    varlen_fwd_direct_v2_default = torch.ops.gdpa.varlen_fwd_direct_v2.default(transpose_4, transpose_5, transpose_6, None, None, None, to, to, 0, 0, 'silu', 0.5, 0.08333333333333333, True, -1, -1, 0.01);  transpose_4 = transpose_5 = transpose_6 = to = None
-    transpose_7 = varlen_fwd_direct_v2_default.transpose(1, 2);  varlen_fwd_direct_v2_default = None
-    transpose_3 = transpose_7.transpose(1, 2);  transpose_7 = None
+    to_2 = clamp_3.to(torch.int32);  clamp_3 = None
+    reshape_4 = values_1.reshape(-1, 2, 16);  values_1 = None
+    reshape_5 = values_2.reshape(-1, 2, 16);  values_2 = None
+    reshape_6 = values.reshape(-1, 2, 16);  values = None
+    varlen_fwd_direct_v2_default = torch.ops.gdpa.varlen_fwd_direct_v2.default(reshape_6, reshape_4, reshape_5, None, to_1, to_1, to_2, to_2, 12, 12, 'silu', 0.5, 0.08333333333333333, True, -1, -1, 0.01);  reshape_6 = reshape_4 = reshape_5 = to_1 = to_2 = None
+    arange_6 = torch.arange(26, device = device(type='cpu'))
+    searchsorted_1 = torch.searchsorted(to, arange_6, right = True)
+    sub_8 = searchsorted_1 - 1;  searchsorted_1 = None
+    clamp_4 = sub_8.clamp(0, 3)
+    getitem_24 = to[clamp_4];  to = None
+    sub_9 = arange_6 - getitem_24;  arange_6 = getitem_24 = None
+    lt_3 = sub_9 < 12
+    ge = sub_9 >= 0
+    and_ = lt_3 & ge;  lt_3 = ge = None
+    lt_4 = sub_8 < 4;  sub_8 = None
+    and__1 = and_ & lt_4;  and_ = lt_4 = None
+    mul_6 = clamp_4 * 12;  clamp_4 = None
+    add_4 = mul_6 + sub_9;  mul_6 = sub_9 = None
+    where = torch.where(and__1, add_4, 48);  and__1 = add_4 = None
+    new_zeros = varlen_fwd_direct_v2_default.new_zeros((49, 2, 16))
+    index_copy = new_zeros.index_copy(0, where, varlen_fwd_direct_v2_default);  new_zeros = where = varlen_fwd_direct_v2_default = None
+    getitem_25 = index_copy[slice(None, 48, None)];  index_copy = None
+    view_10 = getitem_25.view(4, 12, 2, 16);  getitem_25 = None
+    transpose_4 = view_10.transpose(1, 2);  view_10 = None
+    transpose_3 = transpose_4.transpose(1, 2);  transpose_4 = None
     flatten = transpose_3.flatten(2, 3);  transpose_3 = None
     arange_4 = torch.arange(26, device = device(type='cpu'))
     searchsorted = torch.searchsorted(l_offsets_, arange_4, right = True);  arange_4 = None

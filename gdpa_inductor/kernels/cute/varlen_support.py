@@ -67,9 +67,10 @@ def varlen_causal_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row
     if max(q.shape[-1], v.shape[-1]) > CAUSAL_TILE:
         return False, f"causal masking in {kernel} needs D and Dv of at most {CAUSAL_TILE}"
     if cu_q is not None or cu_k is not None:
-        if cu_q is not cu_k:
+        if cu_q is not cu_k or used_q is not used_k:
             return False, (f"causal masking in {kernel} needs queries and keys to take their rows from one "
-                           "cu_seqlens tensor (per-sample lengths are not read on the host)")
+                           "cu_seqlens tensor, and their rows used from one seqused tensor or none (per-sample "
+                           "lengths are not read on the host)")
         return True, ""
     if used_q is not None or used_k is not None:
         if used_q is not used_k:
