@@ -1,12 +1,12 @@
 """Each sample's rows on both sides, and the order the varlen kernels visit the samples in, in one launch.
 
 For B samples, one Triton program reads the offsets (jagged side, with the rows used of each sample when it has
-valid lengths too), the valid lengths (padded dense side) or nothing (full dense side), sorts the samples by work (nq * nk, longest first) with ``tl.sort`` on keys
-that carry the sample index in their low bits, and writes, by rank, the sample index with its start rows
-and lengths on both sides: a kernel program then loads its five scalars at once, without a dependent load. The same
-with torch ops takes about six launches and a 28 us radix sort (H200), 10% of a forward at Meta's
-shortest shapes. Batches beyond one program's sort (``MAX_SORT``), and CPU tensors outside the
-interpreter, use the torch ops.
+valid lengths too), the valid lengths (padded dense side) or nothing (full dense side), sorts the samples by work
+(nq * nk, longest first) with ``tl.sort`` on keys that carry the sample index in their low bits, and writes, by
+rank, the sample index with its start rows and lengths on both sides: a kernel program then loads its five scalars
+at once, without a dependent load. The same with torch ops takes about six launches and a 28 us radix sort (H200),
+10% of a forward at Meta's shortest shapes. Batches beyond one program's sort (``MAX_SORT``), and CPU tensors
+outside the interpreter, use the torch ops.
 """
 
 from __future__ import annotations
