@@ -34,12 +34,13 @@ def gen():
     return torch.Generator().manual_seed(37)
 
 
+@pytest.mark.parametrize("layout", ["self", "self_cut"])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("max_attn_len", [0, 1, 100, 128, 300])
-def test_hstu_windows(max_attn_len, dtype, gen, cute_varlen_only):
+def test_hstu_windows(max_attn_len, dtype, layout, gen, cute_varlen_only):
     """HSTU's max_attn_len over jagged self-attention: windows of no key but the diagonal's, narrower than a key
-    tile, of one, and longer than most samples."""
-    case = make_case("self", gen, h=4, hkv=2, d=128, dv=128, lq=LENGTHS).to("cuda")
+    tile, of one, and longer than most samples; also with samples cut short (a padded batch's N)."""
+    case = make_case(layout, gen, h=4, hkv=2, d=128, dv=128, lq=LENGTHS).to("cuda")
     check(case, DTYPES[dtype], activation="gelu_tanh", causal=True, window=(max_attn_len, 0))
 
 

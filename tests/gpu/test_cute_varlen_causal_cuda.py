@@ -34,7 +34,7 @@ def gen():
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("layout", ["self", "padded_self"])
+@pytest.mark.parametrize("layout", ["self", "padded_self", "self_cut"])
 def test_layouts(layout, dtype, gen, cute_varlen_only):
     case = make_case(layout, gen, h=4, hkv=2, d=128, dv=128, lq=LENGTHS).to("cuda")
     check(case, DTYPES[dtype], activation="gelu_tanh", causal=True)
