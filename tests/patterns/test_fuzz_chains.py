@@ -2,7 +2,8 @@
 misses of it (masks off the diagonal by one, fills that are not zero for the activation, a bias after a mask,
 two masks, scales on either side of the bias and of the activation, boolean masks cast to floats and divided by,
 a factor per query row or per key, einsums with ``...``, a dead clone of the scores, operands zero-padded past
-per-sample lengths and near misses of that). Whatever the matcher decides,
+per-sample lengths and near misses of that, padded by a gather from jagged rows or from rows shifted by one, and
+in-place changes: of a key after the scores read it, of the scores without reassigning them, of a padded row). Whatever the matcher decides,
 the compiled program must give eager's values and NaN positions. A fixed seed set runs here;
 ``GDPA_FUZZ_PROGRAMS=N`` asks for N programs."""
 
@@ -62,14 +63,25 @@ def _causal_keep(n: int, form: str, param: int) -> torch.Tensor:
     return i + param >= j
 
 
-def _padded(q, k, v, lengths, padding: str):
+def _padded(q, k, v, lengths, padding: str, gather_shift):
     """Operands of a padded batch past per-sample lengths: zero (all three, or K and V), or near misses (K alone, a
-    nonzero fill)."""
+    nonzero fill). With ``gather_shift`` (an int), each padded operand is gathered from jagged rows (its own rows,
+    samples packed from row 0) at ``offsets[b] + i + gather_shift``: 0 pads the rows in order, 1 is a near miss."""
     valid = (torch.arange(q.shape[-2])[None, :] < lengths[:, None])[:, None, :, None]
     if padding == "fill":
         return tuple(x.masked_fill(~valid, 0.5) for x in (q, k, v))
     padded = {"qkv": "qkv", "kv": "kv", "k_only": "k"}[padding]
-    return tuple(x * valid if name in padded else x for name, x in zip("qkv", (q, k, v)))
+    if gather_shift is None:
+        return tuple(x * valid if name in padded else x for name, x in zip("qkv", (q, k, v)))
+    b, h, n, d = q.shape
+    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+    src = (offsets[:-1, None] + torch.arange(n)[None, :] + gather_shift).clamp(max=b * n - 1)
+
+    def gathered(x):
+        rows = x.transpose(1, 2).reshape(b * n, h * d)
+        return (rows[src] * valid[:, 0]).view(b, n, h, d).transpose(1, 2)
+
+    return tuple(gathered(x) if name in padded else x for name, x in zip("qkv", (q, k, v)))
 
 
 def make_program(seed: int):
@@ -91,6 +103,8 @@ def make_program(seed: int):
     extra = {}
     if padding is not None:
         extra["lengths"] = torch.tensor([rng.randint(0, 16), rng.randint(1, 16)])
+    gather_shift = rng.choice([None, 0, 0, 1]) if padding in ("qkv", "kv") else None
+    in_place = rng.choice([None, None, None, "key_after_scores", "scores_not_reassigned", "padded_row_set"])
     gen = torch.Generator().manual_seed(seed)
     if bias_kind == "tensor":
         extra["bias"] = torch.randn(16, 16, generator=gen)
@@ -103,11 +117,20 @@ def make_program(seed: int):
 
     def fn(q, k, v, bias=None, temp=None, factor=None, lengths=None):
         n = q.shape[-2]
+        if in_place is not None:  # copies: the program changes them, not its inputs
+            q, k, v = q * 1.0, k * 1.0, v * 1.0
         if padding is not None:
-            q, k, v = _padded(q, k, v, lengths, padding)
+            q, k, v = _padded(q, k, v, lengths, padding, gather_shift)
+        if in_place == "padded_row_set":
+            k[:, :, -1, :] = 0.25
+            v[:, :, -1, :] = 0.5
         s = q @ k.transpose(-2, -1) if spelling == "matmul" else torch.einsum("...id,...jd->...ij", q, k)
         if dead_clone:
             s.clone()
+        if in_place == "key_after_scores":
+            k.mul_(2.0)
+        elif in_place == "scores_not_reassigned":
+            s.mul_(0.5)
         masks = [_causal_keep(n, *spec) for spec in mask_specs]
 
         def add_bias(s):
@@ -151,7 +174,8 @@ def make_program(seed: int):
         return p @ v if spelling == "matmul" else torch.einsum("...ij,...jd->...id", p, v)
 
     steps = f"{spelling}, {act_name}, pre={pre_scale}, bias={bias_kind} (first={bias_first}), masks={mask_specs} " \
-            f"{mask_place} fill={fill}, post={post}, dead clone={dead_clone}, padding={padding}"
+            f"{mask_place} fill={fill}, post={post}, dead clone={dead_clone}, padding={padding}, " \
+            f"gather shift={gather_shift}, in place={in_place}"
     return fn, extra, steps
 
 
