@@ -54,7 +54,7 @@ class StaleRead(Exception):
 def call_node(node: fx.Node, args: tuple, kwargs: dict) -> Any:
     """What ``node`` computes on these concrete arguments (its own args and kwargs, evaluated). An in-place change
     works on a copy, so that the values given stay as they were made."""
-    if node in stale_readers(node.graph):
+    if node in stale_readers(node.graph, node):
         raise StaleRead(f"{node.name} reads a tensor after the graph changed it in place")
     target = written(node)
     if target is not None:

@@ -150,21 +150,24 @@ class _Analysis:
 _CACHE: "weakref.WeakKeyDictionary[fx.Graph, _Analysis]" = weakref.WeakKeyDictionary()
 
 
-def _analysis(graph: fx.Graph) -> _Analysis:
+def _analysis(graph: fx.Graph, *nodes: fx.Node) -> _Analysis:
+    """The graph's analysis, made again once the pass has changed the graph (its node count, or a node asked about
+    that it does not know)."""
     found = _CACHE.get(graph)
-    if found is None or found.count != len(graph.nodes):
+    if found is None or found.count != len(graph.nodes) or any(n not in found.position for n in nodes):
         found = _CACHE[graph] = _Analysis(graph)
     return found
 
 
-def stale_readers(graph: fx.Graph) -> frozenset[fx.Node]:
-    """The nodes that read a tensor after an in-place change of it (or of a view of it)."""
-    return _analysis(graph).stale
+def stale_readers(graph: fx.Graph, *nodes: fx.Node) -> frozenset[fx.Node]:
+    """The nodes that read a tensor after an in-place change of it (or of a view of it); ``nodes``: those the caller
+    asks about (the analysis is made again if it does not know them)."""
+    return _analysis(graph, *nodes).stale
 
 
 def changed_in_place(node: fx.Node) -> bool:
     """Whether the graph changes ``node``'s tensor (or a view of it) in place anywhere."""
-    return node in _analysis(node.graph).changed
+    return node in _analysis(node.graph, node).changed
 
 
 def changed_during(region: Iterable[fx.Node], last: fx.Node, reads: Iterable[fx.Node]) -> Optional[fx.Node]:
@@ -172,7 +175,7 @@ def changed_during(region: Iterable[fx.Node], last: fx.Node, reads: Iterable[fx.
     of ``region`` (the block's nodes) and before ``last`` (where the fused op will read its inputs), other than a
     change of a tensor only the block reads; else None."""
     region = frozenset(region)
-    analysis = _analysis(last.graph)
+    analysis = _analysis(last.graph, last, *region)
     start = min(analysis.position[n] for n in region)
     end = analysis.position[last]
     reads = frozenset(reads)

@@ -358,7 +358,7 @@ def _in_place_reason(m: GdpaMatch) -> str:
     changer = changed_during(region, m.outer, upstream)
     if changer is not None:
         return f"{changer.name} changes in place a tensor the block reads, before the fused op would read it"
-    stale = stale_readers(m.outer.graph)
+    stale = stale_readers(m.outer.graph, *region)
     if not stale:
         return ""
     readers = set(region)

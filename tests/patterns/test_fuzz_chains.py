@@ -1,11 +1,11 @@
-"""Random programs between two matmuls, compiled vs eager in float64: every spelling the matcher reads and near
-misses of it (masks off the diagonal by one, fills that are not zero for the activation, a bias after a mask,
-two masks, scales on either side of the bias and of the activation, boolean masks cast to floats and divided by,
-a factor per query row or per key, einsums with ``...``, a dead clone of the scores, operands zero-padded past
-per-sample lengths and near misses of that, padded by a gather from jagged rows or from rows shifted by one, and
-in-place changes: of a key after the scores read it, of the scores without reassigning them, of a padded row). Whatever the matcher decides,
-the compiled program must give eager's values and NaN positions. A fixed seed set runs here;
-``GDPA_FUZZ_PROGRAMS=N`` asks for N programs."""
+"""Random programs between two matmuls, compiled vs eager in float64: every spelling the matcher reads and near misses
+of it (masks off the diagonal by one, fills that are not zero for the activation, a bias after a mask, two masks,
+scales on either side of the bias and of the activation, boolean masks cast to floats and divided by, a factor per
+query row or per key, einsums with ``...``, a dead clone of the scores, operands zero-padded past per-sample lengths
+and near misses of that, padded by a gather from jagged rows or from rows shifted by one, and in-place changes: of a
+key after the scores read it, of the scores without reassigning them, of a padded row). Whatever the matcher decides,
+the compiled program must give eager's values and NaN positions. A fixed seed set runs here; ``GDPA_FUZZ_PROGRAMS=N``
+asks for N programs."""
 
 from __future__ import annotations
 
