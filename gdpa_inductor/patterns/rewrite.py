@@ -317,19 +317,21 @@ def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node
     return b.emit("method", "transpose", (out, 1, 2))
 
 
-def _varlen_jagged(b: _Builder, m: GdpaMatch, q: fx.Node, dtype: torch.dtype) -> fx.Node:
+def _varlen_jagged(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> fx.Node:
     """The block on the varlen op reading K and V (and Q where its padded rows are skipped) from the jagged rows they
     pad (``LengthMask.jagged``), with offsets from the plan's lengths and each sample's rows used cut to N as the
     padding cuts them: no padded copy is read, and the gradients reach the jagged rows directly. A jagged output
-    goes back to the padded batch, zeros past the lengths (where the graph's are zero or unread)."""
+    goes back to the padded batch, zeros past the lengths (where the graph's are zero or unread). Offsets past the
+    rows (not a valid batch) are clamped to them, so that the op never reads past the tensors."""
     r, plan = m.recipe, m.lengths
     jq, jk, jv = plan.jagged
     n = int(m.k.example().shape[-2])
-    offsets = _offsets(b, plan)
+    k, v = _jagged(b, jk, m.k.example(), dtype), _jagged(b, jv, m.v.example(), dtype)
+    offsets = b.emit("method", "clamp", (_offsets(b, plan), 0, _size(b, k, 0)))
     cu = b.emit("method", "to", (offsets, torch.int32))
     used = _seqused(b, plan, n)[1]
-    k, v = _jagged(b, jk, m.k.example(), dtype), _jagged(b, jv, m.v.example(), dtype)
     if jq is None:
+        q = _operand(b, m.q, dtype, r.pre_factors)
         q_side = (b.emit("method", "transpose", (q, 1, 2)), None, None)
     else:
         qj = _jagged(b, jq, m.q.example(), dtype, r.pre_factors)
@@ -420,23 +422,27 @@ def _buffer_masked(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node
                    r.activation, float(r.scale), float(r.post_scale), float(r.negative_slope)))
 
 
-def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
+def _fused(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> fx.Node:
+    """The fused op's call for the block, in the op's [B, H, N, Dv] layout."""
     r = m.recipe
-    dtype = m.compute_dtype
+    if (m.buffer_mask is None and m.lengths is not None and m.lengths.from_padding
+            and m.lengths.jagged[1] is not None and _static(m)):
+        return _varlen_jagged(b, m, dtype)
     q = _operand(b, m.q, dtype, r.pre_factors)
     k = _operand(b, m.k, dtype)
     v = _operand(b, m.v, dtype)
     if m.buffer_mask is not None:
-        out = _buffer_masked(b, m, q, k, v, dtype)
-    elif m.lengths is not None and m.lengths.from_padding and m.lengths.jagged[1] is not None and _static(m):
-        out = _varlen_jagged(b, m, q, dtype)
-    elif m.lengths is not None or r.window is not None:
-        out = _varlen_padded(b, m, q, k, v, dtype)
-    else:
-        bias = _bias(b, m, dtype)
-        out = b.emit("function", torch.ops.gdpa.attention_fwd_direct_v1.default,
-                     (q, k, v, bias, r.activation, float(r.scale), float(r.post_scale), bool(r.causal),
-                      float(r.negative_slope)))
+        return _buffer_masked(b, m, q, k, v, dtype)
+    if m.lengths is not None or r.window is not None:
+        return _varlen_padded(b, m, q, k, v, dtype)
+    return b.emit("function", torch.ops.gdpa.attention_fwd_direct_v1.default,
+                  (q, k, v, _bias(b, m, dtype), r.activation, float(r.scale), float(r.post_scale), bool(r.causal),
+                   float(r.negative_slope)))
+
+
+def _build(b: _Builder, m: GdpaMatch) -> fx.Node:
+    r = m.recipe
+    out = _fused(b, m, m.compute_dtype)
     for value, divide in r.post_factors:
         out = b.emit("function", operator.truediv if divide else operator.mul, (out, value))
     if m.out_permute is not None:

@@ -451,13 +451,18 @@ def _jagged_sides(m: GdpaMatch, found) -> tuple:
     are skipped and it is scaled only by numbers (a tensor factor has the padded layout); every side whose rows are
     skipped, or none."""
     jq, jk, jv = found.jagged
-    if jk is None or jv is None:
+    if jk is None or jv is None or not _same_rows(jk, jv):
         return (None, None, None)
     if not found.rows:
         return (None, jk, jv)
-    if jq is None or any(fxn.is_tensor_node(value) for value, _ in m.recipe.pre_factors):
+    if jq is None or not _same_rows(jq, jk) or any(fxn.is_tensor_node(value) for value, _ in m.recipe.pre_factors):
         return (None, None, None)
     return (jq, jk, jv)
+
+
+def _same_rows(a: fx.Node, b: fx.Node) -> bool:
+    """Two jagged tensors with one row count, so that one set of offsets, clamped to it, stays within both."""
+    return statically_known_true(fxn.example(a).shape[0] == fxn.example(b).shape[0])
 
 
 def _varlen_layout(m: GdpaMatch) -> bool:

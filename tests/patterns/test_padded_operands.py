@@ -233,3 +233,30 @@ def test_jagged_rows_of_another_total_in_one_compiled_model():
         got = compiled(*inputs)
         torch.testing.assert_close(got, model(*inputs), rtol=1e-5, atol=1e-6)
     assert counters["gdpa"]["rewrites"] >= 2
+
+
+def test_offsets_past_the_rows_are_clamped_to_them(monkeypatch):
+    """Offsets describing more rows than q, k, v hold (not a valid batch): the op gets the offsets clamped to the rows,
+    so that on a GPU it never reads past the tensors."""
+    from gdpa_inductor.lowering import varlen_ops
+
+    seen = []
+    forward_on = varlen_ops._forward_on
+
+    def recording(impl, traced, q, k, v, bias, rows, *rest):
+        cu_q, cu_k = rows[0], rows[1]
+        if cu_k is not None:
+            seen.append((int(cu_k.max()), k.shape[0], int(cu_q.max()) if cu_q is not None else 0, q.shape[0]))
+        return forward_on(impl, traced, q, k, v, bias, rows, *rest)
+
+    monkeypatch.setattr(varlen_ops, "_forward_on", recording)
+    q, k, v, offsets = _rows_inputs([5, 12, 0, 9], seed=5)[:4]
+    rows = torch.cat([z * N + torch.arange(min(n, N)) for z, n in enumerate([5, 12, 0, 9])])
+    reset()
+    compiled = torch.compile(RowsUnpadded(), backend="gdpa")
+    compiled(q, k, v, offsets, rows)  # compiled on a valid batch: the jagged rows are read in place
+    seen.clear()
+    got = compiled(q, k, v, torch.tensor([0, 5, 17, 17, 40]), rows)  # 40 > the 26 rows
+    assert counters["gdpa"]["rewrites"] == 1 and seen
+    assert all(ck <= lk and cq <= lq for ck, lk, cq, lq in seen), seen
+    assert bool(got.isfinite().all())

@@ -493,29 +493,30 @@ def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.T
     getitem_19 = l_offsets_[slice(None, -1, None)]
     sub_3 = getitem_18 - getitem_19;  getitem_18 = getitem_19 = None
     max_ids = sub_3.view(-1, 1, 1);  sub_3 = max_ids = None
+    reshape_4 = values_1.reshape(-1, 2, 16);  values_1 = None
+    reshape_5 = values_2.reshape(-1, 2, 16);  values_2 = None
     to = l_offsets_.to(torch.int64)
-    to_1 = to.to(torch.int32)
+    clamp_3 = to.clamp(0, 26);  to = None
+    to_1 = clamp_3.to(torch.int32)
     getitem_22 = l_offsets_[slice(1, None, None)]
     getitem_23 = l_offsets_[slice(None, -1, None)]
     sub_7 = getitem_22 - getitem_23;  getitem_22 = getitem_23 = None
-    clamp_3 = sub_7.clamp(0, 12);  sub_7 = None
-    to_2 = clamp_3.to(torch.int32);  clamp_3 = None
-    reshape_4 = values_1.reshape(-1, 2, 16);  values_1 = None
-    reshape_5 = values_2.reshape(-1, 2, 16);  values_2 = None
+    clamp_4 = sub_7.clamp(0, 12);  sub_7 = None
+    to_2 = clamp_4.to(torch.int32);  clamp_4 = None
     reshape_6 = values.reshape(-1, 2, 16);  values = None
     varlen_fwd_direct_v2_default = torch.ops.gdpa.varlen_fwd_direct_v2.default(reshape_6, reshape_4, reshape_5, None, to_1, to_1, to_2, to_2, 12, 12, 'silu', 0.5, 0.08333333333333333, True, -1, -1, 0.01);  reshape_6 = reshape_4 = reshape_5 = to_1 = to_2 = None
     arange_6 = torch.arange(26, device = device(type='cpu'))
-    searchsorted_1 = torch.searchsorted(to, arange_6, right = True)
+    searchsorted_1 = torch.searchsorted(clamp_3, arange_6, right = True)
     sub_8 = searchsorted_1 - 1;  searchsorted_1 = None
-    clamp_4 = sub_8.clamp(0, 3)
-    getitem_24 = to[clamp_4];  to = None
+    clamp_5 = sub_8.clamp(0, 3)
+    getitem_24 = clamp_3[clamp_5];  clamp_3 = None
     sub_9 = arange_6 - getitem_24;  arange_6 = getitem_24 = None
     lt_3 = sub_9 < 12
     ge = sub_9 >= 0
     and_ = lt_3 & ge;  lt_3 = ge = None
     lt_4 = sub_8 < 4;  sub_8 = None
     and__1 = and_ & lt_4;  and_ = lt_4 = None
-    mul_6 = clamp_4 * 12;  clamp_4 = None
+    mul_6 = clamp_5 * 12;  clamp_5 = None
     add_4 = mul_6 + sub_9;  mul_6 = sub_9 = None
     where = torch.where(and__1, add_4, 48);  and__1 = add_4 = None
     new_zeros = varlen_fwd_direct_v2_default.new_zeros((49, 2, 16))
