@@ -30,6 +30,7 @@ from torch._inductor.pattern_matcher import (
 from ..lowering import buffer_mask_ops, direct_launch, ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
 from . import fx_nodes as fxn
 from .chain import shape_spelling
+from .output_rows import read_rows_directly
 from .softmax_free_attention import NO_PAIR, GdpaMatch, OperandPlan, SoftmaxFreeAttention
 
 log = logging.getLogger("gdpa_inductor")
@@ -228,6 +229,8 @@ class _Builder:
     def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode):
         self.graph, self.anchor, self.mode = graph, anchor, fake_mode
         self.created: list[fx.Node] = []
+        # (padded output, the op's jagged output, offsets, B, N) where the block ran on jagged rows
+        self.padded_output: Optional[tuple] = None
 
     def emit(self, kind: str, target, args, kwargs=None) -> fx.Node:
         with self.graph.inserting_before(self.anchor):
@@ -386,7 +389,9 @@ def _padded_output(b: _Builder, out: fx.Node, offsets: fx.Node, batch: int, n: i
     full = b.emit("method", "index_copy", (full, 0, dest, out))
     full = b.emit("function", operator.getitem, (full, slice(None, batch * n, None)))
     full = b.emit("method", "view", (full, batch, n, int(ex.shape[1]), int(ex.shape[2])))
-    return b.emit("method", "transpose", (full, 1, 2))
+    padded = b.emit("method", "transpose", (full, 1, 2))
+    b.padded_output = (padded, out, offsets, batch, n)
+    return padded
 
 
 def _size(b: _Builder, node: fx.Node, dim: int):
@@ -478,6 +483,11 @@ def _replace(graph: fx.Graph, m: GdpaMatch) -> None:
         graph.erase_node(node)
     for node in inputs:
         _erase_if_dead(graph, node)
+    if b.padded_output is not None and b.padded_output[0] is out:
+        padded, jagged, offsets, batch, n = b.padded_output
+        read = read_rows_directly(padded, jagged, offsets, batch, n, lambda anchor: _Builder(graph, anchor, b.mode))
+        if read is not None:
+            _erase_if_dead(graph, read)
 
 
 def _detach(graph: fx.Graph, user: fx.Node, sources: list[fx.Node]) -> None:

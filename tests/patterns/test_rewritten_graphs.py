@@ -505,36 +505,30 @@ def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.T
     to_2 = clamp_4.to(torch.int32);  clamp_4 = None
     reshape_6 = values.reshape(-1, 2, 16);  values = None
     varlen_fwd_direct_v2_default = torch.ops.gdpa.varlen_fwd_direct_v2.default(reshape_6, reshape_4, reshape_5, None, to_1, to_1, to_2, to_2, 12, 12, 'silu', 0.5, 0.08333333333333333, True, -1, -1, 0.01);  reshape_6 = reshape_4 = reshape_5 = to_1 = to_2 = None
-    arange_6 = torch.arange(26, device = device(type='cpu'))
-    searchsorted_1 = torch.searchsorted(clamp_3, arange_6, right = True)
-    sub_8 = searchsorted_1 - 1;  searchsorted_1 = None
-    clamp_5 = sub_8.clamp(0, 3)
-    getitem_24 = clamp_3[clamp_5];  clamp_3 = None
-    sub_9 = arange_6 - getitem_24;  arange_6 = getitem_24 = None
-    lt_3 = sub_9 < 12
-    ge = sub_9 >= 0
-    and_ = lt_3 & ge;  lt_3 = ge = None
-    lt_4 = sub_8 < 4;  sub_8 = None
-    and__1 = and_ & lt_4;  and_ = lt_4 = None
-    mul_6 = clamp_5 * 12;  clamp_5 = None
-    add_4 = mul_6 + sub_9;  mul_6 = sub_9 = None
-    where = torch.where(and__1, add_4, 48);  and__1 = add_4 = None
-    new_zeros = varlen_fwd_direct_v2_default.new_zeros((49, 2, 16))
-    index_copy = new_zeros.index_copy(0, where, varlen_fwd_direct_v2_default);  new_zeros = where = varlen_fwd_direct_v2_default = None
-    getitem_25 = index_copy[slice(None, 48, None)];  index_copy = None
-    view_10 = getitem_25.view(4, 12, 2, 16);  getitem_25 = None
-    transpose_4 = view_10.transpose(1, 2);  view_10 = None
-    transpose_3 = transpose_4.transpose(1, 2);  transpose_4 = None
-    flatten = transpose_3.flatten(2, 3);  transpose_3 = None
     arange_4 = torch.arange(26, device = device(type='cpu'))
     searchsorted = torch.searchsorted(l_offsets_, arange_4, right = True);  arange_4 = None
     sample = searchsorted - 1;  searchsorted = None
     arange_5 = torch.arange(26, device = device(type='cpu'))
     getitem_20 = l_offsets_[sample];  l_offsets_ = None
     pos_3 = arange_5 - getitem_20;  arange_5 = getitem_20 = None
-    reshape_3 = flatten.reshape(48, 32);  flatten = None
     mul_5 = sample * 12;  sample = None
     add_3 = mul_5 + pos_3;  mul_5 = pos_3 = None
-    getitem_21 = reshape_3[add_3];  reshape_3 = add_3 = None
-    view_9 = getitem_21.view(26, 2, 16);  getitem_21 = None
+    lt_5 = add_3 < 0
+    add_5 = add_3 + 48
+    where_1 = torch.where(lt_5, add_5, add_3);  lt_5 = add_5 = add_3 = None
+    floordiv = where_1 // 12
+    mul_7 = floordiv * 12
+    sub_10 = where_1 - mul_7;  where_1 = mul_7 = None
+    getitem_26 = clamp_3[floordiv]
+    add_6 = floordiv + 1;  floordiv = None
+    getitem_27 = clamp_3[add_6];  clamp_3 = add_6 = None
+    sub_11 = getitem_27 - getitem_26;  getitem_27 = None
+    lt_6 = sub_10 < sub_11;  sub_11 = None
+    add_7 = getitem_26 + sub_10;  getitem_26 = sub_10 = None
+    clamp_6 = add_7.clamp(0, 25);  add_7 = None
+    reshape_7 = varlen_fwd_direct_v2_default.reshape(-1, 32);  varlen_fwd_direct_v2_default = None
+    getitem_28 = reshape_7[clamp_6];  reshape_7 = clamp_6 = None
+    unsqueeze_4 = lt_6.unsqueeze(-1);  lt_6 = None
+    where_2 = torch.where(unsqueeze_4, getitem_28, 0.0);  unsqueeze_4 = getitem_28 = None
+    view_9 = where_2.view(26, 2, 16);  where_2 = None
     return (view_9,)""")

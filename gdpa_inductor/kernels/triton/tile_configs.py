@@ -64,23 +64,28 @@ def default_bwd_configs(d: int, dv: int, dtype: torch.dtype, kv_len: int) -> tup
 
 
 def default_varlen_fwd_config(d: int, dv: int, dtype: torch.dtype, max_kv_len: int) -> FwdConfig:
-    """Measured on an H200 (bf16, D=128, B=1152, gelu_tanh, kernel time): with sequences up to 512, most
-    samples span only a few key tiles; 32-key tiles waste less on each sample's ragged last tile and three
-    stages keep them fed (max 256: 0.29 ms vs 0.48 with the dense kernel's 128x64x2 at sparsity 0.5, 0.51
-    vs 0.62 at 1.0; max 512: 0.75 vs 1.05 and 1.70 vs 1.91). Longer ones use the dense kernel's tiles."""
-    if dtype != torch.float32 and max(d, dv) <= 128 and max_kv_len <= 512:
+    """Measured on an H200 (bf16, D=128, kernel time): with sequences up to 512, most samples span only a few key
+    tiles; 32-key tiles waste less on each sample's ragged last tile and three stages keep them fed (B=1152, max 256:
+    0.29 ms vs 0.48 with the dense kernel's 128x64x2 at sparsity 0.5). The same tile wins up to 2048 at head width 128
+    (HSTU's lengths in [N/2, N]: 0.149 vs 0.166 ms causal at N=1024, 0.192 vs 0.199 at 2048; B=1152 in [1, 1024]:
+    2.02 vs 2.32 ms), but not at 4096 (0.68 vs 0.63 ms without a mask): longer ones use the dense kernel's tiles."""
+    if dtype != torch.float32 and max(d, dv) <= 128 and (
+            max_kv_len <= 512 or (block_dim(max(d, dv)) == 128 and max_kv_len <= 2048)):
         return FwdConfig(128, 32, 4, 3)
     return default_fwd_config(d, dv, dtype, max_kv_len)
 
 
 def default_varlen_bwd_configs(d: int, dv: int, dtype: torch.dtype, max_kv_len: int) -> tuple[BwdConfig, BwdConfig]:
-    """(dK/dV, dQ) tiles. Measured on an H200 (bf16, D=128, B=1152, the two kernels' GPU time,
-    ``benchmarks/tune.py varlen``): with sequences up to 512, 16x64 dK/dV tiles with three stages and 64x32 dQ
-    tiles with three stages, 4 warps each, beat the dense kernels' tiles (1.22 vs 1.37 ms at max 256, sparsity
-    0.5) and the 32x64 / 64x64 two-stage pair (1.11 vs 1.16 ms there, 2.93 vs 2.97 at max 512, even at max 256
-    and sparsity 1.0)."""
+    """(dK/dV, dQ) tiles. Measured on an H200 (bf16, D=128, the two kernels' GPU time, ``benchmarks/tune.py
+    varlen``): with sequences up to 512, 16x64 dK/dV tiles with three stages and 64x32 dQ tiles with three stages,
+    4 warps each, beat the dense kernels' tiles (1.22 vs 1.37 ms at max 256, sparsity 0.5) and the 32x64 / 64x64
+    two-stage pair (1.11 vs 1.16 ms there, 2.93 vs 2.97 at max 512). Past 512 at head width 128, 32x64 dK/dV tiles
+    with the same dQ tiles beat the dense kernels' pair from 1024 to 4096 keys, causal or not (forward+backward, HSTU's
+    lengths in [N/2, N]: 0.66 vs 0.83 ms causal at N=1024, 0.84 vs 0.97 at 2048; B=1152 in [1, 1024]: 9.5 vs 10.8)."""
     if dtype != torch.float32 and max(d, dv) <= 128 and max_kv_len <= 512:
         return BwdConfig(16, 64, 4, 3), BwdConfig(64, 32, 4, 3)
+    if dtype != torch.float32 and block_dim(max(d, dv)) == 128 and max_kv_len <= 4096:
+        return BwdConfig(32, 64, 4, 3), BwdConfig(64, 32, 4, 3)
     return default_bwd_configs(d, dv, dtype, max_kv_len)
 
 
