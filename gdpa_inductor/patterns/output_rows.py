@@ -63,7 +63,8 @@ def _index_read(padded: fx.Node, batch: int, n: int) -> Optional[tuple[fx.Node, 
         if len(node.users) != 1:
             return None
         user = next(iter(node.users))
-        if user.target is operator.getitem and user.args[0] is node:
+        index = _row_index(user, node, value.dim())
+        if index is not None:
             break
         value = _apply_view(user, node, value)
         if value is None:
@@ -73,15 +74,25 @@ def _index_read(padded: fx.Node, batch: int, n: int) -> Optional[tuple[fx.Node, 
         return None
     if value.shape[0] != batch * n or math.prod(value.shape[1:]) != h * dv:
         return None
-    index = user.args[1]
-    if isinstance(index, tuple) and len(index) == 1:
-        index = index[0]
-    if not isinstance(index, fx.Node):
-        return None
     idx = fxn.example(index)
     if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
         return None
     return user, index, tuple(int(s) for s in value.shape[1:])
+
+
+def _row_index(user: fx.Node, node: fx.Node, dims: int) -> Optional[fx.Node]:
+    """The index tensor where ``user`` reads rows of ``node`` by it (``node[idx]``, ``index_select`` along dim 0)."""
+    if not user.args or user.args[0] is not node:
+        return None
+    if user.target is operator.getitem:
+        index = user.args[1]
+        index = index[0] if isinstance(index, tuple) and len(index) == 1 else index
+    elif (user.op == "call_method" and user.target == "index_select") or user.target is torch.index_select:
+        args = dict(zip(("input", "dim", "index"), user.args), **user.kwargs)
+        index = args.get("index") if args.get("dim") in (0, -dims) else None
+    else:
+        return None
+    return index if isinstance(index, fx.Node) else None
 
 
 def _apply_view(user: fx.Node, node: fx.Node, value: torch.Tensor) -> Optional[torch.Tensor]:

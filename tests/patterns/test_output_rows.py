@@ -38,6 +38,10 @@ READS = {
     "flatten_then_view": (lambda out, idx: out.transpose(1, 2).flatten(2, 3).view(-1, H * DV)[idx], True),
     "permute": (lambda out, idx: out.permute(0, 2, 1, 3).flatten(0, 1)[idx], True),
     "index_in_a_tuple": (lambda out, idx: out.transpose(1, 2).reshape(-1, H * DV)[(idx,)], True),
+    "index_select": (lambda out, idx: out.transpose(1, 2).reshape(-1, H * DV).index_select(0, idx), True),
+    "torch_index_select": (lambda out, idx: torch.index_select(out.transpose(1, 2).flatten(0, 1), 0, idx), True),
+    "index_select_of_columns": (lambda out, idx: out.transpose(1, 2).reshape(-1, H * DV).index_select(
+        1, idx % (H * DV)), False),
     # a reshape that copies: its rows are not the padded batch's
     "rows_without_transpose": (lambda out, idx: out.reshape(-1, H * DV)[idx], False),
     "second_reader": (lambda out, idx: out.transpose(1, 2).reshape(-1, H * DV)[idx] + out.mean(), False),
