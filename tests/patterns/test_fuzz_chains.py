@@ -3,7 +3,8 @@ of it (masks off the diagonal by one, fills that are not zero for the activation
 scales on either side of the bias and of the activation, boolean masks cast to floats and divided by, a factor per
 query row or per key, einsums with ``...``, a dead clone of the scores, operands zero-padded past per-sample lengths
 and near misses of that, padded by a gather from jagged rows or from rows shifted by one, and in-place changes: of a
-key after the scores read it, of the scores without reassigning them, of a padded row). Whatever the matcher decides,
+key after the scores read it, of the scores without reassigning them, of a padded row; the output read back by an
+index of its rows). Whatever the matcher decides,
 the compiled program must give eager's values and NaN positions. A fixed seed set runs here; ``GDPA_FUZZ_PROGRAMS=N``
 asks for N programs."""
 
@@ -105,7 +106,14 @@ def make_program(seed: int):
         extra["lengths"] = torch.tensor([rng.randint(0, 16), rng.randint(1, 16)])
     gather_shift = rng.choice([None, 0, 0, 1]) if padding in ("qkv", "kv") else None
     in_place = rng.choice([None, None, None, "key_after_scores", "scores_not_reassigned", "padded_row_set"])
+    # the output read back by an index of its [B * N] rows, as models unpad: the valid rows, or any rows (padded ones,
+    # repeats, negative indices), by indexing or index_select
+    read = rng.choice([None, "rows", "any_rows", "index_select"]) if padding is not None else None
     gen = torch.Generator().manual_seed(seed)
+    if read is not None:
+        lengths = extra["lengths"].tolist()
+        extra["rows"] = (torch.cat([z * 16 + torch.arange(min(m, 16)) for z, m in enumerate(lengths)])
+                         if read != "any_rows" else torch.randint(-32, 32, (20,), generator=gen))
     if bias_kind == "tensor":
         extra["bias"] = torch.randn(16, 16, generator=gen)
     if pre_scale == "tensor":
@@ -115,7 +123,7 @@ def make_program(seed: int):
     if post == "column":
         extra["factor"] = torch.rand(2, 1, 1, 16, generator=gen) + 0.25
 
-    def fn(q, k, v, bias=None, temp=None, factor=None, lengths=None):
+    def fn(q, k, v, bias=None, temp=None, factor=None, lengths=None, rows=None):
         n = q.shape[-2]
         if in_place is not None:  # copies: the program changes them, not its inputs
             q, k, v = q * 1.0, k * 1.0, v * 1.0
@@ -171,11 +179,15 @@ def make_program(seed: int):
             p = p / factor
         elif post is not None:
             p = p * post
-        return p @ v if spelling == "matmul" else torch.einsum("...ij,...jd->...id", p, v)
+        out = p @ v if spelling == "matmul" else torch.einsum("...ij,...jd->...id", p, v)
+        if read is None:
+            return out
+        flat = out.transpose(1, 2).reshape(-1, out.shape[1] * out.shape[3])
+        return flat.index_select(0, rows) if read == "index_select" else flat[rows]
 
     steps = f"{spelling}, {act_name}, pre={pre_scale}, bias={bias_kind} (first={bias_first}), masks={mask_specs} " \
             f"{mask_place} fill={fill}, post={post}, dead clone={dead_clone}, padding={padding}, " \
-            f"gather shift={gather_shift}, in place={in_place}"
+            f"gather shift={gather_shift}, in place={in_place}, read={read}"
     return fn, extra, steps
 
 

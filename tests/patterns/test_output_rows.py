@@ -104,3 +104,40 @@ def test_only_reads_that_keep_the_rows_skip_the_padded_output(read):
     rewrites, err = compiled_vs_eager(model, *inputs)
     assert rewrites == 1
     assert err < 1e-5
+
+
+class RandomBlock(nn.Module):
+    """``PaddedRowsRead`` with a drawn activation and mask (causal, a causal window, or none)."""
+
+    def __init__(self, act, mask: str):
+        super().__init__()
+        self.act, self.mask = act, mask
+
+    def forward(self, q, k, v, offsets, idx):
+        q, k, v = (pad_by_gather(x.reshape(x.shape[0], -1), offsets, N).view(-1, N, H, DV).transpose(1, 2)
+                   for x in (q, k, v))
+        p = self.act(q @ k.transpose(-2, -1) * DV**-0.5) / N
+        i = torch.arange(N)
+        if self.mask == "causal":
+            p = p * (i[:, None] >= i[None, :])
+        elif self.mask == "window":
+            p = p * ((i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] <= 3))
+        return (p @ v).transpose(1, 2).reshape(-1, H * DV)[idx]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_drawn_batches_and_indexes(seed):
+    """Drawn lengths (empty samples, samples longer than N), indexes (padded positions, repeats, negative), an
+    activation that is zero at zero and a mask: the read is gathered from the op's output and gives eager's values."""
+    rng = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 2 * N, (3,), generator=rng).tolist()
+    act = (F.silu, F.relu, F.gelu)[seed % 3]
+    mask = ("causal", "window", "none")[seed // 3 % 3]
+    q, k, v, offsets = jagged_inputs(rng, lengths, h=H, d=DV)
+    idx = torch.randint(-3 * N, 3 * N, (int(torch.randint(1, 40, (1,), generator=rng)),), generator=rng)
+    model = RandomBlock(act, mask)
+    code = _rewritten_code(model, q, k, v, offsets, idx)
+    assert "varlen_fwd_direct" in code and "index_copy" not in code, code
+    rewrites, err = compiled_vs_eager(model, q, k, v, offsets, idx)
+    assert rewrites == 1
+    assert err < 1e-5
