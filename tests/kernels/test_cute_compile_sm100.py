@@ -144,9 +144,10 @@ def on_blackwell(monkeypatch):
     monkeypatch.setattr(fwd_support, "on_sm100", lambda device: True)
 
 
-def _operands(d=128, dv=None, nk=256, dtype=torch.bfloat16):
+def _operands(d=128, dv=None, nk=256, dtype=torch.bfloat16, kv_heads=4):
     q = torch.zeros(2, 4, 200, d, dtype=dtype)
-    return q, torch.zeros(2, 4, nk, d, dtype=dtype), torch.zeros(2, 4, nk, d if dv is None else dv, dtype=dtype)
+    k = torch.zeros(2, kv_heads, nk, d, dtype=dtype)
+    return q, k, torch.zeros(2, kv_heads, nk, d if dv is None else dv, dtype=dtype)
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -155,8 +156,9 @@ def _operands(d=128, dv=None, nk=256, dtype=torch.bfloat16):
     (dict(dv=64), "D = Dv"),
     (dict(d=96), "head dims"),
     (dict(nk=0), "at least one key"),
+    (dict(kv_heads=3), "a multiple of k's"),
     (dict(dtype=torch.float32), "fp16/bf16"),
-], ids=["causal", "bias", "dv_differs", "d96", "no_keys", "fp32"])
+], ids=["causal", "bias", "dv_differs", "d96", "no_keys", "heads", "fp32"])
 def test_the_support_check_refuses_with_a_reason(on_blackwell, change, reason):
     causal, bias = change.pop("causal", False), change.pop("bias", None)
     q, k, v = _operands(**change)
@@ -171,3 +173,42 @@ def test_the_support_check_takes_a_plain_call(on_blackwell):
 def test_the_support_check_wants_an_sm100_gpu():
     ok, why = fwd_support.sm100_fwd_supported(*_operands(), None, False, "gelu_tanh")
     assert not ok and why
+
+
+class RecordedBuild:
+    """Stands in for ``compile_fwd_sm100``: records the plan it is asked for and the arguments of the launch."""
+
+    def __init__(self):
+        self.plans, self.calls = [], []
+
+    def __call__(self, plan):
+        self.plans.append(plan)
+        return lambda *args: self.calls.append(args)
+
+
+@pytest.mark.parametrize("nk, masked", [(256, False), (200, True)])
+def test_the_launcher_passes_the_schema_arguments(monkeypatch, nk, masked):
+    """The launcher plans the call (the mask of keys past Nk where Nk is not a multiple of the key tile) and passes
+    the operands in the kernel's (N, D, H, Z) modes and the scalars, in ``GdpaFwdSm100.__call__``'s order (the stream
+    is the compiled function's own)."""
+    from gdpa_inductor.kernels.cute import gdpa_fwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_fwd, "compile_fwd_sm100", build)
+    q, k, v = _operands(nk=nk)
+    out = gdpa_fwd.gdpa_fwd_cute_sm100(q, k, v, "silu", 0.125, 0.5, 0.01)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert build.plans == [plan_fwd_sm100(torch.bfloat16, 128, "silu", mask_keys=masked)]
+    (args,) = build.calls
+    assert [tuple(a.shape) for a in args[:4]] == [(200, 128, 4, 2), (nk, 128, 4, 2), (nk, 128, 4, 2), (200, 128, 4, 2)]
+    assert args[3].data_ptr() == out.data_ptr() and args[4:] == (0.125, 0.5, 0.01)
+
+
+def test_the_launcher_compiles_nothing_without_keys(monkeypatch):
+    from gdpa_inductor.kernels.cute import gdpa_fwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_fwd, "compile_fwd_sm100", build)
+    q, k, v = _operands(nk=0)
+    out = gdpa_fwd.gdpa_fwd_cute_sm100(q, k, v, "silu", 1.0, 1.0, 0.01, out=torch.full_like(q, 7.0))
+    assert build.plans == [] and not out.any()

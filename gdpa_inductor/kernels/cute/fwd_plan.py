@@ -152,9 +152,11 @@ def plan_fwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, head
 # barriers and the allocator's reserve
 SM100_SMEM_BUDGET = 200 * 1024
 SM100_HEAD_DIMS = (64, 128)
+# keys per step of the Blackwell forward by default (``plan_fwd_sm100``): 64 also builds
+SM100_KEY_TILE = 128
 
 
-def sm100_kv_stages(head_dim: int, tile_n: int = 128, element_bytes: int = 2) -> int:
+def sm100_kv_stages(head_dim: int, tile_n: int = SM100_KEY_TILE, element_bytes: int = 2) -> int:
     """K/V stages of the Blackwell forward: as many (K, V) tile pairs as fit beside the Q tile, at most three (two at
     D = 128: 32 KB of Q and 64 KB a pair; three at D = 64)."""
     q_bytes = 128 * head_dim * element_bytes
@@ -171,7 +173,7 @@ class Sm100FwdPlan:
     dtype: torch.dtype
     head_dim: int
     activation: ActivationName
-    tile_n: int = 128
+    tile_n: int = SM100_KEY_TILE
     kv_stages: int = 2
     mask_keys: bool = True
     target: str = "sm_100a"
@@ -190,7 +192,7 @@ class Sm100FwdPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def plan_fwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, tile_n: int = 128,
+def plan_fwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, tile_n: int = SM100_KEY_TILE,
                    mask_keys: bool = True) -> Sm100FwdPlan:
     """The Blackwell forward's plan for D = Dv = ``head_dim``: its K/V stages from ``sm100_kv_stages``."""
     return Sm100FwdPlan(dtype, head_dim, activation, tile_n=tile_n, kv_stages=sm100_kv_stages(head_dim, tile_n),

@@ -187,4 +187,7 @@ def sm100_fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias,
         return False, f"the CuTe Blackwell forward needs D = Dv (got D={q.shape[-1]}, Dv={v.shape[-1]})"
     if k.shape[-2] == 0:
         return False, "the CuTe Blackwell forward needs at least one key"
+    if k.shape[:-1] != v.shape[:-1] or q.shape[0] != k.shape[0] or q.shape[1] % k.shape[1]:
+        return False, (f"the CuTe Blackwell forward needs k and v of one shape but the last dim, q's batch, and q's "
+                       f"heads a multiple of k's (got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
     return operand_support(q, k, v, activation, SM100_HEAD_DIMS, kernel="the CuTe Blackwell forward")
