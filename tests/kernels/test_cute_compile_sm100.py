@@ -24,6 +24,9 @@ from gdpa_inductor import config
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
 
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+
 from gdpa_inductor.kernels.cute import compile_cache, fwd_support  # noqa: E402
 from gdpa_inductor.kernels.cute.fwd_plan import Sm100FwdPlan, plan_fwd_sm100, sm100_kv_stages  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_fwd_sm100 import tmem_columns  # noqa: E402
@@ -212,3 +215,34 @@ def test_the_launcher_compiles_nothing_without_keys(monkeypatch):
     q, k, v = _operands(nk=0)
     out = gdpa_fwd.gdpa_fwd_cute_sm100(q, k, v, "silu", 1.0, 1.0, 0.01, out=torch.full_like(q, 7.0))
     assert build.plans == [] and not out.any()
+
+
+@pytest.mark.parametrize("d, tile_n", [(128, 128), (64, 64)])
+def test_each_activation_thread_holds_its_row_in_order(d, tile_n):
+    """The kernel's tensor-memory copies (traced for sm_100a with a static thread index; no kernel): thread t of
+    the activation warps loads row t of S with its keys in order, stores P's 16-bit pairs of that row in order (so the
+    bf16 view of its registers in S's order is P's column order), and loads row t of O in 32-column chunks, each in
+    order: what the key mask (column coordinates), the in-place P (its columns never ahead of the loaded S) and the O
+    stores from the registers (row t, contiguous) assume."""
+    from gdpa_inductor.kernels.cute import activation_math
+    from gdpa_inductor.kernels.cute.gdpa_fwd_sm100 import _EPI_COLUMNS, GdpaFwdSm100
+
+    kernel = GdpaFwdSm100(cutlass.BFloat16, d, d, activation_math.forward_form("relu", False), tile_n=tile_n)
+    found = {}
+
+    @cute.jit
+    def trace(t: cutlass.Constexpr):
+        qk_mma, pv_mma = kernel._tiled_mmas()
+        tmem = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.tmem, assumed_align=16)
+        *_, tLcS, tLcP = kernel._score_copies(qk_mma.get_slice(0), tmem, t)
+        _, tLtO, tLcO = kernel._o_copy(pv_mma.get_slice(0), tmem, t)
+        found[t] = dict(
+            s=[tuple(tLcS[i]) for i in range(cute.size(tLcS))], p=[tuple(tLcP[i]) for i in range(cute.size(tLcP))],
+            o=[[tuple(tLcO[None, 0, 0, c][i]) for i in range(_EPI_COLUMNS)] for c in range(cute.size(tLcO, mode=[3]))],
+        )
+
+    for t in (0, 33, 127):
+        cute.compile(trace, t, options=f"--gpu-arch {SM100_TARGET_ARCH}")
+        assert found[t]["s"] == [(t, c) for c in range(tile_n)]
+        assert found[t]["p"] == [(t, c) for c in range(tile_n // 2)]
+        assert found[t]["o"] == [[(t, c * _EPI_COLUMNS + i) for i in range(_EPI_COLUMNS)] for c in range(d // 32)]

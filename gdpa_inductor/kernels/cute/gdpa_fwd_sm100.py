@@ -290,24 +290,7 @@ class GdpaFwdSm100:
             tmem.relinquish_alloc_permit()
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-            s_layout = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2])).layout
-            tScS = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))
-            tStS = cute.make_tensor(tmem_ptr, s_layout)
-            # P's columns seen as fp32: two 16-bit values a column
-            p_cols = self.tile_n * self.dtype.width // 32
-            tStP = cute.make_tensor(tmem_ptr, cute.composition(s_layout, cute.make_layout((self.tile_m, p_cols))))
-            tScP = cute.make_tensor(
-                tScS.iterator, cute.composition(tScS.layout, cute.make_layout((self.tile_m, p_cols)))
-            )
-            s_load = tcgen05.make_tmem_copy(
-                cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), cutlass.Float32), tStS
-            ).get_slice(tidx)
-            p_store = tcgen05.make_tmem_copy(
-                cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(p_cols // 2)), cutlass.Float32),
-                tStP,
-            ).get_slice(tidx)
-            tLcS = s_load.partition_D(tScS)
-            tLcP = p_store.partition_S(tScP)
+            s_load, p_store, s_layout, p_layout, tLcS, tLcP = self._score_copies(qk_thr, tmem_ptr, tidx)
             for j in cutlass.range(n_tiles, unroll=1):
                 s_handle = s_consumer.wait_and_advance()
                 base = tmem_ptr + s_handle.index * self.tile_n
@@ -320,7 +303,7 @@ class GdpaFwdSm100:
                     rS.load().to(self.dtype)
                 )
                 p_handle = p_producer.acquire_and_advance()
-                cute.copy(p_store, rP, p_store.partition_D(cute.make_tensor(base, tStP.layout)))
+                cute.copy(p_store, rP, p_store.partition_D(cute.make_tensor(base, p_layout)))
                 cute.arch.fence_view_async_tmem_store()
                 p_handle.commit()
                 s_handle.release()
@@ -335,6 +318,43 @@ class GdpaFwdSm100:
 
     def _tma_part(self, atom, s, g):
         return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 3), cute.group_modes(g, 0, 3))
+
+    def _score_copies(self, qk_thr, tmem_ptr, tidx):
+        """The activation warps' tensor-memory copies of a key tile: (S load, P store, S's layout, P's layout seen as
+        fp32 columns, the (row, key) coordinates of a thread's S registers and of its P registers). 32x32b copies:
+        thread t holds row t, its columns in order (``tests/kernels/test_cute_compile_sm100.py`` checks it)."""
+        s_layout = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2])).layout
+        tScS = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))
+        # P's columns seen as fp32: two 16-bit values a column
+        p_cols = self.tile_n * self.dtype.width // 32
+        p_layout = cute.composition(s_layout, cute.make_layout((self.tile_m, p_cols)))
+        tScP = cute.make_tensor(tScS.iterator, cute.composition(tScS.layout, cute.make_layout((self.tile_m, p_cols))))
+        s_load = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), cutlass.Float32),
+            cute.make_tensor(tmem_ptr, s_layout),
+        ).get_slice(tidx)
+        p_store = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(p_cols // 2)), cutlass.Float32),
+            cute.make_tensor(tmem_ptr, p_layout),
+        ).get_slice(tidx)
+        return s_load, p_store, s_layout, p_layout, s_load.partition_D(tScS), p_store.partition_S(tScP)
+
+    def _o_copy(self, pv_thr, tmem_ptr, tidx):
+        """The epilogue's load of O from tensor memory, ``_EPI_COLUMNS`` columns at a time: (O load, its sources
+        (LOAD, 1, 1, chunk), the (row, column) coordinates of a thread's registers, same shape); thread t holds row t,
+        its columns in order."""
+        shape = self.pv_tiler[:2]
+        chunk = cute.make_layout((self.tile_m, _EPI_COLUMNS))
+        tOtO = cute.make_tensor(
+            tmem_ptr + self.o_offset, pv_thr.make_fragment_C(pv_thr.partition_shape_C(shape)).layout
+        )
+        tOtO_c = cute.logical_divide(tOtO, chunk)
+        o_load = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(_EPI_COLUMNS)), cutlass.Float32),
+            tOtO_c[(None, None), 0],
+        ).get_slice(tidx)
+        tOcO_c = cute.logical_divide(pv_thr.partition_C(cute.make_identity_tensor(shape)), chunk)
+        return o_load, o_load.partition_S(tOtO_c[(None, None), None]), o_load.partition_D(tOcO_c[(None, None), None])
 
     @cute.jit
     def _mma_qk(self, qk: tuple, rQ, k_consumer, s_producer):
@@ -386,21 +406,8 @@ class GdpaFwdSm100:
         """O · post_scale from tensor memory to global memory, ``_EPI_COLUMNS`` columns at a time, each thread its
         own row (rows past Nq predicated off): a 32x32b load gives thread t of the activation warps row t of the
         tile, its columns in order, so each chunk is one contiguous run of the row (16-byte stores)."""
-        shape = self.pv_tiler[:2]
-        tOtO = cute.make_tensor(
-            tmem_ptr + self.o_offset, pv_thr.make_fragment_C(pv_thr.partition_shape_C(shape)).layout
-        )
-        gO = cute.local_tile(mO[None, None, (h, z)], shape, (m_blk, 0))
-        tOtO_c = cute.logical_divide(tOtO, cute.make_layout((self.tile_m, _EPI_COLUMNS)))
-        o_load = tcgen05.make_tmem_copy(
-            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(_EPI_COLUMNS)), cutlass.Float32),
-            tOtO_c[(None, None), 0],
-        ).get_slice(tidx)
-        tLtO = o_load.partition_S(tOtO_c[(None, None), None])
-        # (LOAD, 1, 1, chunk): the registers' shape of a chunk
-        tLcO = o_load.partition_D(cute.logical_divide(
-            pv_thr.partition_C(cute.make_identity_tensor(shape)), cute.make_layout((self.tile_m, _EPI_COLUMNS))
-        )[(None, None), None])
+        o_load, tLtO, tLcO = self._o_copy(pv_thr, tmem_ptr, tidx)
+        gO = cute.local_tile(mO[None, None, (h, z)], self.pv_tiler[:2], (m_blk, 0))
         valid = mO.shape[0] - m_blk * self.tile_m
         # 16-byte stores: O's rows start 16-byte aligned (the support check's TMA layout rules; the fake tensors leave
         # the strides' divisibility unknown)
