@@ -11,7 +11,8 @@ One CTA per (128-row query tile, head, sample); six warps, each with one role:
 - warp 5, the load warp: Q once, then K_j and V_j by TMA into two rings of ``kv_stages`` shared-memory stages.
 No softmax: no running max, no correction of O, no row sums, so no correction warps. Keys past Nk read as zeros
 (TMA fills them); with ``mask_keys`` (Nk not a multiple of the key tile) the padded columns also give P = 0 by a
-select per score, so a non-finite query cannot leak NaN through them (act(0) · 0 elsewhere).
+select per score, so a non-finite query cannot leak NaN through them (with finite queries their scores are 0 and
+their values 0, so act(0) · 0 adds nothing even without the mask).
 
 Tensor memory (``tmem_columns``: 512 columns with 128-key tiles, a power of two): S_0 at columns [0, tile_n), S_1 at
 [tile_n, 2 tile_n), each holding its P in its first tile_n / 2 columns (16-bit pairs), O at [2 tile_n, 2 tile_n + Dv).
@@ -83,8 +84,7 @@ class GdpaFwdSm100:
         self.kv_stages = kv_stages
         self.mask_keys = mask_keys
         self.threads = (_LOAD_WARP + 1) * _WARP
-        # two S buffers and O; P lives in each S buffer's first columns
-        self.s_offsets = (0, tile_n)
+        # two S buffers at columns 0 and tile_n, then O; P lives in each S buffer's first columns
         self.o_offset = 2 * tile_n
         self.tmem_columns = tmem_columns(tile_n, head_dim_v)
         assert self.tmem_columns <= 512
