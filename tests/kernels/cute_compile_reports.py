@@ -1,10 +1,12 @@
-"""Compile reports of the CuTe-DSL kernels for sm_90a (``compile_reports`` keeps them, one compile per build).
+"""Compile reports of the CuTe-DSL kernels (``compile_reports`` keeps them, one compile per build), each for its
+target: sm_90a for the Hopper kernels, or the spec's ``target`` (the Blackwell forward's sm_100a).
 
 A build costs 3-5 s on an idle core: cutlass-dsl's IR generation and MLIR passes (about 2-3 s), then ptxas and,
 for a few builds, nvdisasm on the PTX (about 1 s). ``report_fingerprint`` names what every report depends on;
 ``compile_report`` is what a build reports, made in the compile worker this file runs as a script (cutlass-dsl
 reads its dump directory, where ``--keep-ptx`` writes the PTX, once, when first imported: the worker sets it before
-importing it; the target is the compile's own option, ``kernel_args.TARGET_ARCH``).
+importing it; the target is the compile's own option, named by each build: ``kernel_args.TARGET_ARCH`` or the
+plan's ``target``).
 """
 
 from __future__ import annotations
@@ -20,19 +22,21 @@ import warnings
 from pathlib import Path
 
 TARGET = "sm_90a"
+# the targets a spec may name (``spec["target"]``, default ``TARGET``)
+TARGETS = ("sm_90a", "sm_100a")
 WORKER_ARGV = [sys.executable, str(Path(__file__).resolve())]
 
 
 def report_fingerprint() -> str:
     """What every report depends on besides its spec: the kernel sources and the versions compiling them
-    (``source_fingerprint``, computed afresh so that this process's cached value is left alone), the target,
+    (``source_fingerprint``, computed afresh so that this process's cached value is left alone), the targets,
     Triton (its ptxas and nvdisasm) and this file (what is measured, and how)."""
     import triton
 
     from gdpa_inductor.kernels.cute.compile_cache import source_fingerprint
 
     kernels = getattr(source_fingerprint, "__wrapped__", source_fingerprint)()
-    h = hashlib.sha256(f"{kernels} {TARGET} triton={triton.__version__} ".encode())
+    h = hashlib.sha256(f"{kernels} {' '.join(TARGETS)} triton={triton.__version__} ".encode())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:32]
 
@@ -47,36 +51,37 @@ def plan_fields(plan) -> dict:
 
 
 def plan_of(spec: dict):
-    """The plan ``spec`` names: ``build`` "fwd" (an ``FwdPlan``) or "bwd" (a ``BwdPlan``), ``plan`` its fields
-    (``plan_fields``)."""
+    """The plan ``spec`` names: ``build`` "fwd" (an ``FwdPlan``), "bwd" (a ``BwdPlan``) or "fwd_sm100" (an
+    ``Sm100FwdPlan``), ``plan`` its fields (``plan_fields``)."""
     import torch
 
     from gdpa_inductor.kernels.cute.bwd_plan import BwdPlan
-    from gdpa_inductor.kernels.cute.fwd_plan import FwdPlan
+    from gdpa_inductor.kernels.cute.fwd_plan import FwdPlan, Sm100FwdPlan
 
     fields = dict(spec["plan"])
-    plan_type = {"fwd": FwdPlan, "bwd": BwdPlan}[spec["build"]]
+    plan_type = {"fwd": FwdPlan, "bwd": BwdPlan, "fwd_sm100": Sm100FwdPlan}[spec["build"]]
     return plan_type(**(fields | {"dtype": getattr(torch, fields["dtype"])}))
 
 
 def compile_ptx(spec: dict) -> str:
-    """The PTX of the build of ``spec``'s plan (``plan_of``): ``kernel_build.compile_fwd`` or ``compile_bwd``."""
-    from gdpa_inductor.kernels.cute.kernel_build import compile_bwd, compile_fwd
+    """The PTX of the build of ``spec``'s plan (``plan_of``): ``kernel_build.compile_fwd``, ``compile_bwd`` or
+    ``compile_fwd_sm100``."""
+    from gdpa_inductor.kernels.cute.kernel_build import compile_bwd, compile_fwd, compile_fwd_sm100
 
-    build = {"fwd": compile_fwd, "bwd": compile_bwd}[spec["build"]]
+    build = {"fwd": compile_fwd, "bwd": compile_bwd, "fwd_sm100": compile_fwd_sm100}[spec["build"]]
     return build(plan_of(spec), keep_ptx=True).artifacts.PTX
 
 
-def ptxas_and_sass(ptx: str, workdir: str, sass: bool = True) -> tuple[str, str | None]:
-    """ptxas -v's report on ``ptx`` (Triton's ptxas for sm_90a) and nvdisasm's SASS of the cubin it wrote (None
+def ptxas_and_sass(ptx: str, workdir: str, sass: bool = True, target: str = TARGET) -> tuple[str, str | None]:
+    """ptxas -v's report on ``ptx`` (Triton's ptxas for ``target``) and nvdisasm's SASS of the cubin it wrote (None
     without ``sass``: the disassembly is a sixth of a build's time, and most tests read the PTX alone)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas = get_ptxas(90).path
+    ptxas = get_ptxas(int(re.fullmatch(r"sm_(\d+)a?", target).group(1))).path
     ptx_path, cubin_path = os.path.join(workdir, "k.ptx"), os.path.join(workdir, "k.cubin")
     with open(ptx_path, "w") as f:
         f.write(ptx)
-    log = subprocess.run([ptxas, "-v", f"--gpu-name={TARGET}", ptx_path, "-o", cubin_path],
+    log = subprocess.run([ptxas, "-v", f"--gpu-name={target}", ptx_path, "-o", cubin_path],
                          capture_output=True, text=True, check=True).stderr
     if not sass:
         return log, None
@@ -94,6 +99,18 @@ def extract_report(ptx: str, log: str, sass: str | None) -> dict:
     return dict(
         target=re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1),
         wgmma=ptx.count("wgmma.mma_async"),
+        wgmma_any=ptx.count("wgmma"),
+        tcgen05_mma=len(re.findall(r"\btcgen05\.mma\b", ptx)),
+        tcgen05_ld=len(re.findall(r"\btcgen05\.ld\b", ptx)),
+        tcgen05_st=len(re.findall(r"\btcgen05\.st\b", ptx)),
+        tcgen05_alloc=len(re.findall(r"\btcgen05\.alloc\b", ptx)),
+        tcgen05_dealloc=len(re.findall(r"\btcgen05\.dealloc\b", ptx)),
+        tmem_alloc_columns=_alloc_columns(ptx),
+        tcgen05_commit=len(re.findall(r"\btcgen05\.commit\b", ptx)),
+        tcgen05_wait_ld=ptx.count("tcgen05.wait::ld"),
+        tcgen05_wait_st=ptx.count("tcgen05.wait::st"),
+        st_global_v4=len(re.findall(r"\bst\.global\.v4\.", ptx)),
+        registers=max((int(n) for n in re.findall(r"Used (\d+) registers", log)), default=None),
         mbarrier_init=len(re.findall(r"mbarrier\.init", ptx)),
         tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cta\.global", ptx)),
         tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx)),
@@ -132,6 +149,12 @@ def extract_report(ptx: str, log: str, sass: str | None) -> dict:
     )
 
 
+def _alloc_columns(ptx: str) -> int | None:
+    """The column count of the PTX's one tcgen05.alloc (a register set by a mov just before it), else None."""
+    found = re.search(r"mov\.b32\s+(%r\d+), (\d+);\s*\n(?:.*\n){0,3}?\s*tcgen05\.alloc\S*\s+\[[^]]+\], \1;", ptx)
+    return int(found.group(2)) if found else None
+
+
 def compile_report(spec: dict, workdir: str) -> dict:
     """The build's counts (``extract_report``), its SASS disassembled where ``spec["sass"]`` asks, and the
     deprecation warnings raised while it was built (``deprecations``: an API that a pinned cutlass-dsl still has
@@ -140,7 +163,7 @@ def compile_report(spec: dict, workdir: str) -> dict:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DeprecationWarning)
             ptx = compile_ptx(spec)
-        log, sass = ptxas_and_sass(ptx, workdir, spec.get("sass", True))
+        log, sass = ptxas_and_sass(ptx, workdir, spec.get("sass", True), spec.get("target", TARGET))
     finally:
         _clear_dumps(workdir)
     deprecations = sorted({f"{w.message} ({Path(w.filename).name}:{w.lineno})" for w in caught

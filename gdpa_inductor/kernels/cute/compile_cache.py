@@ -6,7 +6,8 @@ milliseconds. Each kernel (compiled through TVM-FFI, ``kernel_args``) is exporte
 with ``cute.runtime.load_module(..., enable_tvm_ffi=True)``, which gives a function called the same way. The
 fingerprint hashes the kernel sources (this directory, ``kernels/common`` and ``kernels/activations.py``: all that a
 compiled kernel reads its code and constants from), the cutlass-dsl, TVM-FFI and Python versions and the target
-architecture (``kernel_args.TARGET_ARCH``, which every compile names), so any change to them compiles afresh. Files
+architecture the kernel is compiled for (``kernel_args.TARGET_ARCH`` for the Hopper kernels, ``SM100_TARGET_ARCH`` for
+the Blackwell forward: each build names its own), so any change to them compiles afresh. Files
 are written to a temporary name and renamed into place: a concurrent or killed writer never leaves a partial file
 under the final name. A file that fails to
 load is removed and rebuilt; a failing export only costs the next process a compile. Both are logged, neither
@@ -52,26 +53,27 @@ def sources_hash(root: Path | None = None) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def source_fingerprint() -> str:
+def source_fingerprint(target: str | None = None) -> str:
     """Hash of the kernel sources (``kernel_sources``), the cutlass-dsl, TVM-FFI and Python versions and the
-    target."""
+    target (None: the Hopper kernels', ``TARGET_ARCH``)."""
     import cutlass
     import tvm_ffi
 
     h = hashlib.sha256()
     h.update(f"py{sys.version_info.major}.{sys.version_info.minor} cutlass={cutlass.__version__} "
              f"tvm_ffi={tvm_ffi.__version__} ".encode())
-    h.update(f"target={TARGET_ARCH} ".encode())
+    h.update(f"target={TARGET_ARCH if target is None else target} ".encode())
     h.update(sources_hash().encode())
     return h.hexdigest()[:32]
 
 
-def cache_path(key: Hashable) -> Path | None:
-    """Where ``key``'s object file lives, or None when the disk cache is off."""
+def cache_path(key: Hashable, target: str | None = None) -> Path | None:
+    """Where ``key``'s object file for ``target`` (None: ``TARGET_ARCH``) lives, or None when the disk cache is
+    off."""
     if not config.kernel_cache_dir:
         return None
     name = hashlib.sha256(repr(key).encode()).hexdigest()[:32]
-    return Path(config.kernel_cache_dir) / "cute" / source_fingerprint() / f"{name}.o"
+    return Path(config.kernel_cache_dir) / "cute" / source_fingerprint(target) / f"{name}.o"
 
 
 def _symbol(path: Path) -> str:
@@ -100,17 +102,18 @@ def _store(path: Path, compiled) -> None:
         log.info("gdpa_inductor: could not cache the compiled kernel at %s (%s)", path, exc)
 
 
-def cached_compile(key: Hashable, build: Callable, persist: bool = True):
+def cached_compile(key: Hashable, build: Callable, persist: bool = True, target: str | None = None):
     """The compiled kernel for ``key`` (a hashable value whose repr names everything the compile depends on
-    besides the sources: a plan and whether the PTX is kept): from memory, else from disk (``persist``), else
-    ``build()``, stored in both."""
-    if key in _MEMORY:
-        return _MEMORY[key]
-    path = cache_path(key) if persist else None
+    besides the sources and the target: a plan and whether the PTX is kept), built by ``build()`` for ``target``
+    (None: ``TARGET_ARCH``): from memory, else from disk (``persist``), else ``build()``, stored in both."""
+    memo = (TARGET_ARCH if target is None else target, key)
+    if memo in _MEMORY:
+        return _MEMORY[memo]
+    path = cache_path(key, target) if persist else None
     compiled = _load(path) if path is not None and path.exists() else None
     if compiled is None:
         compiled = build()
         if path is not None:
             _store(path, compiled)
-    _MEMORY[key] = compiled
+    _MEMORY[memo] = compiled
     return compiled

@@ -144,3 +144,56 @@ def plan_fwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, head
                    pingpong=pingpong, split_store=split_store, kv_stages=kv_stages, packed=packed,
                    reason=reason, **tiles)
 
+
+
+# --- the Blackwell forward (GdpaFwdSm100): dense, no mask or bias, D = Dv of 64 or 128 ---
+
+# shared memory the forward's Q tile and K/V stages may take: below sm_100's 227 KB a block, leaving room for the
+# barriers and the allocator's reserve
+SM100_SMEM_BUDGET = 200 * 1024
+SM100_HEAD_DIMS = (64, 128)
+# keys per step of the Blackwell forward by default (``plan_fwd_sm100``): 64 also builds
+SM100_KEY_TILE = 128
+
+
+def sm100_kv_stages(head_dim: int, tile_n: int = SM100_KEY_TILE, element_bytes: int = 2) -> int:
+    """K/V stages of the Blackwell forward: as many (K, V) tile pairs as fit beside the Q tile, at most three (two at
+    D = 128: 32 KB of Q and 64 KB a pair; three at D = 64)."""
+    q_bytes = 128 * head_dim * element_bytes
+    pair_bytes = 2 * tile_n * head_dim * element_bytes
+    return max(1, min(3, (SM100_SMEM_BUDGET - q_bytes) // pair_bytes))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm100FwdPlan:
+    """One build of the Blackwell forward (``GdpaFwdSm100``), compiled for ``target``: the plan is the compile key
+    (every field). ``mask_keys``: keys past Nk give P = 0 (Nk not a multiple of ``tile_n``); ``kv_stages``:
+    ``sm100_kv_stages``."""
+
+    dtype: torch.dtype
+    head_dim: int
+    activation: ActivationName
+    tile_n: int = SM100_KEY_TILE
+    kv_stages: int = 2
+    mask_keys: bool = True
+    target: str = "sm_100a"
+
+    def __post_init__(self):
+        check_element(self, "the CuTe Blackwell forward")
+        if self.head_dim not in SM100_HEAD_DIMS:
+            raise ValueError(f"the CuTe Blackwell forward is built for D = Dv in {SM100_HEAD_DIMS}; "
+                             f"got {self.head_dim}")
+        if self.tile_n not in (64, 128):
+            raise ValueError(f"key tiles of 64 or 128; got {self.tile_n}")
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.head_dim
+
+
+@functools.lru_cache(maxsize=256)
+def plan_fwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, tile_n: int = SM100_KEY_TILE,
+                   mask_keys: bool = True) -> Sm100FwdPlan:
+    """The Blackwell forward's plan for D = Dv = ``head_dim``: its K/V stages from ``sm100_kv_stages``."""
+    return Sm100FwdPlan(dtype, head_dim, activation, tile_n=tile_n, kv_stages=sm100_kv_stages(head_dim, tile_n),
+                        mask_keys=mask_keys)

@@ -159,3 +159,35 @@ def operand_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activatio
         if not tma_layout(t):
             return False, f"{name} strides must be positive multiples of 16 bytes from a 16-byte-aligned address (TMA)"
     return True, ""
+
+
+def on_sm100(device: torch.device) -> bool:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return capability_major(device.index if device.index is not None else torch.cuda.current_device()) == 10
+
+
+def sm100_fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
+                        activation: ActivationName) -> tuple[bool, str]:
+    """(ok, reason) for the Blackwell forward (``GdpaFwdSm100``, built by ``kernel_build.compile_fwd_sm100``) on
+    [Z, H, N, D] operands: an sm_100 GPU, no causal mask and no bias (this first version has neither), D = Dv in
+    ``SM100_HEAD_DIMS``, at least one key (the kernel has no path for an empty key range), and ``operand_support``'s
+    dtypes and TMA layouts. No dispatch asks it yet: no Blackwell GPU has run the kernel."""
+    from .fwd_plan import SM100_HEAD_DIMS
+
+    if not cute_dsl_available():
+        return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
+    if not on_sm100(q.device):
+        return False, "the CuTe Blackwell forward is built for sm_100"
+    if causal:
+        return False, "the CuTe Blackwell forward has no causal mask"
+    if bias is not None:
+        return False, "the CuTe Blackwell forward takes no bias"
+    if q.shape[-1] != v.shape[-1]:
+        return False, f"the CuTe Blackwell forward needs D = Dv (got D={q.shape[-1]}, Dv={v.shape[-1]})"
+    if k.shape[-2] == 0:
+        return False, "the CuTe Blackwell forward needs at least one key"
+    if k.shape[:-1] != v.shape[:-1] or q.shape[0] != k.shape[0] or q.shape[1] % k.shape[1]:
+        return False, (f"the CuTe Blackwell forward needs k and v of one shape but the last dim, q's batch, and q's "
+                       f"heads a multiple of k's (got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
+    return operand_support(q, k, v, activation, SM100_HEAD_DIMS, kernel="the CuTe Blackwell forward")

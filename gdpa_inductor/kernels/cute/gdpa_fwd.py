@@ -1,15 +1,15 @@
-"""Launcher of the CuTe-DSL Hopper forward on a dense batch: plans the call (``fwd_plan``), takes its build
-(``kernel_build``) and launches it with the arguments of its schema (``kernel_args``). Which calls it takes is
-``fwd_support``'s."""
+"""Launchers of the CuTe-DSL forwards on a dense batch: plan the call (``fwd_plan``), take its build (``kernel_build``)
+and launch it with the arguments of its schema (``kernel_args``). Which calls they take is ``fwd_support``'s. The
+Hopper forward is the dispatch's; the Blackwell one (``gdpa_fwd_cute_sm100``) is called by no dispatch yet."""
 
 from __future__ import annotations
 
 import torch
 
 from ..activations import ActivationName
-from .fwd_plan import FwdPlan, key_tile, persistent_grid, plan_fwd
-from .kernel_args import FWD_ARGS, dense_modes, offset_arg, score_bias_modes
-from .kernel_build import compile_fwd
+from .fwd_plan import SM100_KEY_TILE, FwdPlan, Sm100FwdPlan, key_tile, persistent_grid, plan_fwd, plan_fwd_sm100
+from .kernel_args import FWD_ARGS, FWD_SM100_ARGS, dense_modes, offset_arg, score_bias_modes
+from .kernel_build import compile_fwd, compile_fwd_sm100
 from .operand_views import bias_4d, flatten_batch, is_tensor_bias
 
 
@@ -59,3 +59,25 @@ def gdpa_fwd_cute_op(q, k, v, activation: ActivationName, scale: float, post_sca
     out = gdpa_fwd_cute(q4, k4, v4, activation, scale, post_scale, negative_slope, causal=causal,
                         bias=bias_4d(bias, batch, q4.shape[2]))
     return out.view(*batch, *out.shape[1:])
+
+
+def gdpa_fwd_cute_sm100(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
+    negative_slope: float, out: torch.Tensor | None = None, plan: Sm100FwdPlan | None = None,
+) -> torch.Tensor:
+    """The Blackwell forward (``GdpaFwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D] (checked
+    by ``fwd_support.sm100_fwd_supported``) -> out [Z, H, Nq, D]: one CTA per 128-row query tile, head and sample.
+    ``plan``: the build to run (None: ``plan_fwd_sm100``'s, 128-key tiles, the mask of keys past Nk where Nk is not a
+    multiple of them). Not yet run on a Blackwell GPU: a caller checks its results on the device first."""
+    if out is None:
+        out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    if k.shape[2] == 0:
+        return out.zero_()
+    if plan is None:
+        plan = plan_fwd_sm100(q.dtype, q.shape[-1], activation, mask_keys=k.shape[2] % SM100_KEY_TILE != 0)
+    compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
+        plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), out=dense_modes(out), scale=scale,
+        post_scale=post_scale, slope=negative_slope))
+    return out

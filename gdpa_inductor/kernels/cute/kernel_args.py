@@ -18,13 +18,14 @@ from collections.abc import Callable
 import torch
 
 # The target every compile names itself, so that neither CUTE_DSL_ARCH nor the GPU present (cutlass-dsl's defaults)
-# chooses it: these kernels are Hopper's (wgmma, TMA, setmaxnreg)
+# chooses it: Hopper's for the sm90 kernels (wgmma, TMA, setmaxnreg), Blackwell's for GdpaFwdSm100 (tcgen05, tensor
+# memory). The target follows the kernel: its build passes it here and to the compile cache, which keys on it.
 TARGET_ARCH = "sm_90a"
-COMPILE_OPTIONS = f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
+SM100_TARGET_ARCH = "sm_100a"
 
 
-def compile_options(keep_ptx: bool) -> str:
-    return COMPILE_OPTIONS + (" --keep-ptx" if keep_ptx else "")
+def compile_options(keep_ptx: bool, target: str = TARGET_ARCH) -> str:
+    return f"--enable-tvm-ffi --gpu-arch {target}" + (" --keep-ptx" if keep_ptx else "")
 
 
 def fake_operands(element, count: int) -> list:
@@ -248,6 +249,9 @@ FWD_ARGS = KernelArgs(
     Arg("offset", lambda plan: fake_offset(), _score_offset),
     Arg("bias", lambda plan: fake_score_bias(), lambda plan: plan.score_bias),
 )
+
+# GdpaFwdSm100.__call__: dense, no mask or bias
+FWD_SM100_ARGS = KernelArgs(*_operands("q", "k", "v", "out"), *_scalars("scale", "post_scale", "slope"), _STREAM)
 
 _BWD_HEAD = (
     *_operands("q", "k", "v", "dout"),

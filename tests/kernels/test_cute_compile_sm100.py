@@ -1,0 +1,248 @@
+"""The CuTe-DSL Blackwell forward (``GdpaFwdSm100``) compiles for sm_100a without a GPU (its own target option, fake
+tensors): bf16 and fp16, D = Dv of 64 and 128, tanh-based and select-based activations, one build without the mask
+of keys past Nk and one of 64-key tiles. Each is checked for Blackwell's instructions and none of Hopper's (every
+matmul a tcgen05.mma from shared memory or, for P, from tensor memory; S and O read from tensor memory by tcgen05.ld
+after its wait, P written by tcgen05.st; one tensor-memory allocation of the columns the plan needs and its release;
+no wgmma), TMA loads, 16-byte O stores, and no register spills in ptxas's report. The compile cache keys on the
+target: the same key names another file for sm_90a than for sm_100a, and the Blackwell build lands under the sm_100a
+fingerprint. The support check refuses what this first version lacks (causal mask, bias, Dv != D), each with its
+reason. No Blackwell GPU has run the kernel: these are the checks a CPU can make.
+
+The compiles go through the worker and report store of the sm_90a checks (``cute_compile_reports``), the spec
+naming its target.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from compile_reports import CompileWorker, ReportStore, report_dir, run_dir
+from cute_compile_reports import WORKER_ARGV, plan_fields, report_fingerprint
+
+from gdpa_inductor import config
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+
+from gdpa_inductor.kernels.cute import compile_cache, fwd_support  # noqa: E402
+from gdpa_inductor.kernels.cute.fwd_plan import Sm100FwdPlan, plan_fwd_sm100, sm100_kv_stages  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_fwd_sm100 import tmem_columns  # noqa: E402
+from gdpa_inductor.kernels.cute.kernel_args import SM100_TARGET_ARCH, TARGET_ARCH  # noqa: E402
+
+# (dtype, D, activation, mask_keys, key tile): both dtypes at both head dims, an activation through tanh.approx and one
+# through selects at each, gelu_tanh without the mask of keys past Nk (its own form has no select), 64-key tiles
+CASES = [
+    ("bf16", 128, "gelu_tanh", True, 128),
+    ("fp16", 128, "silu", True, 128),
+    ("bf16", 64, "relu", True, 128),
+    ("fp16", 64, "sigmoid", True, 128),
+    ("bf16", 128, "gelu_tanh", False, 128),
+    ("bf16", 64, "gelu_tanh", True, 64),
+]
+TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def case_id(case) -> str:
+    dtype, d, act, mask, tile_n = case
+    return f"{dtype}-D{d}-{act}-N{tile_n}" + ("" if mask else "-exact_keys")
+
+
+def case_plan(case) -> Sm100FwdPlan:
+    dtype, d, act, mask, tile_n = case
+    return plan_fwd_sm100(DTYPES[dtype], d, act, tile_n=tile_n, mask_keys=mask)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    fingerprint, worker = report_fingerprint(), CompileWorker(WORKER_ARGV)
+    directory = report_dir(config.kernel_cache_dir, run_dir(tmp_path_factory), fingerprint)
+    store = ReportStore(directory, worker.compile, still_current=lambda: report_fingerprint() == fingerprint)
+
+    def report(case) -> dict:
+        plan = case_plan(case)
+        return store.report(dict(case=["fwd_sm100", *case], build="fwd_sm100", plan=plan_fields(plan), sass=False,
+                                 target=plan.target))
+
+    yield report
+    worker.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_cute_fwd_compiles_for_sm100a(case, reports):
+    _, d, act, mask, _ = case
+    plan = case_plan(case)
+    r = reports(case)
+    assert r["target"] == "sm_100a"
+    assert r["wgmma_any"] == 0, "no Hopper matmuls"
+    # Q Kᵀ (D / 16 k-blocks) and P V (tile_n / 16), each issued at two places: the first key tile's Q Kᵀ and the last
+    # P V outside the loop, one of each in it
+    assert r["tcgen05_mma"] == 2 * (d // 16) + 2 * (plan.tile_n // 16), r
+    # S: tile_n columns in 32-column loads; O: Dv columns, 32 at a time; each followed by its wait before use
+    assert r["tcgen05_ld"] == plan.tile_n // 32 + d // 32, r
+    assert r["tcgen05_wait_ld"] == 1 + d // 32, r
+    # P: tile_n 16-bit values a row in tile_n / 2 columns, stored in two halves, then one wait before its commit
+    assert r["tcgen05_st"] == 2 and r["tcgen05_wait_st"] == 1, r
+    # two S buffers and O, in a power of two of columns
+    assert r["tmem_alloc_columns"] == tmem_columns(plan.tile_n, d) == (512 if plan.tile_n == 128 else 256), r
+    assert r["tcgen05_alloc"] == 1 and r["tcgen05_dealloc"] == 1, r
+    assert r["tcgen05_commit"] > 0, "the MMA warp signals through tcgen05.commit"
+    assert r["tma_loads"] > 0, "Q/K/V loads go through TMA"
+    # full and empty barriers: Q (one stage), K and V rings, two S and two P buffers, O
+    assert r["mbarrier_init"] == 2 + 4 * plan.kv_stages + 4 + 4 + 2, r
+    assert r["st_global_v4"] == d * 2 // 16, "each thread stores its row of O in 16-byte pieces"
+    assert (r["tanh_approx"] > 0) == (act in TANH_BASED), r
+    if act == "gelu_tanh":
+        # gelu_tanh's form has no select: with the mask, one per score (a thread's 128 scores), without it none
+        assert r["selp_f32"] == (plan.tile_n if mask else 0), r
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+    assert r["deprecations"] == [], r["deprecations"]
+
+
+def test_plans_and_stages():
+    assert sm100_kv_stages(128) == 2 and sm100_kv_stages(64) == 3
+    plan = plan_fwd_sm100(torch.bfloat16, 128, "silu")
+    assert plan.target == SM100_TARGET_ARCH != TARGET_ARCH and plan.head_dim_v == 128 and plan.kv_stages == 2
+    with pytest.raises(ValueError, match="D = Dv"):
+        Sm100FwdPlan(torch.bfloat16, 96, "silu")
+    with pytest.raises(ValueError, match="fp16 or bf16"):
+        Sm100FwdPlan(torch.float32, 64, "silu")
+
+
+def test_the_cache_key_names_the_target(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "kernel_cache_dir", str(tmp_path))
+    compile_cache.source_fingerprint.cache_clear()
+    try:
+        hopper, blackwell = compile_cache.source_fingerprint(TARGET_ARCH), compile_cache.source_fingerprint("sm_100a")
+        assert hopper != blackwell and compile_cache.source_fingerprint() == hopper
+        key = (plan_fwd_sm100(torch.bfloat16, 64, "relu"), False)
+        assert compile_cache.cache_path(key, "sm_100a").parent.name == blackwell
+        assert compile_cache.cache_path(key, TARGET_ARCH) != compile_cache.cache_path(key, "sm_100a")
+        assert compile_cache.cache_path(key) == compile_cache.cache_path(key, TARGET_ARCH)
+    finally:
+        compile_cache.source_fingerprint.cache_clear()
+
+
+def test_the_blackwell_build_is_cached_under_its_target(tmp_path, monkeypatch):
+    """One real compile in this process (sm_100a, named by the build's options, whatever cutlass-dsl assumed when
+    imported): its object file lands under the sm_100a fingerprint, none under sm_90a's."""
+    from gdpa_inductor.kernels.cute.kernel_build import compile_fwd_sm100
+
+    monkeypatch.setattr(config, "kernel_cache_dir", str(tmp_path))
+    monkeypatch.setattr(compile_cache, "_MEMORY", {})
+    plan = plan_fwd_sm100(torch.bfloat16, 64, "relu")
+    assert callable(compile_fwd_sm100(plan))
+    files = list(tmp_path.rglob("*.o"))
+    assert [f.parent.name for f in files] == [compile_cache.source_fingerprint(SM100_TARGET_ARCH)]
+    assert compile_cache.cache_path((plan, False), SM100_TARGET_ARCH) == files[0]
+
+
+@pytest.fixture
+def on_blackwell(monkeypatch):
+    """The support check as on an sm_100 GPU with the CuTe stack installed (CPU tensors stand in for its own)."""
+    monkeypatch.setattr(fwd_support, "cute_dsl_available", lambda: True)
+    monkeypatch.setattr(fwd_support, "on_sm100", lambda device: True)
+
+
+def _operands(d=128, dv=None, nk=256, dtype=torch.bfloat16, kv_heads=4):
+    q = torch.zeros(2, 4, 200, d, dtype=dtype)
+    k = torch.zeros(2, kv_heads, nk, d, dtype=dtype)
+    return q, k, torch.zeros(2, kv_heads, nk, d if dv is None else dv, dtype=dtype)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(causal=True), "no causal mask"),
+    (dict(bias=torch.zeros(1)), "takes no bias"),
+    (dict(dv=64), "D = Dv"),
+    (dict(d=96), "head dims"),
+    (dict(nk=0), "at least one key"),
+    (dict(kv_heads=3), "a multiple of k's"),
+    (dict(dtype=torch.float32), "fp16/bf16"),
+], ids=["causal", "bias", "dv_differs", "d96", "no_keys", "heads", "fp32"])
+def test_the_support_check_refuses_with_a_reason(on_blackwell, change, reason):
+    causal, bias = change.pop("causal", False), change.pop("bias", None)
+    q, k, v = _operands(**change)
+    ok, why = fwd_support.sm100_fwd_supported(q, k, v, bias, causal, "silu")
+    assert not ok and reason in why, why
+
+
+def test_the_support_check_takes_a_plain_call(on_blackwell):
+    assert fwd_support.sm100_fwd_supported(*_operands(), None, False, "gelu_tanh") == (True, "")
+
+
+def test_the_support_check_wants_an_sm100_gpu():
+    ok, why = fwd_support.sm100_fwd_supported(*_operands(), None, False, "gelu_tanh")
+    assert not ok and why
+
+
+class RecordedBuild:
+    """Stands in for ``compile_fwd_sm100``: records the plan it is asked for and the arguments of the launch."""
+
+    def __init__(self):
+        self.plans, self.calls = [], []
+
+    def __call__(self, plan):
+        self.plans.append(plan)
+        return lambda *args: self.calls.append(args)
+
+
+@pytest.mark.parametrize("nk, masked", [(256, False), (200, True)])
+def test_the_launcher_passes_the_schema_arguments(monkeypatch, nk, masked):
+    """The launcher plans the call (the mask of keys past Nk where Nk is not a multiple of the key tile) and passes
+    the operands in the kernel's (N, D, H, Z) modes and the scalars, in ``GdpaFwdSm100.__call__``'s order (the stream
+    is the compiled function's own)."""
+    from gdpa_inductor.kernels.cute import gdpa_fwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_fwd, "compile_fwd_sm100", build)
+    q, k, v = _operands(nk=nk)
+    out = gdpa_fwd.gdpa_fwd_cute_sm100(q, k, v, "silu", 0.125, 0.5, 0.01)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert build.plans == [plan_fwd_sm100(torch.bfloat16, 128, "silu", mask_keys=masked)]
+    (args,) = build.calls
+    assert [tuple(a.shape) for a in args[:4]] == [(200, 128, 4, 2), (nk, 128, 4, 2), (nk, 128, 4, 2), (200, 128, 4, 2)]
+    assert args[3].data_ptr() == out.data_ptr() and args[4:] == (0.125, 0.5, 0.01)
+
+
+def test_the_launcher_compiles_nothing_without_keys(monkeypatch):
+    from gdpa_inductor.kernels.cute import gdpa_fwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_fwd, "compile_fwd_sm100", build)
+    q, k, v = _operands(nk=0)
+    out = gdpa_fwd.gdpa_fwd_cute_sm100(q, k, v, "silu", 1.0, 1.0, 0.01, out=torch.full_like(q, 7.0))
+    assert build.plans == [] and not out.any()
+
+
+@pytest.mark.parametrize("d, tile_n", [(128, 128), (64, 64)])
+def test_each_activation_thread_holds_its_row_in_order(d, tile_n):
+    """The kernel's tensor-memory copies (traced for sm_100a with a static thread index; no kernel): thread t of
+    the activation warps loads row t of S with its keys in order, stores P's 16-bit pairs of that row in order (so the
+    bf16 view of its registers in S's order is P's column order), and loads row t of O in 32-column chunks, each in
+    order: what the key mask (column coordinates), the in-place P (its columns never ahead of the loaded S) and the O
+    stores from the registers (row t, contiguous) assume."""
+    from gdpa_inductor.kernels.cute import activation_math
+    from gdpa_inductor.kernels.cute.gdpa_fwd_sm100 import _EPI_COLUMNS, GdpaFwdSm100
+
+    kernel = GdpaFwdSm100(cutlass.BFloat16, d, d, activation_math.forward_form("relu", False), tile_n=tile_n)
+    found = {}
+
+    @cute.jit
+    def trace(t: cutlass.Constexpr):
+        qk_mma, pv_mma = kernel._tiled_mmas()
+        tmem = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.tmem, assumed_align=16)
+        *_, tLcS, tLcP = kernel._score_copies(qk_mma.get_slice(0), tmem, t)
+        _, tLtO, tLcO = kernel._o_copy(pv_mma.get_slice(0), tmem, t)
+        found[t] = dict(
+            s=[tuple(tLcS[i]) for i in range(cute.size(tLcS))], p=[tuple(tLcP[i]) for i in range(cute.size(tLcP))],
+            o=[[tuple(tLcO[None, 0, 0, c][i]) for i in range(_EPI_COLUMNS)] for c in range(cute.size(tLcO, mode=[3]))],
+        )
+
+    for t in (0, 33, 127):
+        cute.compile(trace, t, options=f"--gpu-arch {SM100_TARGET_ARCH}")
+        assert found[t]["s"] == [(t, c) for c in range(tile_n)]
+        assert found[t]["p"] == [(t, c) for c in range(tile_n // 2)]
+        assert found[t]["o"] == [[(t, c * _EPI_COLUMNS + i) for i in range(_EPI_COLUMNS)] for c in range(d // 32)]
