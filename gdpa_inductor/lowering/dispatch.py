@@ -1,5 +1,6 @@
-"""Which implementation runs a GDPA call, and why: the CuTe-DSL Hopper kernels where they support the case,
-Triton where it supports the case, else the reference.
+"""Which implementation runs a GDPA call, and why: the CuTe-DSL Hopper kernels where they support the case (on
+sm_100 the Blackwell dense forward, once self-checked on the device), Triton where it supports the case, else the
+reference.
 
 Every decision returns (name, reason) and is logged at debug level on the ``gdpa_inductor`` logger, so
 "why did this not use the fused kernel?" always has an answer.
@@ -37,12 +38,17 @@ def triton_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
 
 
 def select_forward_impl(q, k, v, bias, causal: bool, activation: ActivationName) -> str:
-    """The dense forward's path: see ``_cute_else_select``."""
+    """The dense forward's path: see ``_cute_else_select``. On sm_100 "cute" is the Blackwell forward, where it
+    covers the call and its build passed its first-use self-check (``sm100_forward``)."""
 
     def support(q, k, v, bias, causal, activation):
-        from ..kernels.cute.fwd_support import cute_fwd_preferred, cute_fwd_support
+        from ..kernels.cute.fwd_support import cute_fwd_preferred, cute_fwd_support, on_sm100
 
         ok, reason = cute_fwd_support(q, k, v, bias, causal, activation)
+        if not ok and on_sm100(q.device):
+            from .sm100_forward import sm100_forward_support
+
+            return sm100_forward_support(q, k, v, bias, causal, activation)
         if ok and config.backend == "auto":
             ok, reason = cute_fwd_preferred(q, k, v)
         return ok, reason

@@ -29,6 +29,12 @@ def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_
 
     def run_path(impl):
         if impl == "cute":
+            from ..kernels.cute.fwd_support import on_sm100
+
+            if on_sm100(q.device):
+                from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_sm100_op
+
+                return gdpa_fwd_cute_sm100_op(q, k, v, activation, scale, post_scale, negative_slope)
             from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_op
 
             return gdpa_fwd_cute_op(q, k, v, activation, scale, post_scale, negative_slope, causal, bias)

@@ -62,11 +62,13 @@ def test_sm100_compile(case, triton_reports, subtests):
 
 @pytest.mark.parametrize("major, hopper", [(9, True), (10, False), (12, False)])
 def test_the_cute_kernels_are_for_hopper_only(monkeypatch, major, hopper):
-    """On a Blackwell GPU (compute capability 10 or 12) the CuTe kernels are refused with the reason, so the dispatch
-    takes these Triton kernels."""
+    """On a Blackwell GPU (compute capability 10 or 12) the CuTe Hopper kernels are refused with the reason, so the
+    dispatch takes these Triton kernels; on sm_100 alone a dense forward may take the CuTe Blackwell forward once its
+    build passes its self-check (tests/lowering/test_sm100_forward.py)."""
     monkeypatch.setattr(fwd_support, "cute_dsl_available", lambda: True)
     monkeypatch.setattr(fwd_support, "capability_major", lambda index: major)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     ok, reason = fwd_support.machine_support(torch.device("cuda", 0))
     assert ok == hopper
     assert hopper or reason == "the CuTe kernel is built for sm_90 (Hopper)"
+    assert fwd_support.on_sm100(torch.device("cuda", 0)) == (major == 10)

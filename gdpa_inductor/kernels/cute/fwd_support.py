@@ -172,7 +172,8 @@ def sm100_fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias,
     """(ok, reason) for the Blackwell forward (``GdpaFwdSm100``, built by ``kernel_build.compile_fwd_sm100``) on
     [Z, H, N, D] operands: an sm_100 GPU, no causal mask and no bias (this first version has neither), D = Dv in
     ``SM100_HEAD_DIMS``, at least one key (the kernel has no path for an empty key range), and ``operand_support``'s
-    dtypes and TMA layouts. No dispatch asks it yet: no Blackwell GPU has run the kernel."""
+    dtypes and TMA layouts. The dispatch asks it on sm_100 (``lowering/sm100_forward.py``), then the self-check of
+    the call's build: no Blackwell GPU in this project's tests has run the kernel."""
     from .fwd_plan import SM100_HEAD_DIMS
 
     if not cute_dsl_available():

@@ -1,6 +1,7 @@
 """Launchers of the CuTe-DSL forwards on a dense batch: plan the call (``fwd_plan``), take its build (``kernel_build``)
 and launch it with the arguments of its schema (``kernel_args``). Which calls they take is ``fwd_support``'s. The
-Hopper forward is the dispatch's; the Blackwell one (``gdpa_fwd_cute_sm100``) is called by no dispatch yet."""
+Hopper forward and, on sm_100 after its self-check (``lowering/sm100_forward.py``), the Blackwell one
+(``gdpa_fwd_cute_sm100``) are the dispatch's."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def gdpa_fwd_cute_sm100(
     """The Blackwell forward (``GdpaFwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D] (checked
     by ``fwd_support.sm100_fwd_supported``) -> out [Z, H, Nq, D]: one CTA per 128-row query tile, head and sample.
     ``plan``: the build to run (None: ``plan_fwd_sm100``'s, 128-key tiles, the mask of keys past Nk where Nk is not a
-    multiple of them). Not yet run on a Blackwell GPU: a caller checks its results on the device first."""
+    multiple of them). Not yet run on a Blackwell GPU: the dispatch checks each build's results on the device first."""
     if out is None:
         out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
@@ -76,8 +77,23 @@ def gdpa_fwd_cute_sm100(
     if k.shape[2] == 0:
         return out.zero_()
     if plan is None:
-        plan = plan_fwd_sm100(q.dtype, q.shape[-1], activation, mask_keys=k.shape[2] % SM100_KEY_TILE != 0)
+        plan = plan_dense_fwd_sm100(q, k, activation)
     compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
         plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), out=dense_modes(out), scale=scale,
         post_scale=post_scale, slope=negative_slope))
     return out
+
+
+def plan_dense_fwd_sm100(q: torch.Tensor, k: torch.Tensor, activation: ActivationName) -> Sm100FwdPlan:
+    """The plan of ``gdpa_fwd_cute_sm100``'s call on these [Z, H, N, D] operands: the build its self-check keys on."""
+    return plan_fwd_sm100(q.dtype, q.shape[-1], activation, mask_keys=k.shape[2] % SM100_KEY_TILE != 0)
+
+
+def gdpa_fwd_cute_sm100_op(q, k, v, activation: ActivationName, scale: float, post_scale: float,
+                           negative_slope: float):
+    """The op's forward on the Blackwell kernel: operands in the op's [..., H, N, D] layout, batch dims broadcasting
+    (``fwd_support.sm100_fwd_supported`` checked on their 4-D views) -> [*batch, H, Nq, D]."""
+    (q4, k4, v4), batch = flatten_batch(q, k, v)
+    out = gdpa_fwd_cute_sm100(q4, k4, v4, activation, scale, post_scale, negative_slope,
+                              plan=plan_dense_fwd_sm100(q4, k4, activation))
+    return out.view(*batch, *out.shape[1:])
