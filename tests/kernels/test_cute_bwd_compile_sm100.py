@@ -102,6 +102,14 @@ def test_cute_bwd_compiles_for_sm100a(case, reports):
     assert r["deprecations"] == [], r["deprecations"]
 
 
+def test_tensor_memory_columns():
+    """Sᵀ and dPᵀ (128 columns each, dQ within dPᵀ's), dV and dK: 384 columns at D = 64, rounded up to 512; 512 at
+    D = 128, the whole tensor memory."""
+    assert tmem_columns(64, 64) == tmem_columns(128, 128) == 512
+    with pytest.raises(AssertionError):
+        tmem_columns(256, 256)
+
+
 def test_plans_and_stages():
     assert sm100_bwd_q_stages(128) == 2 and sm100_bwd_q_stages(64) == 2
     plan = plan_bwd_sm100(torch.bfloat16, 128, "silu")

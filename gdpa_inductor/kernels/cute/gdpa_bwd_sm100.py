@@ -99,7 +99,8 @@ class GdpaBwdSm100:
         self.dv_offset = 2 * _ROWS
         self.dk_offset = self.dv_offset + head_dim_v
         self.tmem_columns = tmem_columns(head_dim, head_dim_v)
-        assert self.tmem_columns <= 512
+        # Sᵀ, dPᵀ (dQ within it), dV and dK side by side within the allocation, which tcgen05.alloc caps at 512
+        assert _DP_OFFSET + _ROWS == self.dv_offset and self.dk_offset + head_dim <= self.tmem_columns <= 512
         # (M, N, K) of each matmul
         self.s_tiler = (self.tile_n, self.tile_m, head_dim)
         self.dp_tiler = (self.tile_n, self.tile_m, head_dim_v)
