@@ -6,8 +6,9 @@ release; no wgmma), TMA loads, dSᵀ stored to shared memory in 16-byte pieces, 
 dK and dV stored in 16-byte pieces, and no register spills in ptxas's report. On CPU traces: the shared-memory views
 the matmuls read as their transposes (Kᵀ, Qᵀ, dOᵀ, dS) cover the same bytes as the K-major layouts loaded or written,
 the kernel's dSᵀ addresses are those of its layout, and each thread's tensor-memory copies hold its row, columns in
-order. The support check refuses what this first version lacks, each with its reason, and the launcher passes the
-schema's arguments. No Blackwell GPU has run the kernel: these are the checks a CPU can make.
+order. A float64 model of the kernel's tiles, scales and mask gives autograd's gradients. The support check refuses
+what the kernel lacks, each with its reason, and the launcher passes the schema's arguments. No Blackwell GPU has run
+the kernel: these are the checks a CPU can make.
 """
 
 from __future__ import annotations
@@ -290,3 +291,53 @@ def test_the_launcher_compiles_nothing_without_keys_or_queries(monkeypatch):
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
         assert not (dq.any() or dk.any() or dv.any())
     assert build.plans == []
+
+
+def _kernel_model(q, k, v, do, name, scale, post_scale):
+    """The kernel's arithmetic in float64 on CPU, tile by tile: per 128-key CTA and 128-row query tile, Sᵀ and dPᵀ of
+    zero-padded tiles, (p, m) by the activation's backward terms (``BACKWARD_TERMS``, with fma and tanh as torch
+    ops), dSᵀ = dPᵀ (m + grad_offset), queries past Nq masked; dV · post_scale and dK · scale · post_scale · factor
+    as the epilogue scales them, dQ's unscaled sums as the dQ warps add them."""
+    from gdpa_inductor.kernels.cute.activation_math import BACKWARD_TERMS
+
+    form = BACKWARD_TERMS[name]
+    nq, nk = q.shape[0], k.shape[0]
+    pad = lambda t, rows: torch.cat([t, t.new_zeros(rows - t.shape[0], t.shape[1])])  # noqa: E731
+    qp, dop = pad(q, -(-nq // TILE) * TILE), pad(do, -(-nq // TILE) * TILE)
+    kp, vp = pad(k, -(-nk // TILE) * TILE), pad(v, -(-nk // TILE) * TILE)
+    dq_sums, dk, dv = torch.zeros_like(qp), torch.zeros_like(kp), torch.zeros_like(vp)
+    for n in range(0, kp.shape[0], TILE):
+        kt, vt = kp[n:n + TILE], vp[n:n + TILE]
+        for m in range(0, qp.shape[0], TILE):
+            qt, dot = qp[m:m + TILE], dop[m:m + TILE]
+            p, g = form.fn(kt @ qt.T, scale, lambda a, b, c: a * b + c, torch.tanh, None)
+            dpt = vt @ dot.T
+            dst = dpt * (g + form.grad_offset)
+            keep = (torch.arange(TILE) + m < nq)[None, :]
+            p, dst = torch.where(keep, p, 0.0), torch.where(keep, dst, 0.0)
+            dv[n:n + TILE] += p @ dot
+            dk[n:n + TILE] += dst @ qt
+            dq_sums[m:m + TILE] += dst.T @ kt
+    factor = scale * post_scale * form.grad_factor
+    return dq_sums[:nq], dk[:nk] * factor, dv[:nk] * post_scale
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu_tanh"])
+def test_the_kernels_arithmetic_gives_the_gradients(name):
+    """The model of the kernel's tiles, scales and mask (``_kernel_model``), its dQ sums scaled on the host as the
+    launcher scales them (``dq_of_sums``), gives autograd's gradients of the eager GDPA at Nq and Nk past whole
+    tiles."""
+    from gdpa_inductor.kernels.activations import get_activation
+    from gdpa_inductor.kernels.cute.bwd_results import dq_of_sums
+
+    torch.manual_seed(0)
+    nq, nk, d, scale, post_scale = 200, 130, 64, 0.125, 0.5
+    q, k, v, do = (torch.randn(n, d, dtype=torch.float64) for n in (nq, nk, nk, nq))
+    dq_sums, dk, dv = _kernel_model(q, k, v, do, name, scale, post_scale)
+    dq = dq_of_sums(dq_sums, torch.float64, name, scale, post_scale)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = get_activation(name).torch_fn(scale * leaves[0] @ leaves[1].T, 0.01) * post_scale @ leaves[2]
+    expected = torch.autograd.grad(out, leaves, do)
+    # the host's factor is rounded to fp32 (as the kernel multiplies it)
+    for got, want in zip((dq, dk, dv), expected):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
