@@ -1,5 +1,5 @@
 """Compile reports of the CuTe-DSL kernels (``compile_reports`` keeps them, one compile per build), each for its
-target: sm_90a for the Hopper kernels, or the spec's ``target`` (the Blackwell forward's sm_100a).
+target: sm_90a for the Hopper kernels, or the spec's ``target`` (the Blackwell kernels' sm_100a).
 
 A build costs 3-5 s on an idle core: cutlass-dsl's IR generation and MLIR passes (about 2-3 s), then ptxas and,
 for a few builds, nvdisasm on the PTX (about 1 s). ``report_fingerprint`` names what every report depends on;
@@ -51,24 +51,25 @@ def plan_fields(plan) -> dict:
 
 
 def plan_of(spec: dict):
-    """The plan ``spec`` names: ``build`` "fwd" (an ``FwdPlan``), "bwd" (a ``BwdPlan``) or "fwd_sm100" (an
-    ``Sm100FwdPlan``), ``plan`` its fields (``plan_fields``)."""
+    """The plan ``spec`` names: ``build`` "fwd" (an ``FwdPlan``), "bwd" (a ``BwdPlan``), "fwd_sm100" (an
+    ``Sm100FwdPlan``) or "bwd_sm100" (an ``Sm100BwdPlan``), ``plan`` its fields (``plan_fields``)."""
     import torch
 
-    from gdpa_inductor.kernels.cute.bwd_plan import BwdPlan
+    from gdpa_inductor.kernels.cute.bwd_plan import BwdPlan, Sm100BwdPlan
     from gdpa_inductor.kernels.cute.fwd_plan import FwdPlan, Sm100FwdPlan
 
     fields = dict(spec["plan"])
-    plan_type = {"fwd": FwdPlan, "bwd": BwdPlan, "fwd_sm100": Sm100FwdPlan}[spec["build"]]
+    plan_type = {"fwd": FwdPlan, "bwd": BwdPlan, "fwd_sm100": Sm100FwdPlan, "bwd_sm100": Sm100BwdPlan}[spec["build"]]
     return plan_type(**(fields | {"dtype": getattr(torch, fields["dtype"])}))
 
 
 def compile_ptx(spec: dict) -> str:
-    """The PTX of the build of ``spec``'s plan (``plan_of``): ``kernel_build.compile_fwd``, ``compile_bwd`` or
-    ``compile_fwd_sm100``."""
-    from gdpa_inductor.kernels.cute.kernel_build import compile_bwd, compile_fwd, compile_fwd_sm100
+    """The PTX of the build of ``spec``'s plan (``plan_of``): ``kernel_build.compile_fwd``, ``compile_bwd``,
+    ``compile_fwd_sm100`` or ``compile_bwd_sm100``."""
+    from gdpa_inductor.kernels.cute.kernel_build import compile_bwd, compile_bwd_sm100, compile_fwd, compile_fwd_sm100
 
-    build = {"fwd": compile_fwd, "bwd": compile_bwd, "fwd_sm100": compile_fwd_sm100}[spec["build"]]
+    build = {"fwd": compile_fwd, "bwd": compile_bwd, "fwd_sm100": compile_fwd_sm100,
+             "bwd_sm100": compile_bwd_sm100}[spec["build"]]
     return build(plan_of(spec), keep_ptx=True).artifacts.PTX
 
 
@@ -121,6 +122,8 @@ def extract_report(ptx: str, log: str, sass: str | None) -> dict:
         stmatrix=ptx.count("stmatrix"),
         ldmatrix=ptx.count("ldmatrix"),
         red_v2_f32=len(re.findall(r"red\.global\.add\.v2\.f32", ptx)),
+        red_v4_f32=len(re.findall(r"red\.global\.add\.v4\.f32", ptx)),
+        st_shared_v4=len(re.findall(r"\bst\.shared\.v4\.", ptx)),
         count_acq_rel=len(re.findall(r"\batom\.global\.acq_rel(?:\.gpu)?\.add", ptx)),
         ld_global_cg_v4=ptx.count("ld.global.cg.v4.f32"),
         proxy_fence_global=ptx.count("fence.proxy.async.global"),

@@ -218,3 +218,53 @@ def _plan_bwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, hea
     return BwdPlan(dtype, head_dim, head_dim_v, activation, dq_sums=dq_sums, varlen=varlen, causal=causal, band=band,
                    score_offset=score_offset, score_bias=score_bias, bias_grad=bias_grad, dbias_atomic=dbias_atomic,
                    query_tile=query_tile, dq_last_round=last_round, reason=reason)
+
+
+# --- the Blackwell backward (GdpaBwdSm100): dense, no mask or bias, D = Dv of 64 or 128 ---
+
+SM100_BWD_HEAD_DIMS = (64, 128)
+# 128-key CTAs, 128-row query tiles
+SM100_BWD_TILE = 128
+# shared memory a block may take on sm_100 (227 KB), less 2 KB for the barriers and the tiles' 1024-byte alignment
+SM100_BWD_SMEM_BUDGET = 227 * 1024 - 2048
+
+
+def sm100_bwd_q_stages(head_dim: int, element_bytes: int = 2) -> int:
+    """Q/dO stages of the Blackwell backward: as many (Q, dO) tile pairs as fit beside K, V and dS, at most two (two
+    at D = 128: 96 KB beside 2 x 64 KB)."""
+    fixed = 2 * SM100_BWD_TILE * head_dim * element_bytes + SM100_BWD_TILE * SM100_BWD_TILE * element_bytes
+    pair_bytes = 2 * SM100_BWD_TILE * head_dim * element_bytes
+    return max(1, min(2, (SM100_BWD_SMEM_BUDGET - fixed) // pair_bytes))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm100BwdPlan:
+    """One build of the Blackwell backward (``GdpaBwdSm100``), compiled for ``target``: the plan is the compile key
+    (every field). ``mask_queries``: queries past Nq give P = dS = 0 (Nq not a multiple of the 128-row query tile);
+    ``q_stages``: ``sm100_bwd_q_stages``. dQ is summed unscaled in fp32 (``bwd_results.dq_of_sums`` scales it)."""
+
+    dtype: torch.dtype
+    head_dim: int
+    activation: ActivationName
+    q_stages: int = 1
+    mask_queries: bool = True
+    target: str = "sm_100a"
+
+    def __post_init__(self):
+        check_element(self, "the CuTe Blackwell backward")
+        if self.head_dim not in SM100_BWD_HEAD_DIMS:
+            raise ValueError(f"the CuTe Blackwell backward is built for D = Dv in {SM100_BWD_HEAD_DIMS}; "
+                             f"got {self.head_dim}")
+        if self.q_stages not in (1, 2):
+            raise ValueError(f"Q/dO stages of 1 or 2; got {self.q_stages}")
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.head_dim
+
+
+@functools.lru_cache(maxsize=256)
+def plan_bwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName,
+                   mask_queries: bool = True) -> Sm100BwdPlan:
+    """The Blackwell backward's plan for D = Dv = ``head_dim``: its Q/dO stages from ``sm100_bwd_q_stages``."""
+    return Sm100BwdPlan(dtype, head_dim, activation, q_stages=sm100_bwd_q_stages(head_dim), mask_queries=mask_queries)

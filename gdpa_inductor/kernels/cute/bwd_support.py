@@ -1,5 +1,6 @@
-"""Which calls the CuTe-DSL Hopper backward takes: the forward's cases (``fwd_support``) at the backward's head dims,
-and its biases and bias gradients, each an (ok, reason) check."""
+"""Which calls the CuTe-DSL backwards take: the Hopper backward the forward's cases (``fwd_support``) at the backward's
+head dims, and its biases and bias gradients; the Blackwell backward (``sm100_bwd_supported``) its dense calls; each
+an (ok, reason) check."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from ..activations import ActivationName
 from .bwd_plan import NARROW_MAX_HEAD_DIM
 from .dbias_plan import dbias_sums_for
-from .fwd_support import cute_fwd_support, fwd_supported
+from .fwd_support import cute_dsl_available, cute_fwd_support, fwd_supported, on_sm100, operand_support
 from .operand_views import bias_4d, flatten_batch, is_tensor_bias
 
 # the forward's head dims: past NARROW_MAX_HEAD_DIM the wide-head kernel (``bwd_plan``)
@@ -70,3 +71,32 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
         return bwd_bias_support(check, bias, q, v, bias_grad)
     (q4, _, v4), batch = flatten_batch(q, k, v)
     return bwd_bias_support(check, bias_4d(bias, batch, q4.shape[2]), q4, v4, bias_grad, q4.shape[:2])
+
+
+def sm100_bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, bias, causal: bool,
+                        activation: ActivationName, bias_grad: bool = False) -> tuple[bool, str]:
+    """(ok, reason) for the Blackwell backward (``GdpaBwdSm100``, launched by ``gdpa_bwd.gdpa_bwd_cute_sm100``) on
+    [Z, H, N, D] operands: an sm_100 GPU, no causal mask and no bias (the kernel has neither), D = Dv in
+    ``SM100_BWD_HEAD_DIMS``, grad_out of q's shape and dtype, and ``operand_support``'s dtypes and TMA layouts (grad_out
+    is copied where TMA cannot read it). Empty query or key ranges take no kernel (zero gradients). No dispatch asks
+    it yet: no Blackwell GPU has run the kernel."""
+    from .bwd_plan import SM100_BWD_HEAD_DIMS
+
+    kernel = "the CuTe Blackwell backward"
+    if not cute_dsl_available():
+        return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
+    if not on_sm100(q.device):
+        return False, f"{kernel} is built for sm_100"
+    if causal:
+        return False, f"{kernel} has no causal mask"
+    if bias is not None or bias_grad:
+        return False, f"{kernel} takes no bias"
+    if q.shape[-1] != v.shape[-1]:
+        return False, f"{kernel} needs D = Dv (got D={q.shape[-1]}, Dv={v.shape[-1]})"
+    if k.shape[:-1] != v.shape[:-1] or q.shape[0] != k.shape[0] or q.shape[1] % k.shape[1]:
+        return False, (f"{kernel} needs k and v of one shape but the last dim, q's batch, and q's heads a multiple of "
+                       f"k's (got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
+    if grad_out.shape != (*q.shape[:-1], v.shape[-1]) or grad_out.dtype != q.dtype:
+        return False, (f"{kernel} needs grad_out of shape {(*q.shape[:-1], v.shape[-1])} and dtype {q.dtype} (got "
+                       f"{tuple(grad_out.shape)}, {grad_out.dtype})")
+    return operand_support(q, k, v, activation, SM100_BWD_HEAD_DIMS, kernel=kernel)

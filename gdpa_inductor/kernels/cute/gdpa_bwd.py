@@ -1,6 +1,7 @@
-"""Launcher of the CuTe-DSL Hopper backward on a dense batch: plans the call (``bwd_plan``), allocates dQ, dK, dV
-and dbias's buffer, launches the build (``kernel_build``) with its schema's arguments (``kernel_args``) and hands
-the kernel's sums to the host's last steps (``bwd_results``). Which calls it takes is ``bwd_support``'s."""
+"""Launchers of the CuTe-DSL backwards on a dense batch: plan the call (``bwd_plan``), allocate dQ, dK, dV and
+dbias's buffer, launch the build (``kernel_build``) with its schema's arguments (``kernel_args``) and hand the
+kernel's sums to the host's last steps (``bwd_results``). Which calls they take is ``bwd_support``'s. The Hopper
+backward is the dispatch's; the Blackwell one (``gdpa_bwd_cute_sm100``) is called by no dispatch yet."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import torch
 
 from ..activations import ActivationName
 from ..common.layout import tma_layout
-from .bwd_plan import KEY_TILE, QUERY_TILE, BwdPlan, plan_bwd
+from .bwd_plan import KEY_TILE, QUERY_TILE, SM100_BWD_TILE, BwdPlan, Sm100BwdPlan, plan_bwd, plan_bwd_sm100
 from .bwd_results import dbias_of, dq_of_fragments, dq_of_sums
 from .dbias_plan import bias_leading_dims, dbias_way
 from .dq_workspace import zeroed_dq_sums
-from .kernel_args import TMA_COLUMNS, bias_tile_modes, dense_modes, offset_arg, padded
-from .kernel_build import bwd_args, compile_bwd
+from .kernel_args import BWD_SM100_ARGS, TMA_COLUMNS, bias_tile_modes, dense_modes, offset_arg, padded
+from .kernel_build import bwd_args, compile_bwd, compile_bwd_sm100
 from .operand_views import bias_4d, flatten_batch, is_tensor_bias
 
 
@@ -129,3 +130,39 @@ def gdpa_bwd_cute_op(grad_out, q, k, v, activation: ActivationName, scale: float
         dbias = dbias.view(bias.shape) if dbias.numel() == bias.numel() else dbias.reshape(
             *batch, *dbias.shape[1:]).sum_to_size(bias.shape)
     return dq, dk, dv, dbias
+
+
+def gdpa_bwd_cute_sm100(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, activation: ActivationName,
+    scale: float, post_scale: float, negative_slope: float, plan: Sm100BwdPlan | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Blackwell backward (``GdpaBwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D], grad_out
+    [Z, H, Nq, D] (checked by ``bwd_support.sm100_bwd_supported``) -> (dq, dk, dv): one CTA per 128-key tile, head and
+    sample; dQ summed unscaled in fp32 by the kernel, scaled and rounded here (``dq_of_sums``). Grouped heads run per
+    query head on K and V repeated, dK and dV summed over each group after. ``plan``: the build to run (None:
+    ``plan_bwd_sm100``'s, the mask of queries past Nq where Nq is not a multiple of the 128-row query tile). Not yet
+    run on a Blackwell GPU: a caller checks its results on the device first."""
+    z, h, nq, d = q.shape
+    hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
+    dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
+    dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
+    if dk.numel() == 0 or nq == 0:
+        # no key tile to run, or no query to add anything: the gradients are zero
+        return torch.zeros_like(q), k.new_zeros(k.shape), v.new_zeros(v.shape)
+    if plan is None:
+        plan = plan_bwd_sm100(q.dtype, d, activation, mask_queries=nq % SM100_BWD_TILE != 0)
+    group = h // hkv
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    grad_out = grad_out if tma_layout(grad_out) else grad_out.contiguous()
+    dq_acc = torch.zeros((z, h, nq, d), dtype=torch.float32, device=q.device)
+    compile_bwd_sm100(plan)(*BWD_SM100_ARGS.values(
+        plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), dout=dense_modes(grad_out),
+        dq=dense_modes(dq_acc), dk=dense_modes(dk), dv=dense_modes(dv), scale=scale, post_scale=post_scale,
+        slope=negative_slope))
+    dq = dq_of_sums(dq_acc, q.dtype, activation, scale, post_scale)
+    if group > 1:
+        dk = dk.view(z, hkv, group, nk, d).sum(2)
+        dv = dv.view(z, hkv, group, nk, d_v).sum(2)
+    return dq, dk, dv

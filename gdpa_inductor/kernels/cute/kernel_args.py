@@ -18,8 +18,9 @@ from collections.abc import Callable
 import torch
 
 # The target every compile names itself, so that neither CUTE_DSL_ARCH nor the GPU present (cutlass-dsl's defaults)
-# chooses it: Hopper's for the sm90 kernels (wgmma, TMA, setmaxnreg), Blackwell's for GdpaFwdSm100 (tcgen05, tensor
-# memory). The target follows the kernel: its build passes it here and to the compile cache, which keys on it.
+# chooses it: Hopper's for the sm90 kernels (wgmma, TMA, setmaxnreg), Blackwell's for GdpaFwdSm100 and GdpaBwdSm100
+# (tcgen05, tensor memory). The target follows the kernel: its build passes it here and to the compile cache, which
+# keys on it.
 TARGET_ARCH = "sm_90a"
 SM100_TARGET_ARCH = "sm_100a"
 
@@ -252,6 +253,11 @@ FWD_ARGS = KernelArgs(
 
 # GdpaFwdSm100.__call__: dense, no mask or bias
 FWD_SM100_ARGS = KernelArgs(*_operands("q", "k", "v", "out"), *_scalars("scale", "post_scale", "slope"), _STREAM)
+# GdpaBwdSm100.__call__: dense, no mask or bias, dQ summed in fp32
+BWD_SM100_ARGS = KernelArgs(
+    *_operands("q", "k", "v", "dout"), *_operands("dq", dtype=lambda plan: torch.float32), *_operands("dk", "dv"),
+    *_scalars("scale", "post_scale", "slope"), _STREAM,
+)
 
 _BWD_HEAD = (
     *_operands("q", "k", "v", "dout"),

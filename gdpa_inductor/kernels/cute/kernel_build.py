@@ -1,15 +1,15 @@
-"""The compiled CuTe-DSL kernels: one build per plan (``FwdPlan``, ``BwdPlan``, ``Sm100FwdPlan``: the plan is the
-compile key), compiled against its argument schema's fakes (``kernel_args``), which needs no GPU (target sm_90a, or
-the Blackwell forward's sm_100a: each build names its target to the compile and to the cache), and cached in memory
-and on disk (``compile_cache``): sizes and strides are runtime values, so every shape reuses a build. cutlass-dsl is
-imported here, lazily: the package works without it."""
+"""The compiled CuTe-DSL kernels: one build per plan (``FwdPlan``, ``BwdPlan``, ``Sm100FwdPlan``, ``Sm100BwdPlan``:
+the plan is the compile key), compiled against its argument schema's fakes (``kernel_args``), which needs no GPU
+(target sm_90a, or the Blackwell kernels' sm_100a: each build names its target to the compile and to the cache),
+and cached in memory and on disk (``compile_cache``): sizes and strides are runtime values, so every shape reuses a
+build. cutlass-dsl is imported here, lazily: the package works without it."""
 
 from __future__ import annotations
 
-from .bwd_plan import BwdPlan
+from .bwd_plan import BwdPlan, Sm100BwdPlan
 from .compile_cache import cached_compile
 from .fwd_plan import FwdPlan, Sm100FwdPlan
-from .kernel_args import BWD_ARGS, FWD_ARGS, FWD_SM100_ARGS, WIDE_BWD_ARGS, compile_options, element
+from .kernel_args import BWD_ARGS, BWD_SM100_ARGS, FWD_ARGS, FWD_SM100_ARGS, WIDE_BWD_ARGS, compile_options, element
 
 
 def compile_fwd(plan: FwdPlan, keep_ptx: bool = False):
@@ -50,6 +50,25 @@ def compile_fwd_sm100(plan: Sm100FwdPlan, keep_ptx: bool = False):
             tile_n=plan.tile_n, kv_stages=plan.kv_stages, mask_keys=plan.mask_keys,
         )
         return cute.compile(kernel, *FWD_SM100_ARGS.fakes(plan), options=compile_options(keep_ptx, plan.target))
+
+    return cached_compile((plan, keep_ptx), build, persist=not keep_ptx, target=plan.target)
+
+
+def compile_bwd_sm100(plan: Sm100BwdPlan, keep_ptx: bool = False):
+    """The compiled Blackwell backward (``GdpaBwdSm100``) of ``plan``, for ``plan.target``, called with
+    ``BWD_SM100_ARGS.values(plan, ...)`` on [Z, H, N, D] operands in ``dense_modes`` with Nq, Nk >= 1 and dQ's
+    zeroed fp32 sums. No dispatch takes it: no Blackwell GPU has run it. ``keep_ptx`` as for ``compile_fwd``."""
+    def build():
+        import cutlass.cute as cute
+
+        from . import activation_math
+        from .gdpa_bwd_sm100 import GdpaBwdSm100
+
+        kernel = GdpaBwdSm100(
+            element(plan.dtype), plan.head_dim, plan.head_dim_v, activation_math.backward_form(plan.activation, False),
+            q_stages=plan.q_stages, mask_queries=plan.mask_queries,
+        )
+        return cute.compile(kernel, *BWD_SM100_ARGS.fakes(plan), options=compile_options(keep_ptx, plan.target))
 
     return cached_compile((plan, keep_ptx), build, persist=not keep_ptx, target=plan.target)
 

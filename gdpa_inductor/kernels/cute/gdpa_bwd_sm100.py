@@ -1,0 +1,597 @@
+"""CuTe-DSL GDPA backward for Blackwell (sm_100a): dQ, dK, dV of O = post_scale · act(scale · Q Kᵀ) · V, dense batches.
+
+One CTA per (128-key tile, head, sample), looping over 128-row query tiles; ten warps, each with one role:
+- warp 9, the load warp: K and V once, then Q_j and dO_j by TMA into rings of ``q_stages`` shared-memory stages;
+- warp 8, the MMA warp, per query tile j, all tcgen05 MMAs with fp32 accumulators in tensor memory:
+    Sᵀ = K Q_jᵀ and dPᵀ = V dO_jᵀ (both operands from shared memory),
+    dV += Pᵀ dO_j (Pᵀ from tensor memory, over Sᵀ's own columns), dK += dSᵀ Q_j (dSᵀ from shared memory),
+    dQ_j = dS K (the same shared-memory dS read as its transpose, into dPᵀ's columns);
+- warps 0-3, the compute warps (one key row a thread): per query tile they load Sᵀ and dPᵀ from tensor memory 32
+  columns at a time, compute Pᵀ = act(scale · Sᵀ) and dSᵀ = dPᵀ ∘ act'(scale · Sᵀ) / (act''s constant factor) by the
+  activation's fp32 backward form (``activation_math.backward_form``), write Pᵀ in the operands' dtype back over Sᵀ
+  (tcgen05.st) and dSᵀ to shared memory; at the end they store dV · post_scale and dK · scale · post_scale · factor
+  to global memory from the registers (rows past Nk predicated off);
+- warps 4-7, the dQ warps (one query row a thread): per query tile they load dQ_j from tensor memory and add it into
+  an fp32 buffer with ``red.global.add.v4.f32`` (rows past Nq predicated off), unscaled: the host scales and rounds
+  it once (``bwd_results.dq_of_sums``).
+No softmax: no LSE, no rowsum(dO ∘ O). Keys and queries past the ends read as zeros (TMA fills them); with
+``mask_queries`` (Nq not a multiple of the query tile) the padded query columns also give P = 0 and dS = 0 by a
+select per score, so a non-finite key cannot leak through them; padded keys reach only rows that are not stored.
+
+Tensor memory (``tmem_columns``: 512 columns at D = Dv of 64 and 128): Sᵀ at [0, 128) with Pᵀ in its first 64
+columns (16-bit pairs), dPᵀ at [128, 256), shared with dQ (dQ_j is written once the compute warps have read dPᵀ_j,
+and dPᵀ_{j+1} once the dQ warps have read dQ_j), dV at [256, 256 + Dv), dK after it.
+Synchronisation (mbarriers, ``cutlass.pipeline``): K, V, Q, dO full/empty (TMA -> MMA), Sᵀ and dPᵀ full/empty (MMA
+-> compute), P and dS full/empty (compute -> MMA), dQ full/empty (MMA -> dQ warps), dK/dV full (MMA -> epilogue).
+The MMA warp issues Sᵀ_{j+1} over Pᵀ_j only after dV_j, and tcgen05.mma instructions of one thread run in issue
+order, so Sᵀ never overwrites a Pᵀ the tensor cores still read.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.blackwell_helpers as sm100_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.memory import SmemAllocator, TmemAllocator
+
+from .activation_math import BackwardForm
+from .gdpa_fwd_sm100 import _batched
+
+_ROWS = 128
+_WARP = 32
+# warp roles
+_COMPUTE_WARPS = 4
+_DQ_WARP0 = 4
+_MMA_WARP = 8
+_LOAD_WARP = 9
+_GROUP_THREADS = 4 * _WARP
+# named barriers (0 is the CTA-wide one): the tensor-memory address hand-over (compute, dQ and MMA warps), and the
+# end of the compute and dQ warps' tensor-memory reads before it is freed
+_TMEM_BARRIER = 1
+_END_BARRIER = 2
+# columns loaded from tensor memory at a time: 32 fp32 registers a thread
+_CHUNK = 32
+# tensor-memory column offsets of Sᵀ (and Pᵀ) and of dPᵀ (and dQ)
+_S_OFFSET = 0
+_DP_OFFSET = _ROWS
+# shared memory a block may take on sm_100
+_SMEM_LIMIT = 227 * 1024
+# the kernel's layout parameters, in order (``GdpaBwdSm100._smem_layouts``' keys)
+_LAYOUTS = ("k", "v", "q", "do", "dst", "kt", "qt", "dot", "ds", "p")
+
+
+def tmem_columns(head_dim: int, head_dim_v: int) -> int:
+    """Tensor-memory columns a CTA allocates: Sᵀ (with Pᵀ), dPᵀ (with dQ), dV and dK, rounded up to a power of two
+    (tcgen05.alloc's rule); dQ fits in dPᵀ's columns for D up to 128."""
+    assert head_dim <= _ROWS, "dQ shares dPᵀ's columns"
+    used = 2 * _ROWS + head_dim_v + head_dim
+    return max(32, 1 << (used - 1).bit_length())
+
+
+def ds_offset(row, col):
+    """Element offset of dSᵀ (``row`` a key, ``col`` a query) in its shared-memory tile: the K-major 128-byte
+    swizzled layout of a 128x128 16-bit A operand (``make_smem_layout_a``): 64-column blocks of 128 rows, rows of 64
+    elements, each 16-byte chunk's index XORed with the row's low three bits."""
+    plain = (col // 64) * (_ROWS * 64) + row * 64 + col % 64
+    return plain ^ ((row % 8) << 3)
+
+
+class GdpaBwdSm100:
+    """Compile-time parameters: element type, head dims of Q/K and of V (equal, 64 or 128), the activation's fp32
+    backward form (``activation_math.backward_form(name, False)``), Q/dO stages, and whether queries past Nq are
+    masked (``mask_queries``)."""
+
+    def __init__(self, dtype, head_dim: int, head_dim_v: int, act_form: BackwardForm, q_stages: int = 1,
+                 mask_queries: bool = True):
+        assert head_dim == head_dim_v and head_dim in (64, 128), "D = Dv of 64 or 128"
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.head_dim_v = head_dim_v
+        self.act_form = act_form
+        self.tile_n = _ROWS
+        self.tile_m = _ROWS
+        self.q_stages = q_stages
+        self.mask_queries = mask_queries
+        self.threads = (_LOAD_WARP + 1) * _WARP
+        self.dv_offset = 2 * _ROWS
+        self.dk_offset = self.dv_offset + head_dim_v
+        self.tmem_columns = tmem_columns(head_dim, head_dim_v)
+        # Sᵀ, dPᵀ (dQ within it), dV and dK side by side within the allocation, which tcgen05.alloc caps at 512
+        assert _DP_OFFSET + _ROWS == self.dv_offset and self.dk_offset + head_dim <= self.tmem_columns <= 512
+        # (M, N, K) of each matmul
+        self.s_tiler = (self.tile_n, self.tile_m, head_dim)
+        self.dp_tiler = (self.tile_n, self.tile_m, head_dim_v)
+        self.dv_tiler = (self.tile_n, head_dim_v, self.tile_m)
+        self.dk_tiler = (self.tile_n, head_dim, self.tile_m)
+        self.dq_tiler = (self.tile_m, head_dim, self.tile_n)
+
+    def _tiled_mmas(self):
+        """(Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, dV += Pᵀ dO with Pᵀ from tensor memory, dK += dSᵀ Q, dQ = dS K): the second
+        operand of the last three and dS of dQ MN-major, the same shared memory as the K-major operands of the
+        first two (and of dK for dS)."""
+        one, k, mn, f32 = tcgen05.CtaGroup.ONE, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32
+        make = sm100_utils.make_trivial_tiled_mma
+        s = make(self.dtype, self.dtype, k, k, f32, one, self.s_tiler[:2])
+        dp = make(self.dtype, self.dtype, k, k, f32, one, self.dp_tiler[:2])
+        dv = make(self.dtype, self.dtype, k, mn, f32, one, self.dv_tiler[:2], tcgen05.OperandSource.TMEM)
+        dk = make(self.dtype, self.dtype, k, mn, f32, one, self.dk_tiler[:2])
+        dq = make(self.dtype, self.dtype, mn, mn, f32, one, self.dq_tiler[:2])
+        return s, dp, dv, dk, dq
+
+    def _smem_layouts(self, mmas):
+        """Shared-memory layouts: each buffer's as loaded (K, V, Q, dO) or written (dSᵀ), and its second view as
+        the MN-major operand of another matmul (Kᵀ, Qᵀ, dOᵀ, dS), which covers the same bytes."""
+        s, dp, dv, dk, dq = mmas
+        st = self.q_stages
+        return dict(
+            k=sm100_utils.make_smem_layout_a(s, self.s_tiler, self.dtype, 1),
+            v=sm100_utils.make_smem_layout_a(dp, self.dp_tiler, self.dtype, 1),
+            q=sm100_utils.make_smem_layout_b(s, self.s_tiler, self.dtype, st),
+            do=sm100_utils.make_smem_layout_b(dp, self.dp_tiler, self.dtype, st),
+            dst=sm100_utils.make_smem_layout_a(dk, self.dk_tiler, self.dtype, 1),
+            kt=sm100_utils.make_smem_layout_b(dq, self.dq_tiler, self.dtype, 1),
+            qt=sm100_utils.make_smem_layout_b(dk, self.dk_tiler, self.dtype, st),
+            dot=sm100_utils.make_smem_layout_b(dv, self.dv_tiler, self.dtype, st),
+            ds=sm100_utils.make_smem_layout_a(dq, self.dq_tiler, self.dtype, 1),
+            p=sm100_utils.make_smem_layout_a(dv, self.dv_tiler, self.dtype, 1),
+        )
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mdQ: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        scale: cutlass.Float32,
+        post_scale: cutlass.Float32,
+        slope: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        """mQ: (Nq, D, H, Z); mK: (Nk, D, H, Z); mV: (Nk, Dv, H, Z); mdO: (Nq, Dv, H, Z); mdQ: fp32 (Nq, D, H, Z),
+        zeroed, summed into unscaled; mdK, mdV: like mK, mV; D, Dv contiguous. One head of K/V per query head (the
+        launcher expands grouped heads)."""
+        q, k, v, do = _batched(mQ), _batched(mK), _batched(mV), _batched(mdO)
+        mmas = self._tiled_mmas()
+        s_mma, dp_mma = mmas[0], mmas[1]
+        lay = self._smem_layouts(mmas)
+        load = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
+        tiles = {name: cute.select(lay[name], mode=[0, 1, 2]) for name in ("k", "v", "q", "do")}
+        tma_k, tk = cute.nvgpu.make_tiled_tma_atom_A(load, k, tiles["k"], self.s_tiler, s_mma, (1, 1, 1, 1))
+        tma_v, tv = cute.nvgpu.make_tiled_tma_atom_A(load, v, tiles["v"], self.dp_tiler, dp_mma, (1, 1, 1, 1))
+        tma_q, tq = cute.nvgpu.make_tiled_tma_atom_B(load, q, tiles["q"], self.s_tiler, s_mma, (1, 1, 1, 1))
+        tma_do, tdo = cute.nvgpu.make_tiled_tma_atom_B(load, do, tiles["do"], self.dp_tiler, dp_mma, (1, 1, 1, 1))
+        self.bytes = {name: cute.size_in_bytes(self.dtype, t) for name, t in tiles.items()}
+
+        @cute.struct
+        class SharedStorage:
+            k_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            v_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            q_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
+            do_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
+            s_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            dp_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            ds_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            dq_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            dkv_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            tmem_address: cutlass.Int32
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(lay["k"])], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(lay["v"])], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(lay["q"])], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(lay["do"])], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(lay["dst"])], 1024]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        assert self.smem_bytes <= _SMEM_LIMIT, f"{self.smem_bytes} bytes of shared memory"
+        self.kernel(
+            *mmas, tma_k, tk, tma_v, tv, tma_q, tq, tma_do, tdo, _batched(mdQ), _batched(mdK), _batched(mdV), scale,
+            post_scale, slope,
+            *(lay[name] for name in _LAYOUTS),
+        ).launch(
+            grid=[cute.ceil_div(mK.shape[0], self.tile_n), mK.shape[2], mK.shape[3]],
+            block=[self.threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        s_mma: cute.TiledMma,
+        dp_mma: cute.TiledMma,
+        dv_mma: cute.TiledMma,
+        dk_mma: cute.TiledMma,
+        dq_mma: cute.TiledMma,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_do: cute.CopyAtom,
+        mdO: cute.Tensor,
+        mdQ: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        scale: cutlass.Float32,
+        post_scale: cutlass.Float32,
+        slope: cutlass.Float32,
+        k_smem: cute.ComposedLayout,
+        v_smem: cute.ComposedLayout,
+        q_smem: cute.ComposedLayout,
+        do_smem: cute.ComposedLayout,
+        dst_smem: cute.ComposedLayout,
+        kt_smem: cute.ComposedLayout,
+        qt_smem: cute.ComposedLayout,
+        dot_smem: cute.ComposedLayout,
+        ds_smem: cute.ComposedLayout,
+        p_tmem: cute.ComposedLayout,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        n_blk, h, z = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        nq = mQ.shape[0]
+        m_tiles = cute.ceil_div(nq, self.tile_m)
+        mmas = (s_mma, dp_mma, dv_mma, dk_mma, dq_mma)
+        lay = dict(zip(_LAYOUTS, (k_smem, v_smem, q_smem, do_smem, dst_smem, kt_smem, qt_smem, dot_smem, ds_smem,
+                                  p_tmem)))
+
+        storage = SmemAllocator().allocate(self.shared_storage)
+        one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        group = pipeline.CooperativeGroup(pipeline.Agent.Thread, _GROUP_THREADS)
+
+        def tma_ring(barriers, stages, tx_count):
+            return pipeline.PipelineTmaUmma.create(
+                barrier_storage=barriers, num_stages=stages, producer_group=one, consumer_group=one,
+                tx_count=tx_count, defer_sync=True,
+            ).make_participants()
+
+        def umma_to_threads(barriers):
+            return pipeline.PipelineUmmaAsync.create(
+                barrier_storage=barriers, num_stages=1, producer_group=one, consumer_group=group, defer_sync=True,
+            ).make_participants()
+
+        def threads_to_umma(barriers):
+            return pipeline.PipelineAsyncUmma.create(
+                barrier_storage=barriers, num_stages=1, producer_group=group, consumer_group=one, defer_sync=True,
+            ).make_participants()
+
+        k_producer, k_consumer = tma_ring(storage.k_mbar.data_ptr(), 1, self.bytes["k"])
+        v_producer, v_consumer = tma_ring(storage.v_mbar.data_ptr(), 1, self.bytes["v"])
+        q_producer, q_consumer = tma_ring(storage.q_mbar.data_ptr(), self.q_stages, self.bytes["q"])
+        do_producer, do_consumer = tma_ring(storage.do_mbar.data_ptr(), self.q_stages, self.bytes["do"])
+        # Sᵀ_j, dPᵀ_j complete (tcgen05.commit) -> compute warps; read -> the MMA warp may write them again
+        s_producer, s_consumer = umma_to_threads(storage.s_mbar.data_ptr())
+        dp_producer, dp_consumer = umma_to_threads(storage.dp_mbar.data_ptr())
+        # Pᵀ_j in tensor memory, dSᵀ_j in shared memory -> MMA; read by the matmuls (tcgen05.commit) -> free again
+        p_producer, p_consumer = threads_to_umma(storage.p_mbar.data_ptr())
+        ds_producer, ds_consumer = threads_to_umma(storage.ds_mbar.data_ptr())
+        # dQ_j complete -> dQ warps; loaded -> its columns may take dPᵀ_{j+1}
+        dq_producer, dq_consumer = umma_to_threads(storage.dq_mbar.data_ptr())
+        dkv_producer, dkv_consumer = umma_to_threads(storage.dkv_mbar.data_ptr())
+        tmem = TmemAllocator(
+            storage.tmem_address.ptr,
+            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=_TMEM_BARRIER,
+                                                       num_threads=2 * _GROUP_THREADS + _WARP),
+            allocator_warp_id=0,
+        )
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1, 1), is_relaxed=True)
+
+        sK = storage.sK.get_tensor(lay["k"].outer, swizzle=lay["k"].inner)
+        sV = storage.sV.get_tensor(lay["v"].outer, swizzle=lay["v"].inner)
+        sQ = storage.sQ.get_tensor(lay["q"].outer, swizzle=lay["q"].inner)
+        sdO = storage.sdO.get_tensor(lay["do"].outer, swizzle=lay["do"].inner)
+        sdSt = storage.sdS.get_tensor(lay["dst"].outer, swizzle=lay["dst"].inner)
+        s_thr, dp_thr, dv_thr, dk_thr, dq_thr = (m.get_slice(0) for m in mmas)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
+
+        if warp_idx == _LOAD_WARP:
+            # ---- LOAD: K and V once, then Q_j and dO_j ----
+            for atom in (tma_k, tma_v, tma_q, tma_do):
+                cpasync.prefetch_descriptor(atom)
+            d, dv = self.head_dim, self.head_dim_v
+            tKsK, tKgK = self._tma_part(tma_k, sK, s_thr.partition_A(cute.flat_divide(mK, (self.tile_n, d))))
+            tVsV, tVgV = self._tma_part(tma_v, sV, dp_thr.partition_A(cute.flat_divide(mV, (self.tile_n, dv))))
+            tQsQ, tQgQ = self._tma_part(tma_q, sQ, s_thr.partition_B(cute.flat_divide(mQ, (self.tile_m, d))))
+            tOsO, tOgO = self._tma_part(tma_do, sdO, dp_thr.partition_B(cute.flat_divide(mdO, (self.tile_m, dv))))
+            handle = k_producer.acquire_and_advance()
+            cute.copy(tma_k, tKgK[None, n_blk, 0, (h, z)], tKsK[None, handle.index], tma_bar_ptr=handle.barrier)
+            handle = v_producer.acquire_and_advance()
+            cute.copy(tma_v, tVgV[None, n_blk, 0, (h, z)], tVsV[None, handle.index], tma_bar_ptr=handle.barrier)
+            for j in cutlass.range(m_tiles, unroll=1):
+                handle = q_producer.acquire_and_advance()
+                cute.copy(tma_q, tQgQ[None, j, 0, (h, z)], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
+                handle = do_producer.acquire_and_advance()
+                cute.copy(tma_do, tOgO[None, j, 0, (h, z)], tOsO[None, handle.index], tma_bar_ptr=handle.barrier)
+            # the MMA warp's last releases land before the CTA exits
+            q_producer.tail()
+            do_producer.tail()
+
+        if warp_idx == _MMA_WARP:
+            # ---- MMA: per query tile Sᵀ, dPᵀ, then dV, dK, dQ ----
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+
+            def accumulator(thr, tiler, offset):
+                return cute.make_tensor(tmem_ptr + offset,
+                                        thr.make_fragment_C(thr.partition_shape_C(tiler[:2])).layout)
+
+            tStS = accumulator(s_thr, self.s_tiler, _S_OFFSET)
+            tdPtdP = accumulator(dp_thr, self.dp_tiler, _DP_OFFSET)
+            tdVtdV = accumulator(dv_thr, self.dv_tiler, self.dv_offset)
+            tdKtdK = accumulator(dk_thr, self.dk_tiler, self.dk_offset)
+            tdQtdQ = accumulator(dq_thr, self.dq_tiler, _DP_OFFSET)
+            p_layout = dv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, lay["p"].outer))[None, None, None, 0].layout
+            tdVrP = cute.make_tensor(cute.recast_ptr(tmem_ptr + _S_OFFSET, dtype=self.dtype), p_layout)
+            # the second views of K, Q, dO and dS: same bytes, MN-major layouts
+            sKt = cute.make_tensor(cute.recast_ptr(sK.iterator, lay["kt"].inner), lay["kt"].outer)
+            sQt = cute.make_tensor(cute.recast_ptr(sQ.iterator, lay["qt"].inner), lay["qt"].outer)
+            sdOt = cute.make_tensor(cute.recast_ptr(sdO.iterator, lay["dot"].inner), lay["dot"].outer)
+            sdS = cute.make_tensor(cute.recast_ptr(sdSt.iterator, lay["ds"].inner), lay["ds"].outer)
+            frags = (
+                s_thr.make_fragment_A(sK)[None, None, None, k_consumer.wait_and_advance().index],
+                s_thr.make_fragment_B(sQ),
+                dp_thr.make_fragment_A(sV)[None, None, None, v_consumer.wait_and_advance().index],
+                dp_thr.make_fragment_B(sdO),
+                dv_thr.make_fragment_B(sdOt),
+                dk_thr.make_fragment_A(sdSt)[None, None, None, 0],
+                dk_thr.make_fragment_B(sQt),
+                dq_thr.make_fragment_A(sdS)[None, None, None, 0],
+                dq_thr.make_fragment_B(sKt)[None, None, None, 0],
+                tdVrP,
+            )
+            accs = (tStS, tdPtdP, tdVtdV, tdKtdK, tdQtdQ)
+            # K and V stay for the whole CTA: never released. The pipelines' positions and the MMAs' accumulate
+            # flags change in the step: rebound here, as loop-carried locals
+            for j in cutlass.range(m_tiles, unroll=1):
+                mmas, held, q_consumer, do_consumer, s_producer, dp_producer, dq_producer = self._mma_scores(
+                    mmas, frags, accs, q_consumer, do_consumer, s_producer, dp_producer, dq_producer)
+                mmas, p_consumer, ds_consumer = self._mma_grads(mmas, frags, accs, j > 0, held, p_consumer,
+                                                                ds_consumer)
+            # dK and dV complete once every matmul issued so far is (tcgen05.commit tracks them all)
+            dkv_producer.acquire_and_advance().commit()
+
+        if warp_idx < _COMPUTE_WARPS:
+            # ---- COMPUTE: Pᵀ into tensor memory, dSᵀ into shared memory; then the dK, dV epilogue ----
+            tmem.allocate(self.tmem_columns)
+            tmem.relinquish_alloc_permit()
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            copies = self._score_copies(s_thr, tmem_ptr, tidx)
+            ds_base = storage.sdS.data_ptr().toint()
+            for j in cutlass.range(m_tiles, unroll=1):
+                s_handle = s_consumer.wait_and_advance()
+                dp_handle = dp_consumer.wait_and_advance()
+                p_handle = p_producer.acquire_and_advance()
+                ds_handle = ds_producer.acquire_and_advance()
+                self._scores_to_grads(copies, ds_base, nq - j * self.tile_m, scale, slope, tidx)
+                cute.arch.fence_view_async_tmem_store()
+                p_handle.commit()
+                # Sᵀ and dPᵀ read: their columns may take dQ_j and the next tile's Sᵀ
+                s_handle.release()
+                dp_handle.release()
+                # dSᵀ's shared-memory stores visible to the tensor cores' reads
+                cute.arch.fence_proxy("async.shared", space="cta")
+                ds_handle.commit()
+            dkv_handle = dkv_consumer.wait_and_advance()
+            # dK's scale: dS's (``bwd_results._ds_factor``, as the host scales dQ)
+            ds_scale = scale * post_scale * self.act_form.grad_factor
+            self._store_rows(dv_thr, self.dv_tiler, tmem_ptr + self.dv_offset, mdV, n_blk, h, z, post_scale, tidx)
+            self._store_rows(dk_thr, self.dk_tiler, tmem_ptr + self.dk_offset, mdK, n_blk, h, z, ds_scale, tidx)
+            dkv_handle.release()
+            # the MMA warp's last releases of P and dS (tcgen05.commit) land before the CTA exits
+            p_producer.tail()
+            ds_producer.tail()
+            # every compute and dQ warp is done with the tensor memory: it may go
+            cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
+            tmem.free(tmem_ptr)
+
+        if warp_idx >= _DQ_WARP0 and warp_idx < _MMA_WARP:
+            # ---- dQ: each query tile's dQ from tensor memory, added into the fp32 sums ----
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            row = tidx - _GROUP_THREADS
+            for j in cutlass.range(m_tiles, unroll=1):
+                dq_handle = dq_consumer.wait_and_advance()
+                self._add_dq(dq_thr, tmem_ptr, mdQ, j, h, z, row)
+                dq_handle.release()
+            cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
+
+    def _tma_part(self, atom, s, g):
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 3), cute.group_modes(g, 0, 3))
+
+    @cute.jit
+    def _mma_scores(self, mmas, frags, accs, q_consumer, do_consumer, s_producer, dp_producer, dq_producer):
+        """Sᵀ = K Q_jᵀ, then, once dQ_{j-1} is loaded (dQ and dPᵀ share columns), dPᵀ = V dO_jᵀ; each committed to
+        the compute warps. Returns with the pipelines the handles ``_mma_grads`` releases or commits: Q_j's and
+        dO_j's stages and dQ_j's columns."""
+        s_mma, dp_mma, dv_mma, dk_mma, dq_mma = mmas
+        tSrK, tSrQ, tdPrV, tdPrdO = frags[:4]
+        tStS, tdPtdP = accs[:2]
+        q_handle = q_consumer.wait_and_advance()
+        s_handle = s_producer.acquire_and_advance()
+        rQ = tSrQ[None, None, None, q_handle.index]
+        for kb in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+            s_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
+            cute.gemm(s_mma, tStS, tSrK[None, None, kb], rQ[None, None, kb], tStS)
+        s_handle.commit()
+        do_handle = do_consumer.wait_and_advance()
+        dq_handle = dq_producer.acquire_and_advance()
+        dp_handle = dp_producer.acquire_and_advance()
+        rdO = tdPrdO[None, None, None, do_handle.index]
+        for kb in cutlass.range_constexpr(cute.size(tdPrV, mode=[2])):
+            dp_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
+            cute.gemm(dp_mma, tdPtdP, tdPrV[None, None, kb], rdO[None, None, kb], tdPtdP)
+        dp_handle.commit()
+        return ((s_mma, dp_mma, dv_mma, dk_mma, dq_mma), (q_handle, do_handle, dq_handle), q_consumer, do_consumer,
+                s_producer, dp_producer, dq_producer)
+
+    @cute.jit
+    def _mma_grads(self, mmas, frags, accs, accumulate, held, p_consumer, ds_consumer):
+        """dV += Pᵀ dO_j once Pᵀ_j is written, then dK += dSᵀ Q_j and dQ_j = dS K once dSᵀ_j is; each operand's
+        stage released (tcgen05.commit) once the matmuls reading it are done, dQ_j committed to the dQ warps.
+        ``accumulate``: False for the first query tile; ``held``: ``_mma_scores``' handles."""
+        s_mma, dp_mma, dv_mma, dk_mma, dq_mma = mmas
+        tdVrdO, tdKrdS, tdKrQ, tdQrdS, tdQrK, tdVrP = frags[4:]
+        tdVtdV, tdKtdK, tdQtdQ = accs[2:]
+        q_handle, do_handle, dq_handle = held
+        rdO = tdVrdO[None, None, None, do_handle.index]
+        rQ = tdKrQ[None, None, None, q_handle.index]
+        p_handle = p_consumer.wait_and_advance()
+        for kb in cutlass.range_constexpr(cute.size(tdVrP, mode=[2])):
+            if cutlass.const_expr(kb == 0):
+                dv_mma.set(tcgen05.Field.ACCUMULATE, accumulate)
+            else:
+                dv_mma.set(tcgen05.Field.ACCUMULATE, True)
+            cute.gemm(dv_mma, tdVtdV, tdVrP[None, None, kb], rdO[None, None, kb], tdVtdV)
+        p_handle.release()
+        do_handle.release()
+        ds_handle = ds_consumer.wait_and_advance()
+        for kb in cutlass.range_constexpr(cute.size(tdKrdS, mode=[2])):
+            if cutlass.const_expr(kb == 0):
+                dk_mma.set(tcgen05.Field.ACCUMULATE, accumulate)
+            else:
+                dk_mma.set(tcgen05.Field.ACCUMULATE, True)
+            cute.gemm(dk_mma, tdKtdK, tdKrdS[None, None, kb], rQ[None, None, kb], tdKtdK)
+        q_handle.release()
+        for kb in cutlass.range_constexpr(cute.size(tdQrdS, mode=[2])):
+            dq_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
+            cute.gemm(dq_mma, tdQtdQ, tdQrdS[None, None, kb], tdQrK[None, None, kb], tdQtdQ)
+        ds_handle.release()
+        dq_handle.commit()
+        return (s_mma, dp_mma, dv_mma, dk_mma, dq_mma), p_consumer, ds_consumer
+
+    def _score_copies(self, s_thr, tmem_ptr, tidx):
+        """The compute warps' tensor-memory copies of a query tile, ``_CHUNK`` columns at a time: (Sᵀ/dPᵀ load, the
+        chunked sources (LOAD, 1, 1, chunk) of Sᵀ and of dPᵀ, Pᵀ store, its chunked destinations seen as fp32 columns,
+        the (key, query) coordinates of a thread's loaded registers). 32x32b copies: thread t holds key row t, its
+        columns in order."""
+        shape = self.s_tiler[:2]
+        s_layout = s_thr.make_fragment_C(s_thr.partition_shape_C(shape)).layout
+        chunk = cute.make_layout((self.tile_n, _CHUNK))
+        tStS_c = cute.logical_divide(cute.make_tensor(tmem_ptr, s_layout), chunk)
+        s_load = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(_CHUNK)), cutlass.Float32),
+            tStS_c[(None, None), 0],
+        ).get_slice(tidx)
+        tScS = s_thr.partition_C(cute.make_identity_tensor(shape))
+        tScS_c = cute.logical_divide(tScS, chunk)
+        # Pᵀ's columns seen as fp32: two 16-bit values a column, ``_CHUNK`` / 2 columns per chunk of scores
+        p_cols = self.tile_m * self.dtype.width // 32
+        p_chunk = _CHUNK * self.dtype.width // 32
+        p_layout = cute.composition(s_layout, cute.make_layout((self.tile_n, p_cols)))
+        tStP_c = cute.logical_divide(cute.make_tensor(tmem_ptr, p_layout), cute.make_layout((self.tile_n, p_chunk)))
+        p_store = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(p_chunk)), cutlass.Float32),
+            tStP_c[(None, None), 0],
+        ).get_slice(tidx)
+        tdPtdP_c = cute.logical_divide(cute.make_tensor(tmem_ptr + _DP_OFFSET, s_layout), chunk)
+        tScP = cute.make_tensor(tScS.iterator, cute.composition(tScS.layout, cute.make_layout((self.tile_n, p_cols))))
+        tScP_c = cute.logical_divide(tScP, cute.make_layout((self.tile_n, p_chunk)))
+        every = (None, None), None
+        return (s_load, s_load.partition_S(tStS_c[every]), s_load.partition_S(tdPtdP_c[every]), p_store,
+                p_store.partition_D(tStP_c[every]), s_load.partition_D(tScS_c[every]),
+                p_store.partition_S(tScP_c[every]))
+
+    @cute.jit
+    def _scores_to_grads(self, copies, ds_base, limit, scale, slope, tidx):
+        """One query tile, ``_CHUNK`` columns at a time: Sᵀ and dPᵀ from tensor memory, Pᵀ (operands' dtype) back
+        over Sᵀ's first columns (a chunk's Pᵀ lands on columns already loaded), dSᵀ (without act''s constant
+        factor) into shared memory, 16 bytes a store; with ``mask_queries``, query columns at or past ``limit`` give
+        P = dS = 0."""
+        s_load, tLtS, tLtdP, p_store, tLtP, tLcS, tLcP = copies
+        vector = 128 // self.dtype.width
+        store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        for c in cutlass.range_constexpr(self.tile_m // _CHUNK):
+            rS = cute.make_rmem_tensor(tLcS[None, 0, 0, c].shape, cutlass.Float32)
+            rdP = cute.make_rmem_tensor(tLcS[None, 0, 0, c].shape, cutlass.Float32)
+            cute.copy(s_load, tLtS[None, 0, 0, c], rS)
+            cute.copy(s_load, tLtdP[None, 0, 0, c], rdP)
+            cute.arch.fence_view_async_tmem_load()
+            for i in cutlass.range_constexpr(_CHUNK):
+                p, m = self.act_form.fn(rS[i], scale, slope, None)
+                if cutlass.const_expr(self.act_form.grad_offset == 1.0):
+                    ds = cute.math.fma(rdP[i], m, rdP[i])
+                else:
+                    ds = rdP[i] * m
+                if cutlass.const_expr(self.mask_queries):
+                    keep = tLcS[None, 0, 0, c][i][1] < limit
+                    p = p if keep else cutlass.Float32(0.0)
+                    ds = ds if keep else cutlass.Float32(0.0)
+                rS[i] = p
+                rdP[i] = ds
+            rP = cute.make_rmem_tensor(tLcP[None, 0, 0, c].shape, cutlass.Float32)
+            cute.make_tensor(cute.recast_ptr(rP.iterator, dtype=self.dtype), rS.layout).store(rS.load().to(self.dtype))
+            cute.copy(p_store, rP, tLtP[None, 0, 0, c])
+            r_ds = cute.make_rmem_tensor(cute.make_layout(_CHUNK), self.dtype)
+            r_ds.store(rdP.load().to(self.dtype))
+            vectors = cute.make_layout(vector)
+            for g in cutlass.range_constexpr(_CHUNK // vector):
+                offset = ds_offset(tidx, c * _CHUNK + g * vector)
+                dst = cute.make_ptr(self.dtype, ds_base + offset * (self.dtype.width // 8), cute.AddressSpace.smem,
+                                    assumed_align=16)
+                cute.copy(store, cute.make_tensor(r_ds.iterator + g * vector, vectors), cute.make_tensor(dst, vectors))
+
+    def _acc_copy(self, thr, shape, acc_ptr, tidx):
+        """The load of a (128 x N) fp32 accumulator at ``acc_ptr`` from tensor memory, ``_CHUNK`` columns at a time:
+        (load, its sources (LOAD, 1, 1, chunk), the (row, column) coordinates of a thread's registers, same shape);
+        32x32b loads: thread t holds row t, its columns in order."""
+        chunk = cute.make_layout((shape[0], _CHUNK))
+        acc = cute.make_tensor(acc_ptr, thr.make_fragment_C(thr.partition_shape_C(shape)).layout)
+        acc_c = cute.logical_divide(acc, chunk)
+        load = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(_CHUNK)), cutlass.Float32),
+            acc_c[(None, None), 0],
+        ).get_slice(tidx)
+        coords = cute.logical_divide(thr.partition_C(cute.make_identity_tensor(shape)), chunk)
+        return load, load.partition_S(acc_c[(None, None), None]), load.partition_D(coords[(None, None), None])
+
+    @cute.jit
+    def _add_dq(self, dq_thr, tmem_ptr, mdQ, m_blk, h, z, row):
+        """dQ of query tile ``m_blk`` from tensor memory (thread ``row`` of the dQ warps holds that row) added into the
+        fp32 sums, four values a ``red.global.add.v4.f32``; rows past Nq predicated off."""
+        shape = self.dq_tiler[:2]
+        dq_load, tLtQ, tLcQ = self._acc_copy(dq_thr, shape, tmem_ptr + _DP_OFFSET, row)
+        gdQ = cute.local_tile(mdQ[None, None, (h, z)], shape, (m_blk, 0))
+        ok = row < mdQ.shape[0] - m_blk * self.tile_m
+        for c in cutlass.range_constexpr(self.head_dim // _CHUNK):
+            rQ = cute.make_rmem_tensor(tLcQ[None, 0, 0, c].shape, cutlass.Float32)
+            cute.copy(dq_load, tLtQ[None, 0, 0, c], rQ)
+            cute.arch.fence_view_async_tmem_load()
+            for g in cutlass.range_constexpr(_CHUNK // 4):
+                dst = cute.local_tile(gdQ, (1, 4), (row, c * (_CHUNK // 4) + g)).iterator
+                cute.arch.inline_ptx(
+                    "red.global.add.v4.f32 [{$r0}], { {$r1}, {$r2}, {$r3}, {$r4} };",
+                    read_only_args=[dst, rQ[4 * g], rQ[4 * g + 1], rQ[4 * g + 2], rQ[4 * g + 3]], predicate=ok,
+                )
+
+    @cute.jit
+    def _store_rows(self, thr, tiler, acc_ptr, mOut, n_blk, h, z, factor, tidx):
+        """A (128 keys x D) accumulator · ``factor`` from tensor memory to global memory, ``_CHUNK`` columns at a
+        time, each thread its own key row (rows past Nk predicated off), in 16-byte stores."""
+        shape = tiler[:2]
+        load, tLt, tLc = self._acc_copy(thr, shape, acc_ptr, tidx)
+        gOut = cute.local_tile(mOut[None, None, (h, z)], shape, (n_blk, 0))
+        valid = mOut.shape[0] - n_blk * self.tile_n
+        vector = 128 // self.dtype.width
+        store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        for c in cutlass.range_constexpr(shape[1] // _CHUNK):
+            r = cute.make_rmem_tensor(tLc[None, 0, 0, c].shape, cutlass.Float32)
+            cute.copy(load, tLt[None, 0, 0, c], r)
+            cute.arch.fence_view_async_tmem_load()
+            r_out = cute.make_rmem_tensor(cute.make_layout(_CHUNK), self.dtype)
+            r_out.store((cute.make_tensor(r.iterator, cute.make_layout(_CHUNK)).load() * factor).to(self.dtype))
+            if tidx < valid:
+                row = cute.local_tile(gOut, (1, _CHUNK), (tidx, c))
+                vectors = cute.make_layout((vector, _CHUNK // vector))
+                start = cute.make_ptr(self.dtype, row.iterator.toint(), cute.AddressSpace.gmem, assumed_align=16)
+                cute.copy(store, cute.make_tensor(r_out.iterator, vectors), cute.make_tensor(start, vectors))
