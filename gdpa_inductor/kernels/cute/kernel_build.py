@@ -6,6 +6,8 @@ imported here, lazily: the package works without it."""
 
 from __future__ import annotations
 
+import torch
+
 from .bwd_plan import BwdPlan
 from .compile_cache import cached_compile
 from .fwd_plan import FwdPlan, Sm100FwdPlan
@@ -46,7 +48,8 @@ def compile_fwd_sm100(plan: Sm100FwdPlan, keep_ptx: bool = False):
 
         kernel = GdpaFwdSm100(
             element(plan.dtype), plan.head_dim, plan.head_dim_v, activation_math.forward_form(plan.activation, False),
-            tile_n=plan.tile_n, kv_stages=plan.kv_stages, mask_keys=plan.mask_keys,
+            tile_n=plan.tile_n, kv_stages=plan.kv_stages, mask_keys=plan.mask_keys, causal=plan.causal,
+            window=plan.window, bias=element(getattr(torch, plan.bias)) if plan.bias else None, varlen=plan.varlen,
         )
         return cute.compile(kernel, *FWD_SM100_ARGS.fakes(plan), options=compile_options(keep_ptx, plan.target))
 
