@@ -249,13 +249,15 @@ def test_the_support_check_refuses_with_a_reason(on_blackwell, change, reason):
     (False, (-1, -1), torch.zeros(2, 4, 200, 256, dtype=torch.bfloat16)),
     (False, (-1, -1), torch.zeros(1, 1, 200, 256, dtype=torch.bfloat16)),
     (False, (-1, -1), torch.zeros(1, 256, dtype=torch.bfloat16).expand(200, 256)),
+    (False, (-1, -1), torch.zeros(2, 1, 200, 256, dtype=torch.float16).expand(2, 4, 200, 256)),
     (True, (-1, -1), torch.zeros(2, 1, 200, 256)),
     (False, (-1, -1), torch.tensor(-1.5)),
-], ids=["plain", "causal", "window", "causal_window", "bias", "bias_broadcast", "bias_one_row", "fp32_bias",
-        "one_element"])
+], ids=["plain", "causal", "window", "causal_window", "bias", "bias_broadcast", "bias_one_row", "bias_stride0_heads",
+        "fp32_bias", "one_element"])
 def test_the_support_check_takes_each_variant(on_blackwell, causal, window, bias):
     # causal at any Nq, Nk (here Nq = 200, Nk = 256: not a whole number of tiles apart)
-    assert fwd_support.sm100_fwd_supported(*_operands(), bias, causal, "gelu_tanh", window) == (True, "")
+    dtype = torch.float16 if bias is not None and bias.dtype == torch.float16 else torch.bfloat16
+    assert fwd_support.sm100_fwd_supported(*_operands(dtype=dtype), bias, causal, "gelu_tanh", window) == (True, "")
 
 
 def test_the_support_check_wants_an_sm100_gpu():
