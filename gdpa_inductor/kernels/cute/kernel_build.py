@@ -38,8 +38,9 @@ def compile_fwd(plan: FwdPlan, keep_ptx: bool = False):
 
 def compile_fwd_sm100(plan: Sm100FwdPlan, keep_ptx: bool = False):
     """The compiled Blackwell forward (``GdpaFwdSm100``) of ``plan``, for ``plan.target``, called with
-    ``FWD_SM100_ARGS.values(plan, ...)`` on [Z, H, N, D] operands in ``dense_modes`` with Nk >= 1. No dispatch
-    takes it: no Blackwell GPU has run it. ``keep_ptx`` as for ``compile_fwd``."""
+    ``FWD_SM100_ARGS.values(plan, ...)`` on [Z, H, N, D] operands in ``dense_modes`` with Nk >= 1, or a varlen
+    batch's sides in ``row_modes``. No dispatch takes it: no Blackwell GPU has run it. ``keep_ptx`` as for
+    ``compile_fwd``."""
     def build():
         import cutlass.cute as cute
 

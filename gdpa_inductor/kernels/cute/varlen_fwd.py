@@ -10,6 +10,10 @@ always masked (under ``causal`` by the diagonal's mask, as in the dense kernel).
 every sample's diagonal is known to align with the tiles (``varlen_causal_support``), or else a band around each
 sample's diagonal (``varlen_band``: the causal mask at any Nk - Nq, sliding windows, HSTU's ``max_attn_len``) whose
 bounds the kernels take at run time. Which calls it takes is ``varlen_support``'s; the mask is ``varlen_plan``'s.
+
+``gdpa_varlen_fwd_cute_sm100`` launches the Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the same rows:
+one CTA per (query tile, head, sample), the causal mask and windows as a band at any per-sample Nk - Nq. Which calls
+it takes is ``varlen_support.sm100_varlen_fwd_support``'s; no dispatch calls it yet.
 """
 
 from __future__ import annotations
