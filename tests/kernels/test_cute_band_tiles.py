@@ -1,7 +1,9 @@
 """The key tiles the Blackwell forward computes per query tile under the causal mask and windows
 (``band_tiles``), checked against a brute-force mask: every key tile holding a kept score is computed, the computed
 range is no wider than the kept scores need (one wholly masked tile where none is kept), and every tile run without
-the per-score mask keeps every score of the query tile's rows below Nq."""
+the per-score mask keeps every score of the query tile's rows below Nq. Then the kernel's schedule emulated in torch
+(those tiles, the per-score mask of ``tile_limits`` and ``score_kept`` on the others, keys past Nk read as zeros)
+against the masked product, with an activation that is not zero at zero."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 from gdpa_inductor.kernels.common.window_bounds import UNBOUNDED, band_limits
-from gdpa_inductor.kernels.cute.band_tiles import band_key_tiles, unmasked_key_tiles
+from gdpa_inductor.kernels.cute.band_tiles import band_key_tiles, score_kept, tile_limits, unmasked_key_tiles
 
 # (causal, (left, right)) as the op takes them: -1 unbounded
 BANDS = [(True, (-1, -1)), (False, (0, 0)), (False, (5, -1)), (False, (-1, 3)), (True, (100, -1)),
@@ -92,3 +94,42 @@ def test_the_check_can_fail():
                 check(300, 300, left, right, 128, 128)
         finally:
             globals()[name] = original
+
+
+def emulate(q, k, v, left: int, right: int, lower: bool, tile_m: int, tile_n: int) -> torch.Tensor:
+    """The Blackwell forward's O = act(S) V per query tile, as its warps compute it: the key tiles of
+    ``band_key_tiles`` in order, those outside ``unmasked_key_tiles`` masked per score (``score_kept``), rows and keys
+    past the tensors' ends read as zeros; act = sigmoid (0.5 at zero: a masked score left in shows)."""
+    nq, nk = q.shape[0], k.shape[0]
+    pad = tile_m + tile_n * (-(-nk // tile_n))
+    qp = torch.cat([q, q.new_zeros(tile_m, q.shape[1])])
+    kp, vp = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (k, v))
+    out = torch.zeros(nq, v.shape[1], dtype=q.dtype)
+    r, c = torch.arange(tile_m)[:, None], torch.arange(tile_n)[None, :]
+    for m in range(-(-nq // tile_m)):
+        first, count = band_key_tiles(m, nq, nk, left, right, tile_m, tile_n)
+        begin, end = unmasked_key_tiles(m, nq, nk, left, right, tile_m, tile_n)
+        qm = qp[m * tile_m:(m + 1) * tile_m]
+        o = torch.zeros(tile_m, v.shape[1], dtype=q.dtype)
+        for n in range(first, first + count):
+            kn, vn = kp[n * tile_n:(n + 1) * tile_n], vp[n * tile_n:(n + 1) * tile_n]
+            p = torch.sigmoid(qm @ kn.T)
+            if not begin <= n < end:
+                limits = tile_limits(m, n, nq, nk, left, right, tile_m, tile_n)
+                p = torch.where(score_kept(c, r, limits, lower), p, 0.0)
+            o += p @ vn
+        out[m * tile_m:(m + 1) * tile_m] = o[:nq - m * tile_m]
+    return out
+
+
+@pytest.mark.parametrize("causal, window", BANDS, ids=[f"{'c' if c else ''}{w}" for c, w in BANDS])
+def test_the_emulated_schedule_matches_the_masked_product(causal, window):
+    left, right = band_limits(causal, window)
+    lower = tuple(window) != (-1, -1)
+    g = torch.Generator().manual_seed(0)
+    for nq, nk, tile_n in [(1, 1, 128), (200, 256, 128), (300, 129, 64), (129, 385, 128), (256, 256, 64),
+                           (385, 300, 128), (64, 512, 64)]:
+        q, k, v = (torch.randn(n, 8, generator=g, dtype=torch.float64) for n in (nq, nk, nk))
+        expected = (torch.sigmoid(q @ k.T) * kept(nq, nk, left, right)) @ v
+        got = emulate(q, k, v, left, right, lower, 128, tile_n)
+        torch.testing.assert_close(got, expected, msg=f"nq={nq} nk={nk} tile_n={tile_n}")

@@ -34,3 +34,20 @@ def unmasked_key_tiles(m_blk, nq, nk, left, right, tile_m: int, tile_n: int, sma
     begin = (larger(row1 + shift - left, 0) + tile_n - 1) // tile_n
     end = smaller(larger(row0 + shift + right + 1, 0) // tile_n, nk // tile_n)
     return begin, end
+
+
+def tile_limits(m_blk, n_blk, nq, nk, left, right, tile_m: int, tile_n: int):
+    """(valid, least, greatest) of key tile ``n_blk`` for query tile ``m_blk``: the score at tile coordinate (r, c) is
+    kept iff c < valid (its key within ``nk``) and least <= c - r <= greatest (``score_kept``), as key j = n0 + c is
+    kept for query i = m0 + r iff -left <= j - i - (nk - nq) <= right."""
+    shift = n_blk * tile_n - m_blk * tile_m - (nk - nq)
+    return nk - n_blk * tile_n, 0 - left - shift, right - shift
+
+
+def score_kept(col, row, limits, lower: bool = True):
+    """Whether the score at tile coordinate (``row``, ``col``) is kept under ``tile_limits``' ``limits`` (``lower``
+    False: no left bound, the causal mask alone); written with ``&`` so that it takes the kernel's values and tensors
+    of coordinates alike."""
+    valid, least, greatest = limits
+    kept = (col < valid) & (col - row <= greatest)
+    return kept & (col - row >= least) if lower else kept

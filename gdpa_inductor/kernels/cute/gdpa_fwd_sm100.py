@@ -51,7 +51,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator, TmemAllocator
 
 from ..common.window_bounds import UNBOUNDED
-from .band_tiles import band_key_tiles, unmasked_key_tiles
+from .band_tiles import band_key_tiles, score_kept, tile_limits, unmasked_key_tiles
 from .ragged_rows import RAGGED_ROWS, ragged
 
 _ROWS = 128
@@ -509,8 +509,7 @@ class GdpaFwdSm100:
         base, n_blk, m_blk, nq, nk, band, bias_rows, scale, slope, tidx = tile
         p_cols = self.chunk * self.dtype.width // 32
         # what ``_kept`` compares a score's key column and column - row with, on this tile
-        shift = n_blk * self.tile_n - m_blk * self.tile_m - (nk - nq)
-        limits = (nk - n_blk * self.tile_n, 0 - band[0] - shift, band[1] - shift)
+        limits = tile_limits(m_blk, n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n)
         for c in cutlass.range_constexpr(self.tile_n // self.chunk):
             col0 = c * self.chunk
             words = self._load_bias(bias_rows, m_blk, n_blk, col0, nq, nk, tidx)
@@ -567,12 +566,9 @@ class GdpaFwdSm100:
         """Whether the score at tile coordinate (``row``, ``col``) is kept: its key within Nk (``limits[0]``: keys of
         the tile within it) and, under a band, its column - row within [``limits[1]``, ``limits[2]``] (causal alone
         has no lower bound)."""
-        valid, least, greatest = limits
         if cutlass.const_expr(not self.band):
-            return col < valid
-        if cutlass.const_expr(not self.window):
-            return (col < valid) & (col - row <= greatest)
-        return (col < valid) & (col - row >= least) & (col - row <= greatest)
+            return col < limits[0]
+        return score_kept(col, row, limits, self.window)
 
     @cute.jit
     def _store_o(self, pv_thr, tmem_ptr, mO, m_blk, h, z, q0, nq, post_scale, tidx, zeros: cutlass.Constexpr[bool]):
