@@ -388,8 +388,8 @@ class GdpaFwdSm100:
                             self._activate_tile(copies, tile, False)
                     else:
                         self._activate_tile(copies, tile, self.mask_keys)
-                    # P_j's columns were free before it was written: S_j is in, and the MMA warp issued Q K_jᵀ after
-                    # the P·V that read P_{j-2} there (one thread's tcgen05.mma run in order); the wait is the ring's
+                    # P_j's columns were free before it was written: S_j's commit tracks every matmul the MMA warp
+                    # issued before Q K_jᵀ, the P·V that read P_{j-2} there among them; the wait keeps the ring's count
                     p_handle = p_producer.acquire_and_advance()
                     cute.arch.fence_view_async_tmem_store()
                     p_handle.commit()
