@@ -23,6 +23,9 @@ def sm100_forward_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bia
 
     if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
         return False, "operands need [..., H, N, D]"
+    if causal or bias is not None:
+        # the kernel has both, but its first-use self-check runs the build of neither
+        return False, "the CuTe Blackwell forward is self-checked without a causal mask or bias"
     (q4, k4, v4), _ = flatten_batch(q, k, v)
     ok, reason = sm100_fwd_supported(q4, k4, v4, bias, causal, activation)
     if not ok:

@@ -1,12 +1,14 @@
 """The CuTe-DSL Blackwell forward (``GdpaFwdSm100``) compiles for sm_100a without a GPU (its own target option, fake
 tensors): bf16 and fp16, D = Dv of 64 and 128, tanh-based and select-based activations, one build without the mask
-of keys past Nk and one of 64-key tiles. Each is checked for Blackwell's instructions and none of Hopper's (every
+of keys past Nk and one of 64-key tiles; and its variants: the causal mask, windows, a bias tensor (bf16, fp16, fp32)
+and varlen batches, alone and together. Each is checked for Blackwell's instructions and none of Hopper's (every
 matmul a tcgen05.mma from shared memory or, for P, from tensor memory; S and O read from tensor memory by tcgen05.ld
 after its wait, P written by tcgen05.st; one tensor-memory allocation of the columns the plan needs and its release;
 no wgmma), TMA loads, 16-byte O stores, and no register spills in ptxas's report. The compile cache keys on the
 target: the same key names another file for sm_90a than for sm_100a, and the Blackwell build lands under the sm_100a
-fingerprint. The support check refuses what this first version lacks (causal mask, bias, Dv != D), each with its
-reason. No Blackwell GPU has run the kernel: these are the checks a CPU can make.
+fingerprint. The support checks take each variant and refuse what the kernel lacks (Dv != D, a bias of another
+dtype or shape), each with its reason; the launchers pass each variant's arguments. No Blackwell GPU has run the
+kernel: these are the checks a CPU can make.
 
 The compiles go through the worker and report store of the sm_90a checks (``cute_compile_reports``), the spec
 naming its target.
@@ -27,7 +29,8 @@ pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
-from gdpa_inductor.kernels.cute import compile_cache, fwd_support  # noqa: E402
+from gdpa_inductor.kernels.common.window_bounds import UNBOUNDED  # noqa: E402
+from gdpa_inductor.kernels.cute import compile_cache, fwd_support, varlen_support  # noqa: E402
 from gdpa_inductor.kernels.cute.fwd_plan import Sm100FwdPlan, plan_fwd_sm100, sm100_kv_stages  # noqa: E402
 from gdpa_inductor.kernels.cute.gdpa_fwd_sm100 import tmem_columns  # noqa: E402
 from gdpa_inductor.kernels.cute.kernel_args import SM100_TARGET_ARCH, TARGET_ARCH  # noqa: E402
@@ -46,12 +49,36 @@ TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+# (dtype, D, activation, the plan's options): the causal mask and windows (the register-heaviest, fp16 silu at
+# D = 128, among them), a bias tensor in both 16-bit dtypes at D = 128 and in fp32, varlen batches, and combinations
+VARIANTS = [
+    ("bf16", 128, "gelu_tanh", dict(causal=True)),
+    ("fp16", 128, "silu", dict(causal=True)),
+    ("bf16", 64, "relu", dict(causal=True, mask_keys=False)),
+    ("bf16", 128, "gelu_tanh", dict(window=True)),
+    ("fp16", 128, "silu", dict(window=True)),
+    ("bf16", 128, "gelu_tanh", dict(bias="bfloat16")),
+    ("fp16", 128, "silu", dict(bias="float16")),
+    ("bf16", 128, "silu", dict(bias="float32", causal=True)),
+    ("fp16", 128, "silu", dict(bias="float16", window=True)),
+    ("bf16", 128, "gelu_tanh", dict(varlen=True)),
+    ("fp16", 128, "silu", dict(varlen=True, window=True, bias="float16")),
+    ("bf16", 64, "gelu_tanh", dict(varlen=True, causal=True, tile_n=64)),
+]
+
+
 def case_id(case) -> str:
+    if len(case) == 4:
+        dtype, d, act, options = case
+        return f"{dtype}-D{d}-{act}-" + "-".join(f"{k}={v}" for k, v in options.items())
     dtype, d, act, mask, tile_n = case
     return f"{dtype}-D{d}-{act}-N{tile_n}" + ("" if mask else "-exact_keys")
 
 
 def case_plan(case) -> Sm100FwdPlan:
+    if len(case) == 4:
+        dtype, d, act, options = case
+        return plan_fwd_sm100(DTYPES[dtype], d, act, **options)
     dtype, d, act, mask, tile_n = case
     return plan_fwd_sm100(DTYPES[dtype], d, act, tile_n=tile_n, mask_keys=mask)
 
@@ -64,8 +91,8 @@ def reports(tmp_path_factory):
 
     def report(case) -> dict:
         plan = case_plan(case)
-        return store.report(dict(case=["fwd_sm100", *case], build="fwd_sm100", plan=plan_fields(plan), sass=False,
-                                 target=plan.target))
+        return store.report(dict(case=["fwd_sm100", case_id(case)], build="fwd_sm100", plan=plan_fields(plan),
+                                 sass=False, target=plan.target))
 
     yield report
     worker.close()
@@ -102,6 +129,41 @@ def test_cute_fwd_compiles_for_sm100a(case, reports):
     assert r["deprecations"] == [], r["deprecations"]
 
 
+@pytest.mark.parametrize("case", VARIANTS, ids=case_id)
+def test_cute_fwd_variants_compile_for_sm100a(case, reports):
+    _, d, act, options = case
+    plan = case_plan(case)
+    r = reports(case)
+    assert r["target"] == "sm_100a" and r["wgmma_any"] == 0, r
+    assert r["tcgen05_mma"] == 2 * (d // 16) + 2 * (plan.tile_n // 16), r
+    assert r["tcgen05_alloc"] == 1 and r["tcgen05_dealloc"] == 1 and r["tcgen05_commit"] > 0, r
+    assert r["tmem_alloc_columns"] == tmem_columns(plan.tile_n, d), r
+    assert r["tma_loads"] > 0, "Q/K/V loads go through TMA"
+    # a band runs each key tile on one of two paths, the per-score mask or none: S's loads twice
+    paths = 2 if plan.causal or plan.window else 1
+    assert r["tcgen05_ld"] == paths * plan.tile_n // 32 + d // 32, r
+    if plan.bias:
+        # S in 32-column chunks, each with its own load, wait and P store; the bias read as 32-bit words of the row,
+        # 16-bit values in pairs
+        assert r["tcgen05_wait_ld"] == paths * plan.tile_n // 32 + d // 32, r
+        assert r["tcgen05_st"] == paths * plan.tile_n // 32, r
+        if plan.bias == "float32":
+            assert r["ld_global_32"] == paths * plan.tile_n, r
+        else:
+            assert r["ld_global_pairs"] == paths * plan.tile_n // 2, r
+    else:
+        # no bias read: a varlen build's only 32-bit global loads are its sample's rows
+        assert r["ld_global_pairs"] == 0 and (plan.varlen or r["ld_global_32"] == 0), r
+    if plan.varlen:
+        # ragged descriptors: (D, rows, H, Z, sample end); O stored from the tensor memory or, without keys, as zeros
+        assert r["tma_5d"] > 0, r
+        assert r["st_global_v4"] == 2 * d * 2 // 16, r
+    else:
+        assert r["tma_5d"] == 0 and r["st_global_v4"] == d * 2 // 16, r
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+    assert r["deprecations"] == [], r["deprecations"]
+
+
 def test_plans_and_stages():
     assert sm100_kv_stages(128) == 2 and sm100_kv_stages(64) == 3
     plan = plan_fwd_sm100(torch.bfloat16, 128, "silu")
@@ -110,6 +172,12 @@ def test_plans_and_stages():
         Sm100FwdPlan(torch.bfloat16, 96, "silu")
     with pytest.raises(ValueError, match="fp16 or bf16"):
         Sm100FwdPlan(torch.float32, 64, "silu")
+    with pytest.raises(ValueError, match="bias tensor"):
+        Sm100FwdPlan(torch.bfloat16, 64, "silu", bias="float16")
+    # a window carries the causal bound in its run-time bounds: one build for both; varlen always masks keys
+    assert plan_fwd_sm100(torch.bfloat16, 64, "silu", causal=True, window=True) == \
+        plan_fwd_sm100(torch.bfloat16, 64, "silu", window=True)
+    assert plan_fwd_sm100(torch.bfloat16, 64, "silu", mask_keys=False, varlen=True).mask_keys
 
 
 def test_the_cache_key_names_the_target(tmp_path, monkeypatch):
@@ -154,23 +222,42 @@ def _operands(d=128, dv=None, nk=256, dtype=torch.bfloat16, kv_heads=4):
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(causal=True), "no causal mask"),
-    (dict(bias=torch.zeros(1)), "takes no bias"),
+    (dict(bias=torch.zeros(2, 4, 200, 256, dtype=torch.float16)), "operands' dtype"),
+    (dict(bias=torch.zeros(2, 4, 200, 1)), "bias [1 or 2, 1 or 4, 200, 256]"),
+    (dict(bias=torch.zeros(2, 4, 100, 256, dtype=torch.bfloat16)), "(Nq, Nk)"),
+    (dict(bias=torch.zeros(3, 4, 200, 256, dtype=torch.bfloat16)), "leading dims"),
+    (dict(window=(-2, 3)), "window"),
     (dict(dv=64), "D = Dv"),
     (dict(d=96), "head dims"),
     (dict(nk=0), "at least one key"),
     (dict(kv_heads=3), "a multiple of k's"),
     (dict(dtype=torch.float32), "fp16/bf16"),
-], ids=["causal", "bias", "dv_differs", "d96", "no_keys", "heads", "fp32"])
+], ids=["bias_dtype", "fp32_bias_shape", "bias_shape", "bias_batch", "window", "dv_differs", "d96", "no_keys",
+        "heads", "fp32"])
 def test_the_support_check_refuses_with_a_reason(on_blackwell, change, reason):
-    causal, bias = change.pop("causal", False), change.pop("bias", None)
+    causal, bias, window = change.pop("causal", False), change.pop("bias", None), change.pop("window", (-1, -1))
     q, k, v = _operands(**change)
-    ok, why = fwd_support.sm100_fwd_supported(q, k, v, bias, causal, "silu")
+    ok, why = fwd_support.sm100_fwd_supported(q, k, v, bias, causal, "silu", window)
     assert not ok and reason in why, why
 
 
-def test_the_support_check_takes_a_plain_call(on_blackwell):
-    assert fwd_support.sm100_fwd_supported(*_operands(), None, False, "gelu_tanh") == (True, "")
+@pytest.mark.parametrize("causal, window, bias", [
+    (False, (-1, -1), None),
+    (True, (-1, -1), None),
+    (False, (64, 0), None),
+    (True, (300, -1), None),
+    (False, (-1, -1), torch.zeros(2, 4, 200, 256, dtype=torch.bfloat16)),
+    (False, (-1, -1), torch.zeros(1, 1, 200, 256, dtype=torch.bfloat16)),
+    (False, (-1, -1), torch.zeros(1, 256, dtype=torch.bfloat16).expand(200, 256)),
+    (False, (-1, -1), torch.zeros(2, 1, 200, 256, dtype=torch.float16).expand(2, 4, 200, 256)),
+    (True, (-1, -1), torch.zeros(2, 1, 200, 256)),
+    (False, (-1, -1), torch.tensor(-1.5)),
+], ids=["plain", "causal", "window", "causal_window", "bias", "bias_broadcast", "bias_one_row", "bias_stride0_heads",
+        "fp32_bias", "one_element"])
+def test_the_support_check_takes_each_variant(on_blackwell, causal, window, bias):
+    # causal at any Nq, Nk (here Nq = 200, Nk = 256: not a whole number of tiles apart)
+    dtype = torch.float16 if bias is not None and bias.dtype == torch.float16 else torch.bfloat16
+    assert fwd_support.sm100_fwd_supported(*_operands(dtype=dtype), bias, causal, "gelu_tanh", window) == (True, "")
 
 
 def test_the_support_check_wants_an_sm100_gpu():
@@ -204,7 +291,78 @@ def test_the_launcher_passes_the_schema_arguments(monkeypatch, nk, masked):
     assert build.plans == [plan_fwd_sm100(torch.bfloat16, 128, "silu", mask_keys=masked)]
     (args,) = build.calls
     assert [tuple(a.shape) for a in args[:4]] == [(200, 128, 4, 2), (nk, 128, 4, 2), (nk, 128, 4, 2), (200, 128, 4, 2)]
-    assert args[3].data_ptr() == out.data_ptr() and args[4:] == (0.125, 0.5, 0.01)
+    assert args[3].data_ptr() == out.data_ptr() and args[4:7] == (0.125, 0.5, 0.01)
+    # rows, num_m (varlen), the window's bounds, the bias: none in a plain build
+    assert args[7:] == (None,) * 5
+
+
+@pytest.mark.parametrize("causal, window, plan_causal, bounds", [
+    (True, (-1, -1), True, (None, None)),
+    (False, (16, 0), False, (16, 0)),
+    (True, (-1, 5), False, (UNBOUNDED, 0)),
+    (False, (-1, 7), False, (UNBOUNDED, 7)),
+])
+def test_the_launcher_passes_the_band(monkeypatch, causal, window, plan_causal, bounds):
+    """The causal mask alone is a build of its own; a window's bounds (with the causal bound folded in, as the varlen
+    op's ``band_limits``) are run-time arguments of the window build."""
+    from gdpa_inductor.kernels.cute import gdpa_fwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_fwd, "compile_fwd_sm100", build)
+    gdpa_fwd.gdpa_fwd_cute_sm100(*_operands(), "silu", 1.0, 1.0, 0.01, causal=causal, window=window)
+    (plan,), (args,) = build.plans, build.calls
+    assert (plan.causal, plan.window) == (plan_causal, bounds != (None, None))
+    assert args[9:11] == bounds and args[11] is None
+
+
+@pytest.mark.parametrize("bias, name, words", [
+    (torch.arange(2 * 4 * 200 * 256, dtype=torch.bfloat16).view(2, 4, 200, 256), "bfloat16", (200, 128, 4, 2)),
+    (torch.zeros(1, 1, 200, 256, dtype=torch.bfloat16), "bfloat16", (200, 128, 1, 1)),
+    (torch.randn(2, 1, 200, 256), "float32", (200, 256, 1, 2)),
+    (torch.tensor(-1.5, dtype=torch.bfloat16), "float32", (200, 256, 1, 1)),
+], ids=["bf16", "bf16_broadcast", "fp32", "one_element"])
+def test_the_launcher_passes_the_bias_words(monkeypatch, bias, name, words):
+    """The bias as the kernel reads it: 16-bit values as int32 pairs, fp32 as it is, one element as an fp32 row of
+    Nk copies over Nq rows of stride 0; in the (Nq, words a row, Hb, Zb) modes."""
+    from gdpa_inductor.kernels.cute import gdpa_fwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_fwd, "compile_fwd_sm100", build)
+    gdpa_fwd.gdpa_fwd_cute_sm100(*_operands(), "silu", 1.0, 1.0, 0.01, bias=bias)
+    (plan,), (args,) = build.plans, build.calls
+    given = args[11]
+    assert plan.bias == name and tuple(given.shape) == words and given.stride(1) == 1
+    assert given.dtype == (torch.float32 if name == "float32" else torch.int32)
+    if bias.numel() == 1:
+        assert given.stride(0) == 0 and bool((given == -1.5).all())
+    elif name == "bfloat16":
+        # word w of row i holds columns 2w and 2w + 1
+        assert torch.equal(given[5, 7, -1, -1].reshape(1).clone().view(torch.bfloat16), bias[-1, -1, 5, 14:16])
+
+
+def test_the_varlen_launcher_passes_the_rows(monkeypatch):
+    """The varlen launcher's grid rows (per sample: first query row, query count, first key row, key count, index),
+    the longest sample's query tiles, and the band's bounds, in the schema's slots."""
+    from gdpa_inductor.kernels.common.varlen_rows import VarlenSide
+    from gdpa_inductor.kernels.cute import varlen_fwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(varlen_fwd, "compile_fwd_sm100", build)
+    cu = torch.tensor([0, 300, 310], dtype=torch.int32)
+    q = torch.zeros(310, 4, 128, dtype=torch.bfloat16)
+    k, v = torch.zeros_like(q), torch.zeros_like(q)
+
+    def side(t):
+        return VarlenSide(t, cu[:-1], cu[1:] - cu[:-1], 300, 2, True)
+
+    out = varlen_fwd.gdpa_varlen_fwd_cute_sm100(side(q), side(k), v, side(torch.empty_like(q)),
+                                                torch.tensor([0, 1]), "silu", 1.0, 1.0, 0.01, causal=True,
+                                                window=(40, -1))
+    (plan,), (args,) = build.plans, build.calls
+    assert plan.varlen and plan.window and not plan.causal and plan.mask_keys
+    assert [tuple(a.shape) for a in args[:4]] == [(310, 128, 4, 1)] * 4 and args[3].data_ptr() == out.data_ptr()
+    assert args[7].tolist() == [[0, 300], [300, 10], [0, 300], [300, 10], [0, 1]]
+    assert args[8:11] == (3, 40, 0) and args[11] is None
 
 
 def test_the_launcher_compiles_nothing_without_keys(monkeypatch):
@@ -246,3 +404,71 @@ def test_each_activation_thread_holds_its_row_in_order(d, tile_n):
         assert found[t]["s"] == [(t, c) for c in range(tile_n)]
         assert found[t]["p"] == [(t, c) for c in range(tile_n // 2)]
         assert found[t]["o"] == [[(t, c * _EPI_COLUMNS + i) for i in range(_EPI_COLUMNS)] for c in range(d // 32)]
+
+
+@pytest.fixture
+def varlen_on_blackwell(monkeypatch):
+    monkeypatch.setattr(varlen_support, "cute_dsl_available", lambda: True)
+    monkeypatch.setattr(varlen_support, "on_sm100", lambda device: True)
+
+
+def _jagged(d=128, dv=None, dtype=torch.bfloat16):
+    q = torch.zeros(310, 4, d, dtype=dtype)
+    return q, torch.zeros(310, 4, d, dtype=dtype), torch.zeros(310, 4, d if dv is None else dv, dtype=dtype)
+
+
+ROWS = (torch.tensor([0, 300, 310], dtype=torch.int32),) * 2 + (None, None)
+
+
+@pytest.mark.parametrize("causal, window, bias", [
+    (False, (-1, -1), None),
+    (True, (-1, -1), None),
+    (True, (64, -1), torch.zeros(2, 4, 300, 300, dtype=torch.bfloat16)),
+    (False, (-1, -1), torch.zeros(1, 1, 300, 300)),
+    (False, (-1, -1), torch.tensor(0.5)),
+], ids=["plain", "causal", "window_bias", "fp32_bias", "one_element"])
+def test_the_varlen_support_check_takes_each_variant(varlen_on_blackwell, causal, window, bias):
+    # the causal mask with the rows of two cu_seqlens tensors: any per-sample Nk - Nq
+    rows = (ROWS[0], ROWS[0].clone(), None, None)
+    assert varlen_support.sm100_varlen_fwd_support(*_jagged(), bias, causal, window, "silu", rows) == (True, "")
+
+
+@pytest.mark.parametrize("change, bias, reason", [
+    (dict(dv=64), None, "D = Dv"),
+    (dict(d=96), None, "head dims"),
+    (dict(), torch.zeros(1, 1, 300, 1, dtype=torch.bfloat16), "every key position"),
+    (dict(), torch.zeros(1, 1, 300, 300, dtype=torch.float16), "operands' dtype"),
+    (dict(), torch.zeros(1, 1, 300, 1), "every key position"),
+], ids=["dv_differs", "d96", "bias_broadcast_keys", "bias_dtype", "fp32_bias_broadcast_keys"])
+def test_the_varlen_support_check_refuses_with_a_reason(varlen_on_blackwell, change, bias, reason):
+    ok, why = varlen_support.sm100_varlen_fwd_support(*_jagged(**change), bias, False, (-1, -1), "silu", ROWS)
+    assert not ok and reason in why, why
+
+
+def test_the_varlen_support_check_wants_an_sm100_gpu():
+    ok, why = varlen_support.sm100_varlen_fwd_support(*_jagged(), None, False, (-1, -1), "silu", ROWS)
+    assert not ok and why
+
+
+def test_a_bias_build_holds_its_rows_in_chunks():
+    """With a bias the activation warps take S 32 columns at a time: thread t's registers hold row t, the chunk's
+    columns in order (the bias words are read by those columns), and its P registers the chunk's 16-bit pairs in
+    order, written 16 fp32 columns per chunk."""
+    from gdpa_inductor.kernels.cute import activation_math
+    from gdpa_inductor.kernels.cute.gdpa_fwd_sm100 import _BIAS_CHUNK, GdpaFwdSm100
+
+    kernel = GdpaFwdSm100(cutlass.BFloat16, 128, 128, activation_math.forward_form("silu", False),
+                          bias=cutlass.BFloat16)
+    assert kernel.chunk == _BIAS_CHUNK == 32
+    found = {}
+
+    @cute.jit
+    def trace(t: cutlass.Constexpr):
+        qk_mma, _ = kernel._tiled_mmas()
+        tmem = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.tmem, assumed_align=16)
+        *_, tLcS, tLcP = kernel._score_copies(qk_mma.get_slice(0), tmem, t)
+        found[t] = ([tuple(tLcS[i]) for i in range(cute.size(tLcS))], [tuple(tLcP[i]) for i in range(cute.size(tLcP))])
+
+    for t in (0, 77):
+        cute.compile(trace, t, options=f"--gpu-arch {SM100_TARGET_ARCH}")
+        assert found[t] == ([(t, c) for c in range(32)], [(t, c) for c in range(16)])

@@ -167,8 +167,8 @@ def test_forced_cute_runs_a_build_that_passed(sm100, gen, backend):
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(causal=True), "has no causal mask"),
-    (dict(bias=True), "takes no bias"),
+    (dict(causal=True), "self-checked without a causal mask or bias"),
+    (dict(bias=True), "self-checked without a causal mask or bias"),
     (dict(d=96), "head dims (D=96, Dv=96) must each be one of (64, 128)"),
     (dict(dv=128), "needs D = Dv"),
     (dict(dtype=torch.float32), "fp16/bf16"),

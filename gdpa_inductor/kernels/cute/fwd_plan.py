@@ -146,7 +146,7 @@ def plan_fwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, head
 
 
 
-# --- the Blackwell forward (GdpaFwdSm100): dense, no mask or bias, D = Dv of 64 or 128 ---
+# --- the Blackwell forward (GdpaFwdSm100): D = Dv of 64 or 128; causal mask, windows, a bias tensor, varlen ---
 
 # shared memory the forward's Q tile and K/V stages may take: below sm_100's 227 KB a block, leaving room for the
 # barriers and the allocator's reserve
@@ -164,11 +164,18 @@ def sm100_kv_stages(head_dim: int, tile_n: int = SM100_KEY_TILE, element_bytes: 
     return max(1, min(3, (SM100_SMEM_BUDGET - q_bytes) // pair_bytes))
 
 
+# the element types a Blackwell forward's bias tensor may have (``Sm100FwdPlan.bias``), by torch's names
+SM100_BIAS_DTYPES = ("bfloat16", "float16", "float32")
+
+
 @dataclasses.dataclass(frozen=True)
 class Sm100FwdPlan:
     """One build of the Blackwell forward (``GdpaFwdSm100``), compiled for ``target``: the plan is the compile key
-    (every field). ``mask_keys``: keys past Nk give P = 0 (Nk not a multiple of ``tile_n``); ``kv_stages``:
-    ``sm100_kv_stages``."""
+    (every field). ``mask_keys``: keys past Nk give P = 0 (Nk not a multiple of ``tile_n``; always in a varlen
+    batch); ``kv_stages``: ``sm100_kv_stages``; ``causal``: the bottom-right aligned causal mask; ``window``: a band
+    around the diagonal, its bounds run-time arguments (with ``causal`` the launcher folds the causal bound into
+    them); ``bias``: the bias tensor's element type by torch's name ("" for none; a 16-bit one is the operands');
+    ``varlen``: jagged samples (``cu_seqlens``)."""
 
     dtype: torch.dtype
     head_dim: int
@@ -176,6 +183,10 @@ class Sm100FwdPlan:
     tile_n: int = SM100_KEY_TILE
     kv_stages: int = 2
     mask_keys: bool = True
+    causal: bool = False
+    window: bool = False
+    bias: str = ""
+    varlen: bool = False
     target: str = "sm_100a"
 
     def __post_init__(self):
@@ -185,6 +196,8 @@ class Sm100FwdPlan:
                              f"got {self.head_dim}")
         if self.tile_n not in (64, 128):
             raise ValueError(f"key tiles of 64 or 128; got {self.tile_n}")
+        if self.bias not in ("", "float32", str(self.dtype).removeprefix("torch.")):
+            raise ValueError(f"a bias tensor in the operands' dtype or float32; got {self.bias!r}")
 
     @property
     def head_dim_v(self) -> int:
@@ -193,7 +206,10 @@ class Sm100FwdPlan:
 
 @functools.lru_cache(maxsize=256)
 def plan_fwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, tile_n: int = SM100_KEY_TILE,
-                   mask_keys: bool = True) -> Sm100FwdPlan:
-    """The Blackwell forward's plan for D = Dv = ``head_dim``: its K/V stages from ``sm100_kv_stages``."""
+                   mask_keys: bool = True, causal: bool = False, window: bool = False, bias: str = "",
+                   varlen: bool = False) -> Sm100FwdPlan:
+    """The Blackwell forward's plan for D = Dv = ``head_dim``: its K/V stages from ``sm100_kv_stages``; a window
+    (``window``) takes the causal bound into its run-time bounds, so one build serves both."""
     return Sm100FwdPlan(dtype, head_dim, activation, tile_n=tile_n, kv_stages=sm100_kv_stages(head_dim, tile_n),
-                        mask_keys=mask_keys)
+                        mask_keys=mask_keys or varlen, causal=causal and not window, window=window, bias=bias,
+                        varlen=varlen)

@@ -168,22 +168,24 @@ def on_sm100(device: torch.device) -> bool:
 
 
 def sm100_fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
-                        activation: ActivationName) -> tuple[bool, str]:
+                        activation: ActivationName, window: tuple[int, int] = (-1, -1)) -> tuple[bool, str]:
     """(ok, reason) for the Blackwell forward (``GdpaFwdSm100``, built by ``kernel_build.compile_fwd_sm100``) on
-    [Z, H, N, D] operands: an sm_100 GPU, no causal mask and no bias (this first version has neither), D = Dv in
-    ``SM100_HEAD_DIMS``, at least one key (the kernel has no path for an empty key range), and ``operand_support``'s
-    dtypes and TMA layouts. The dispatch asks it on sm_100 (``lowering/sm100_forward.py``), then the self-check of
-    the call's build: no Blackwell GPU in this project's tests has run the kernel."""
+    [Z, H, N, D] operands: an sm_100 GPU, D = Dv in ``SM100_HEAD_DIMS``, at least one key (the kernel has no path for
+    an empty key range), a bias ``sm100_bias_support`` takes, a ``window`` of bounds >= -1, and ``operand_support``'s
+    dtypes and TMA layouts. The causal mask and windows take any Nq and Nk (rows without keys give O = 0). The
+    dispatch asks it on sm_100 for calls with no causal mask, window or bias (``lowering/sm100_forward.py``), then
+    the self-check of the call's build: no Blackwell GPU in this project's tests has run the kernel."""
     from .fwd_plan import SM100_HEAD_DIMS
 
     if not cute_dsl_available():
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm100(q.device):
         return False, "the CuTe Blackwell forward is built for sm_100"
-    if causal:
-        return False, "the CuTe Blackwell forward has no causal mask"
-    if bias is not None:
-        return False, "the CuTe Blackwell forward takes no bias"
+    ok, reason = sm100_bias_support(bias, q, k)
+    if not ok:
+        return ok, reason
+    if len(window) != 2 or min(window) < -1:
+        return False, f"the CuTe Blackwell forward takes a window of two bounds, each -1 (none) or >= 0 (got {window})"
     if q.shape[-1] != v.shape[-1]:
         return False, f"the CuTe Blackwell forward needs D = Dv (got D={q.shape[-1]}, Dv={v.shape[-1]})"
     if k.shape[-2] == 0:
@@ -192,3 +194,23 @@ def sm100_fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias,
         return False, (f"the CuTe Blackwell forward needs k and v of one shape but the last dim, q's batch, and q's "
                        f"heads a multiple of k's (got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
     return operand_support(q, k, v, activation, SM100_HEAD_DIMS, kernel="the CuTe Blackwell forward")
+
+
+def sm100_bias_support(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, str]:
+    """(ok, reason) for a bias in the Blackwell forward ([Z, H, N, D] operands): one element (any float dtype, read
+    as an fp32 row), or a tensor [Zb, Hb, Nq, Nk] (or fewer leading dims; Zb 1 or Z, Hb 1 or H, dims of one
+    broadcast, a query dim of stride 0 too) in q's dtype, read as ``score_bias_support`` reads it (pairs of
+    neighbouring columns), or in fp32 with its last dim contiguous and 4-byte aligned."""
+    if bias is None or bias.numel() == 1 or bias.dtype != torch.float32:
+        ok, reason = score_bias_support(bias, q, k)
+        return ok, reason.replace("the CuTe forward", "the CuTe Blackwell forward")
+    z, h, nq = q.shape[:3]
+    nk = k.shape[2]
+    leading = (1,) * (4 - bias.dim()) + tuple(bias.shape[:-2])
+    if tuple(bias.shape[-2:]) != (nq, nk) or bias.dim() > 4 or leading[0] not in (1, z) or leading[1] not in (1, h):
+        return False, (f"the CuTe Blackwell forward takes a bias [1 or {z}, 1 or {h}, {nq}, {nk}] (got "
+                       f"{tuple(bias.shape)})")
+    if bias.stride(-1) != 1 or bias.data_ptr() % 4:
+        return False, (f"the CuTe Blackwell forward reads an fp32 bias with its last dim contiguous, 4-byte aligned "
+                       f"(got strides {bias.stride()})")
+    return True, ""

@@ -1,15 +1,17 @@
 """Launchers of the CuTe-DSL forwards on a dense batch: plan the call (``fwd_plan``), take its build (``kernel_build``)
 and launch it with the arguments of its schema (``kernel_args``). Which calls they take is ``fwd_support``'s. The
 Hopper forward and, on sm_100 after its self-check (``lowering/sm100_forward.py``), the Blackwell one
-(``gdpa_fwd_cute_sm100``) are the dispatch's."""
+(``gdpa_fwd_cute_sm100``) for calls with no mask or bias are the dispatch's; the Blackwell varlen forward
+(``varlen_fwd``'s ``gdpa_varlen_fwd_cute_sm100``) is called by no dispatch yet."""
 
 from __future__ import annotations
 
 import torch
 
 from ..activations import ActivationName
+from ..common.window_bounds import band_limits
 from .fwd_plan import SM100_KEY_TILE, FwdPlan, Sm100FwdPlan, key_tile, persistent_grid, plan_fwd, plan_fwd_sm100
-from .kernel_args import FWD_ARGS, FWD_SM100_ARGS, dense_modes, offset_arg, score_bias_modes
+from .kernel_args import FWD_ARGS, FWD_SM100_ARGS, dense_modes, offset_arg, score_bias_modes, sm100_bias_words
 from .kernel_build import compile_fwd, compile_fwd_sm100
 from .operand_views import bias_4d, flatten_batch, is_tensor_bias
 
@@ -62,25 +64,59 @@ def gdpa_fwd_cute_op(q, k, v, activation: ActivationName, scale: float, post_sca
     return out.view(*batch, *out.shape[1:])
 
 
+def sm100_bias_arg(bias: torch.Tensor | None, nq: int, nk: int) -> torch.Tensor | None:
+    """The Blackwell forward's bias argument (``sm100_bias_words``) of a bias ``sm100_bias_support`` took: a tensor
+    as it is, one element as an fp32 row of ``nk`` copies seen as ``nq`` rows of stride 0 (the kernel reads a bias
+    per score only)."""
+    if bias is None:
+        return None
+    if bias.numel() == 1:
+        bias = bias.detach().reshape(1).float().expand(nk).contiguous().view(1, 1, 1, nk).expand(1, 1, nq, nk)
+    return sm100_bias_words(bias)
+
+
+def sm100_bias_name(bias: torch.Tensor | None) -> str:
+    """The plan's ``bias`` of a call's bias: its dtype's name, fp32 for one element, "" for none."""
+    if bias is None:
+        return ""
+    return "float32" if bias.numel() == 1 else str(bias.dtype).removeprefix("torch.")
+
+
+def sm100_band(causal: bool, window: tuple[int, int]) -> tuple[bool, tuple[int, int] | None]:
+    """(causal, run-time bounds): the band of a call with ``causal`` and the op's ``window`` (-1: unbounded), as the
+    Blackwell forward takes it; a window carries the causal bound in its bounds (``band_limits``)."""
+    if tuple(window) == (-1, -1):
+        return causal, None
+    return False, band_limits(causal, window)
+
+
 def gdpa_fwd_cute_sm100(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
-    negative_slope: float, out: torch.Tensor | None = None, plan: Sm100FwdPlan | None = None,
+    negative_slope: float, causal: bool = False, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+    plan: Sm100FwdPlan | None = None, window: tuple[int, int] = (-1, -1),
 ) -> torch.Tensor:
     """The Blackwell forward (``GdpaFwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D] (checked
     by ``fwd_support.sm100_fwd_supported``) -> out [Z, H, Nq, D]: one CTA per 128-row query tile, head and sample.
-    ``plan``: the build to run (None: ``plan_fwd_sm100``'s, 128-key tiles, the mask of keys past Nk where Nk is not a
-    multiple of them). Not yet run on a Blackwell GPU: the dispatch checks each build's results on the device first."""
+    ``causal``: the bottom-right aligned causal mask; ``window``: (left, right) around that diagonal, -1 unbounded
+    (the varlen op's windows); ``bias``: one element, or a tensor ``sm100_bias_support`` takes in its 4-D form
+    (leading dims of 1 or Z and of 1 or H), added to each score. ``plan``: the build to run (None:
+    ``plan_fwd_sm100``'s, 128-key tiles, the mask of keys past Nk where Nk is not a multiple of them). Not yet run on
+    a Blackwell GPU: the dispatch checks each build's results on the device first."""
     if out is None:
         out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     if k.shape[2] == 0:
         return out.zero_()
+    causal, bounds = sm100_band(causal, window)
     if plan is None:
-        plan = plan_dense_fwd_sm100(q, k, activation)
+        plan = plan_fwd_sm100(q.dtype, q.shape[-1], activation, mask_keys=k.shape[2] % SM100_KEY_TILE != 0,
+                              causal=causal, window=bounds is not None, bias=sm100_bias_name(bias))
+    band_left, band_right = bounds or (None, None)
     compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
         plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), out=dense_modes(out), scale=scale,
-        post_scale=post_scale, slope=negative_slope))
+        post_scale=post_scale, slope=negative_slope, band_left=band_left, band_right=band_right,
+        bias=sm100_bias_arg(bias, q.shape[2], k.shape[2])))
     return out
 
 

@@ -1,4 +1,4 @@
-"""CuTe-DSL GDPA forward for Blackwell (sm_100a): O = act(scale · Q Kᵀ) · post_scale · V, dense batches.
+"""CuTe-DSL GDPA forward for Blackwell (sm_100a): O = act(scale · Q Kᵀ + bias) · post_scale · V.
 
 One CTA per (128-row query tile, head, sample); six warps, each with one role:
 - warps 0-3, the activation warps (one query row a thread): per key tile they load S from tensor memory
@@ -20,6 +20,22 @@ Synchronisation (mbarriers, ``cutlass.pipeline``): Q, K, V full/empty (TMA -> MM
 activation), P full/empty (activation -> MMA), O full (MMA -> epilogue). The MMA warp issues QK_{j+2} into the
 buffer of P_j only after PV_j, and tcgen05.mma instructions of one thread run in issue order, so S never
 overwrites a P the tensor cores still read.
+
+Compile-time options:
+- ``causal`` (bottom-right aligned: key j kept for query i iff j <= i + Nk - Nq) and ``window`` (a band around that
+  diagonal, key j kept iff -left <= j - i - (Nk - Nq) <= right, the bounds run-time values from
+  ``window_bounds.band_limits``): a query tile computes only the key tiles its band reaches (``band_tiles``), in
+  order; the tiles wholly inside the band run unmasked, the edge ones select P = 0 per score (which also drops keys
+  past Nk), a warp-uniform branch per tile choosing the path. A query tile whose band misses every key runs one
+  wholly masked tile (O = 0).
+- ``bias`` (the bias tensor's element type, the operands' 16-bit one or fp32): act(scale · S + bias), the bias
+  broadcast to [Z, H, Nq, Nk] over its dims of one (stride 0) and read from global memory by the activation warps,
+  32-bit words (two 16-bit values or one fp32) of their own row; S is then processed ``_BIAS_CHUNK`` columns at a
+  time (S load, bias, activation, P store), so the bias adds no registers per score of the whole tile.
+- ``varlen``: the tiles are (query tile, head, sample) of a varlen batch, the grid sized by its longest sample; each
+  side's rows of a sample read through a TMA descriptor bounded at the sample's end (``ragged_rows``: ragged tiles
+  read zeros), O stored from the registers with the rows past the sample's end predicated off. CTAs past a sample's
+  queries do nothing; those of a sample without keys store O = 0.
 """
 
 from __future__ import annotations
@@ -34,6 +50,10 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator, TmemAllocator
 
+from ..common.window_bounds import UNBOUNDED
+from .band_tiles import band_key_tiles, score_kept, tile_limits, unmasked_key_tiles
+from .ragged_rows import RAGGED_ROWS, ragged
+
 _ROWS = 128
 _WARP = 32
 # warp roles
@@ -47,6 +67,8 @@ _TMEM_BARRIER = 1
 _ACT_BARRIER = 2
 # columns of O loaded from tensor memory at a time in the epilogue: 32 fp32 registers a thread
 _EPI_COLUMNS = 32
+# columns of S a bias-reading activation step takes at a time: 32 scores, 16 words of bias and 16 of P a thread
+_BIAS_CHUNK = 32
 
 
 def tmem_columns(tile_n: int, head_dim_v: int) -> int:
@@ -57,24 +79,29 @@ def tmem_columns(tile_n: int, head_dim_v: int) -> int:
 
 
 def _batched(t: cute.Tensor, swap: bool = False) -> cute.Tensor:
-    """(N, D, H, Z) -> (N, D, (H, Z)), or with ``swap`` (D, N, (H, Z)): one batch mode for the TMA atoms."""
+    """(N, D, H, Z, ...) -> (N, D, (H, Z, ...)), or with ``swap`` (D, N, (H, Z, ...)): one batch mode for the TMA
+    atoms (a ragged operand's end-row mode joins it)."""
     a, b = (1, 0) if swap else (0, 1)
+    rest = range(2, cute.rank(t))
     return cute.make_tensor(
         t.iterator,
-        cute.make_layout((t.shape[a], t.shape[b], (t.shape[2], t.shape[3])),
-                         stride=(t.stride[a], t.stride[b], (t.stride[2], t.stride[3]))),
+        cute.make_layout((t.shape[a], t.shape[b], tuple(t.shape[i] for i in rest)),
+                         stride=(t.stride[a], t.stride[b], tuple(t.stride[i] for i in rest))),
     )
 
 
 class GdpaFwdSm100:
     """Compile-time parameters: element type, head dims of Q/K and of V/O (equal, 64 or 128), the activation's fp32
-    forward form (``activation_math.forward_form(name, False)``), key tile, K/V stages, and whether keys past Nk
-    are masked (``mask_keys``)."""
+    forward form (``activation_math.forward_form(name, False)``), key tile, K/V stages, whether keys past Nk
+    are masked (``mask_keys``), the band (``causal``, ``window``), the bias tensor's element type (``bias``: None,
+    the operands' dtype or Float32) and ``varlen``."""
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int, activation: Callable, tile_n: int = 128,
-                 kv_stages: int = 2, mask_keys: bool = True):
+                 kv_stages: int = 2, mask_keys: bool = True, causal: bool = False, window: bool = False,
+                 bias=None, varlen: bool = False):
         assert head_dim == head_dim_v and head_dim in (64, 128), "D = Dv of 64 or 128"
         assert tile_n in (64, 128), "key tiles of 64 or 128"
+        assert bias is None or bias in (dtype, cutlass.Float32), "a bias in the operands' dtype or fp32"
         self.dtype = dtype
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
@@ -82,7 +109,17 @@ class GdpaFwdSm100:
         self.tile_m = _ROWS
         self.tile_n = tile_n
         self.kv_stages = kv_stages
-        self.mask_keys = mask_keys
+        # a varlen sample's last key tile is ragged wherever its length falls
+        self.mask_keys = mask_keys or varlen
+        self.causal = causal
+        self.window = window
+        self.band = causal or window
+        self.bias = bias
+        self.varlen = varlen
+        # columns of S per activation step: the whole tile, or with a bias chunks of it (registers)
+        self.chunk = _BIAS_CHUNK if bias is not None else tile_n
+        # 16-bit bias values two to a 32-bit word
+        self.bias_per_word = 1 if bias is None else 32 // bias.width
         self.threads = (_LOAD_WARP + 1) * _WARP
         # two S buffers at columns 0 and tile_n, then O; P lives in each S buffer's first columns
         self.o_offset = 2 * tile_n
@@ -114,12 +151,26 @@ class GdpaFwdSm100:
         post_scale: cutlass.Float32,
         slope: cutlass.Float32,
         stream: cuda.CUstream,
+        rows: cute.Tensor | None = None,
+        num_m: cutlass.Int32 | None = None,
+        band_left: cutlass.Int32 | None = None,
+        band_right: cutlass.Int32 | None = None,
+        mBias: cute.Tensor | None = None,
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, Hkv, Z); mV: (Nk, Dv, Hkv, Z); mO: (Nq, Dv, H, Z); D, Dv contiguous; H a
-        multiple of Hkv (query head h reads kv head h // (H / Hkv))."""
-        q, k, o = _batched(mQ), _batched(mK), _batched(mO)
+        multiple of Hkv (query head h reads kv head h // (H / Hkv)).
+        Varlen: ``rows`` (5, B) int32, per sample: first query row, query count, first key row, key count, and the
+        sample's index z; each side's Z is 1 (jagged rows) or B (a dense side, rows counted within sample z's block).
+        ``num_m``: query tiles of the longest sample. ``band_left``, ``band_right``: the band's bounds (``window``).
+        ``mBias``: the bias as 32-bit words (two 16-bit values, or one fp32), (Nq, words a row, Hb, Zb), the words
+        contiguous, Hb 1 or H, Zb 1 or Z (broadcast dims of stride 0 read as any other)."""
+        q, k, v = mQ, mK, mV
+        if cutlass.const_expr(self.varlen):
+            q, k, v = ragged(q, 0), ragged(k, 0), ragged(v, 0)
+        q, k = _batched(q), _batched(k)
+        o = mO if self.varlen else _batched(mO)
         # V as (Dv, N, (Hkv, Z)): the B operand of P·V, contiguous along its N mode (Dv)
-        v = _batched(mV, swap=True)
+        v = _batched(v, swap=True)
         qk_mma, pv_mma = self._tiled_mmas()
         q_smem = sm100_utils.make_smem_layout_a(qk_mma, self.qk_tiler, self.dtype, 1)
         k_smem = sm100_utils.make_smem_layout_b(qk_mma, self.qk_tiler, self.dtype, self.kv_stages)
@@ -150,12 +201,17 @@ class GdpaFwdSm100:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
 
         self.shared_storage = SharedStorage
-        num_m = cute.ceil_div(q.shape[0], self.tile_m)
+        samples = mQ.shape[3]
+        if cutlass.const_expr(self.varlen):
+            samples = rows.shape[1]
+        else:
+            num_m = cute.ceil_div(mQ.shape[0], self.tile_m)
         self.kernel(
             qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, scale, post_scale, slope,
-            q_smem, k_smem, p_tmem, v_smem, mQ.shape[2] // mK.shape[2],
+            q_smem, k_smem, p_tmem, v_smem, mQ.shape[2] // mK.shape[2], mQ.shape[0], mK.shape[0], rows,
+            band_left, band_right, mBias,
         ).launch(
-            grid=[num_m, mQ.shape[2], mQ.shape[3]],
+            grid=[num_m, mQ.shape[2], samples],
             block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
@@ -182,13 +238,32 @@ class GdpaFwdSm100:
         p_tmem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
         group: cutlass.Int32,
+        nq_all: cutlass.Int32,
+        nk_all: cutlass.Int32,
+        rows: cute.Tensor | None,
+        band_left: cutlass.Int32 | None,
+        band_right: cutlass.Int32 | None,
+        mBias: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        m_blk, h, z = cute.arch.block_idx()
+        m_blk, h, zb = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         hk = h // group
-        nk = mK.shape[0]
-        n_tiles = cute.ceil_div(nk, self.tile_n)
+        # the sample's rows: the whole tensors', or a varlen sample's from ``rows``
+        q0, nq, k0, nk, z = 0, nq_all, 0, nk_all, zb
+        if cutlass.const_expr(self.varlen):
+            q0, nq, k0, nk, z = rows[0, zb], rows[1, zb], rows[2, zb], rows[3, zb], rows[4, zb]
+        band = (UNBOUNDED, 0)
+        if cutlass.const_expr(self.window):
+            band = (band_left, band_right)
+        # the key tiles this query tile computes, and the whole ones among them (no per-score mask)
+        first, count = 0, cute.ceil_div(nk, self.tile_n)
+        whole = (0, 0)
+        if cutlass.const_expr(self.band):
+            first, count = band_key_tiles(m_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
+                                          cutlass.min, cutlass.max)
+            whole = unmasked_key_tiles(m_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
+                                       cutlass.min, cutlass.max)
 
         storage = SmemAllocator().allocate(self.shared_storage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -234,107 +309,142 @@ class GdpaFwdSm100:
         pv_thr = pv_mma.get_slice(0)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
 
-        if warp_idx == _LOAD_WARP:
-            # ---- LOAD: Q once, then K_j and V_j ----
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
-            cpasync.prefetch_descriptor(tma_v)
-            d, dv = self.head_dim, self.head_dim_v
-            # (TMA, RestM, RestK, (H, Z)) and the like: the tiles of every head and sample
-            tQsQ, tQgQ = self._tma_part(tma_q, sQ, qk_thr.partition_A(
-                cute.flat_divide(mQ, (self.tile_m, d))))
-            tKsK, tKgK = self._tma_part(tma_k, sK, qk_thr.partition_B(
-                cute.flat_divide(mK, (self.tile_n, d))))
-            tVsV, tVgV = self._tma_part(tma_v, sV, pv_thr.partition_B(
-                cute.flat_divide(mV, (dv, self.tile_n))))
-            handle = q_producer.acquire_and_advance()
-            cute.copy(tma_q, tQgQ[None, m_blk, 0, (h, z)], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
-            for j in cutlass.range(n_tiles, unroll=1):
-                handle = k_producer.acquire_and_advance()
-                cute.copy(tma_k, tKgK[None, j, 0, (hk, z)], tKsK[None, handle.index], tma_bar_ptr=handle.barrier)
-                handle = v_producer.acquire_and_advance()
-                cute.copy(tma_v, tVgV[None, 0, j, (hk, z)], tVsV[None, handle.index], tma_bar_ptr=handle.barrier)
-            # the MMA warp's last releases land before the CTA exits
-            k_producer.tail()
-            v_producer.tail()
+        # varlen: a query tile past its sample's queries has nothing to do; one of a sample without keys stores O = 0
+        has_rows, runs = True, True
+        if cutlass.const_expr(self.varlen):
+            has_rows = m_blk * self.tile_m < nq
+            runs = has_rows & (nk > 0)
+        if runs:
+            if warp_idx == _LOAD_WARP:
+                # ---- LOAD: Q once, then K_j and V_j of the key tiles first, first + 1, ... ----
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+                d, dv = self.head_dim, self.head_dim_v
+                # (TMA, RestM, RestK) and the like: the tiles of this head and sample
+                tQsQ, tQgQ = self._tma_part(tma_q, sQ, qk_thr.partition_A(
+                    cute.flat_divide(self._sample(mQ, h, z, q0, nq, 0), (self.tile_m, d))))
+                tKsK, tKgK = self._tma_part(tma_k, sK, qk_thr.partition_B(
+                    cute.flat_divide(self._sample(mK, hk, z, k0, nk, 0), (self.tile_n, d))))
+                tVsV, tVgV = self._tma_part(tma_v, sV, pv_thr.partition_B(
+                    cute.flat_divide(self._sample(mV, hk, z, k0, nk, 1), (dv, self.tile_n))))
+                handle = q_producer.acquire_and_advance()
+                cute.copy(tma_q, tQgQ[None, m_blk, 0], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
+                for j in cutlass.range(count, unroll=1):
+                    handle = k_producer.acquire_and_advance()
+                    cute.copy(tma_k, tKgK[None, first + j, 0], tKsK[None, handle.index], tma_bar_ptr=handle.barrier)
+                    handle = v_producer.acquire_and_advance()
+                    cute.copy(tma_v, tVgV[None, 0, first + j], tVsV[None, handle.index], tma_bar_ptr=handle.barrier)
+                # the MMA warp's last releases land before the CTA exits
+                k_producer.tail()
+                v_producer.tail()
 
-        if warp_idx == _MMA_WARP:
-            # ---- MMA: S_j = Q K_jᵀ, then O += P_{j-1} V_{j-1} ----
-            tmem.wait_for_alloc()
-            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-            tSrQ = qk_thr.make_fragment_A(sQ)
-            tSrK = qk_thr.make_fragment_B(sK)
-            tOrV = pv_thr.make_fragment_B(sV)
-            s_layout = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2])).layout
-            tOtO = cute.make_tensor(
-                tmem_ptr + self.o_offset, pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2])).layout
-            )
-            p_layout = pv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, p_tmem.outer))[None, None, None, 0].layout
-            # Q stays for the whole CTA: never released
-            rQ = tSrQ[None, None, None, q_consumer.wait_and_advance().index]
-            qk = (qk_mma, tSrK, s_layout, tmem_ptr)
-            pv = (pv_mma, tOrV, tOtO, p_layout, tmem_ptr)
-            # the pipelines' positions and the MMAs' accumulate flag change in the helpers: rebound here, as
-            # loop-carried locals
-            qk_mma, k_consumer, s_producer = self._mma_qk(qk, rQ, k_consumer, s_producer)
-            for j in cutlass.range(1, n_tiles, unroll=1):
-                qk_mma, k_consumer, s_producer = self._mma_qk((qk_mma, *qk[1:]), rQ, k_consumer, s_producer)
-                pv_mma, p_consumer, v_consumer = self._mma_pv((pv_mma, *pv[1:]), j > 1, p_consumer, v_consumer)
-            pv_mma, p_consumer, v_consumer = self._mma_pv((pv_mma, *pv[1:]), n_tiles > 1, p_consumer, v_consumer)
-            # O complete once every matmul issued so far is (tcgen05.commit tracks them all)
-            o_producer.acquire_and_advance().commit()
-
-        if warp_idx < _ACT_WARPS:
-            # ---- ACTIVATION: P_j = act(scale · S_j) into tensor memory; then the epilogue ----
-            tmem.allocate(self.tmem_columns)
-            tmem.relinquish_alloc_permit()
-            tmem.wait_for_alloc()
-            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-            s_load, p_store, s_layout, p_layout, tLcS, tLcP = self._score_copies(qk_thr, tmem_ptr, tidx)
-            for j in cutlass.range(n_tiles, unroll=1):
-                s_handle = s_consumer.wait_and_advance()
-                base = tmem_ptr + s_handle.index * self.tile_n
-                rS = cute.make_rmem_tensor(tLcS.shape, cutlass.Float32)
-                cute.copy(s_load, s_load.partition_S(cute.make_tensor(base, s_layout)), rS)
-                cute.arch.fence_view_async_tmem_load()
-                self._activate(rS, tLcS, nk - j * self.tile_n, scale, slope)
-                rP = cute.make_rmem_tensor(tLcP.shape, cutlass.Float32)
-                cute.make_tensor(cute.recast_ptr(rP.iterator, dtype=self.dtype), rS.layout).store(
-                    rS.load().to(self.dtype)
+            if warp_idx == _MMA_WARP:
+                # ---- MMA: S_j = Q K_jᵀ, then O += P_{j-1} V_{j-1} ----
+                tmem.wait_for_alloc()
+                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+                tSrQ = qk_thr.make_fragment_A(sQ)
+                tSrK = qk_thr.make_fragment_B(sK)
+                tOrV = pv_thr.make_fragment_B(sV)
+                s_layout = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2])).layout
+                tOtO = cute.make_tensor(
+                    tmem_ptr + self.o_offset,
+                    pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2])).layout,
                 )
-                p_handle = p_producer.acquire_and_advance()
-                cute.copy(p_store, rP, p_store.partition_D(cute.make_tensor(base, p_layout)))
-                cute.arch.fence_view_async_tmem_store()
-                p_handle.commit()
-                s_handle.release()
-            o_handle = o_consumer.wait_and_advance()
-            self._store_o(pv_thr, tmem_ptr, mO, m_blk, h, z, post_scale, tidx)
-            o_handle.release()
-            # the MMA warp's last releases of P (tcgen05.commit) land before the CTA exits
-            p_producer.tail()
-            # every activation warp has read O: the tensor memory may go
-            cute.arch.barrier(barrier_id=_ACT_BARRIER, number_of_threads=_ACT_THREADS)
-            tmem.free(tmem_ptr)
+                p_layout = pv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, p_tmem.outer))[None, None, None, 0].layout
+                # Q stays for the whole CTA: never released
+                rQ = tSrQ[None, None, None, q_consumer.wait_and_advance().index]
+                qk = (qk_mma, tSrK, s_layout, tmem_ptr)
+                pv = (pv_mma, tOrV, tOtO, p_layout, tmem_ptr)
+                # the pipelines' positions and the MMAs' accumulate flag change in the helpers: rebound here, as
+                # loop-carried locals
+                qk_mma, k_consumer, s_producer = self._mma_qk(qk, rQ, k_consumer, s_producer)
+                for j in cutlass.range(1, count, unroll=1):
+                    qk_mma, k_consumer, s_producer = self._mma_qk((qk_mma, *qk[1:]), rQ, k_consumer, s_producer)
+                    pv_mma, p_consumer, v_consumer = self._mma_pv((pv_mma, *pv[1:]), j > 1, p_consumer, v_consumer)
+                pv_mma, p_consumer, v_consumer = self._mma_pv((pv_mma, *pv[1:]), count > 1, p_consumer, v_consumer)
+                # O complete once every matmul issued so far is (tcgen05.commit tracks them all)
+                o_producer.acquire_and_advance().commit()
+
+            if warp_idx < _ACT_WARPS:
+                # ---- ACTIVATION: P_j = act(scale · S_j + bias) into tensor memory; then the epilogue ----
+                tmem.allocate(self.tmem_columns)
+                tmem.relinquish_alloc_permit()
+                tmem.wait_for_alloc()
+                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+                copies = self._score_copies(qk_thr, tmem_ptr, tidx)
+                bias_rows = None
+                if cutlass.const_expr(self.bias is not None):
+                    bias_rows = mBias[None, None, h % mBias.shape[2], z % mBias.shape[3]]
+                for j in cutlass.range(count, unroll=1):
+                    n_blk = first + j
+                    s_handle = s_consumer.wait_and_advance()
+                    base = tmem_ptr + s_handle.index * self.tile_n
+                    tile = (base, n_blk, m_blk, nq, nk, band, bias_rows, scale, slope, tidx)
+                    if cutlass.const_expr(self.band):
+                        if (n_blk < whole[0]) | (n_blk >= whole[1]):
+                            self._activate_tile(copies, tile, True)
+                        else:
+                            self._activate_tile(copies, tile, False)
+                    else:
+                        self._activate_tile(copies, tile, self.mask_keys)
+                    # P_j's columns were free before it was written: S_j's commit tracks every matmul the MMA warp
+                    # issued before Q K_jᵀ, the P·V that read P_{j-2} there among them; the wait keeps the ring's count
+                    p_handle = p_producer.acquire_and_advance()
+                    cute.arch.fence_view_async_tmem_store()
+                    p_handle.commit()
+                    s_handle.release()
+                o_handle = o_consumer.wait_and_advance()
+                self._store_o(pv_thr, tmem_ptr, mO, m_blk, h, z, q0, nq, post_scale, tidx, False)
+                o_handle.release()
+                # the MMA warp's last releases of P (tcgen05.commit) land before the CTA exits
+                p_producer.tail()
+                # every activation warp has read O: the tensor memory may go
+                cute.arch.barrier(barrier_id=_ACT_BARRIER, number_of_threads=_ACT_THREADS)
+                tmem.free(tmem_ptr)
+        if cutlass.const_expr(self.varlen):
+            if has_rows & (nk == 0):
+                if warp_idx < _ACT_WARPS:
+                    self._store_o(pv_thr, None, mO, m_blk, h, z, q0, nq, post_scale, tidx, True)
+
+    @cute.jit
+    def _sample(self, m: cute.Tensor, h: cutlass.Int32, z: cutlass.Int32, start, length,
+                row_mode: cutlass.Constexpr[int]):
+        """The (rows, D) or (D, rows) (``row_mode``) TMA coordinate tensor of head ``h`` and sample ``z``: the dense
+        tensor's, or a varlen sample's ``length`` rows from ``start`` through the ragged descriptor (a side of one
+        block has Z = 1, and every sample reads it)."""
+        if cutlass.const_expr(not self.varlen):
+            return m[None, None, (h, z)]
+        rows = m[None, None, (h, z % m.shape[2][1], start + length)]
+        shift = (RAGGED_ROWS - length, 0) if row_mode == 0 else (0, RAGGED_ROWS - length)
+        return cute.domain_offset(shift, rows)
 
     def _tma_part(self, atom, s, g):
         return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 3), cute.group_modes(g, 0, 3))
 
     def _score_copies(self, qk_thr, tmem_ptr, tidx):
-        """The activation warps' tensor-memory copies of a key tile: (S load, P store, S's layout, P's layout seen as
-        fp32 columns, the (row, key) coordinates of a thread's S registers and of its P registers). 32x32b copies:
-        thread t holds row t, its columns in order (``tests/kernels/test_cute_compile_sm100.py`` checks it)."""
-        s_layout = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2])).layout
-        tScS = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))
+        """The activation warps' tensor-memory copies of ``chunk`` columns of a key tile: (S load, P store, S's
+        chunk layout, P's chunk layout seen as fp32 columns, the (row, key) coordinates of a thread's S registers and
+        of its P registers, keys counted from the chunk's first). 32x32b copies: thread t holds row t, its columns in
+        order (``tests/kernels/test_cute_compile_sm100.py`` checks it). Chunk c's S starts ``c · chunk`` columns into
+        the S buffer, its P ``c · chunk / 2`` (16-bit pairs): never past S's columns already loaded."""
+        s_full = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2])).layout
+        s_layout = cute.composition(s_full, cute.make_layout((self.tile_m, self.chunk)))
+        tScS_full = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))
+        tScS = cute.make_tensor(tScS_full.iterator,
+                                cute.composition(tScS_full.layout, cute.make_layout((self.tile_m, self.chunk))))
         # P's columns seen as fp32: two 16-bit values a column
-        p_cols = self.tile_n * self.dtype.width // 32
-        p_layout = cute.composition(s_layout, cute.make_layout((self.tile_m, p_cols)))
-        tScP = cute.make_tensor(tScS.iterator, cute.composition(tScS.layout, cute.make_layout((self.tile_m, p_cols))))
+        p_cols = self.chunk * self.dtype.width // 32
+        p_layout = cute.composition(s_full, cute.make_layout((self.tile_m, p_cols)))
+        tScP = cute.make_tensor(tScS_full.iterator,
+                                cute.composition(tScS_full.layout, cute.make_layout((self.tile_m, p_cols))))
         s_load = tcgen05.make_tmem_copy(
             cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), cutlass.Float32),
             cute.make_tensor(tmem_ptr, s_layout),
         ).get_slice(tidx)
         p_store = tcgen05.make_tmem_copy(
-            cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(p_cols // 2)), cutlass.Float32),
+            cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(max(p_cols // 2, 16))),
+                                cutlass.Float32),
             cute.make_tensor(tmem_ptr, p_layout),
         ).get_slice(tidx)
         return s_load, p_store, s_layout, p_layout, s_load.partition_D(tScS), p_store.partition_S(tScP)
@@ -392,34 +502,103 @@ class GdpaFwdSm100:
         return pv_mma, p_consumer, v_consumer
 
     @cute.jit
-    def _activate(self, rS, tLcS, limit, scale, slope):
-        """P = act(scale · S) in place; with ``mask_keys``, columns at or past ``limit`` (keys past Nk) give P = 0
-        (a select per score: a branch would carry the whole row through both paths)."""
+    def _activate_tile(self, copies: tuple, tile: tuple, masked: cutlass.Constexpr[bool]):
+        """P = act(scale · S + bias) of one key tile, S read from and P written to tensor memory ``chunk`` columns
+        at a time (the P store's wait is the caller's); with ``masked`` the scores ``_kept`` drops give P = 0."""
+        s_load, p_store, s_layout, p_layout, tLcS, tLcP = copies
+        base, n_blk, m_blk, nq, nk, band, bias_rows, scale, slope, tidx = tile
+        p_cols = self.chunk * self.dtype.width // 32
+        # what ``_kept`` compares a score's key column and column - row with, on this tile
+        limits = tile_limits(m_blk, n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n)
+        for c in cutlass.range_constexpr(self.tile_n // self.chunk):
+            col0 = c * self.chunk
+            words = self._load_bias(bias_rows, m_blk, n_blk, col0, nq, nk, tidx)
+            rS = cute.make_rmem_tensor(tLcS.shape, cutlass.Float32)
+            cute.copy(s_load, s_load.partition_S(cute.make_tensor(base + col0, s_layout)), rS)
+            cute.arch.fence_view_async_tmem_load()
+            self._activate(rS, tLcS, col0, limits, scale, slope, words, masked)
+            rP = cute.make_rmem_tensor(tLcP.shape, cutlass.Float32)
+            cute.make_tensor(cute.recast_ptr(rP.iterator, dtype=self.dtype), rS.layout).store(
+                rS.load().to(self.dtype)
+            )
+            cute.copy(p_store, rP, p_store.partition_D(cute.make_tensor(base + c * p_cols, p_layout)))
+
+    @cute.jit
+    def _load_bias(self, bias_rows, m_blk, n_blk, col0, nq, nk, tidx):
+        """The bias of this thread's row (rows past Nq read the last row's: their O is never stored) over ``chunk``
+        columns from ``col0`` of key tile ``n_blk``, as 32-bit words; with ``mask_keys`` words past Nk read nothing
+        (their P is 0), so every read is in range. None without a bias."""
+        words = None
+        if cutlass.const_expr(self.bias is not None):
+            per = self.bias_per_word
+            word_type = cutlass.Float32 if per == 1 else cutlass.Int32
+            words = cute.make_rmem_tensor((self.chunk // per,), word_type)
+            row = cutlass.min(m_blk * self.tile_m + tidx, nq - 1)
+            start = n_blk * self.tile_n + col0
+            for i in cutlass.range_constexpr(self.chunk // per):
+                if cutlass.const_expr(self.mask_keys):
+                    words[i] = word_type(0)
+                    if start + i * per < nk:
+                        words[i] = bias_rows[row, start // per + i]
+                else:
+                    words[i] = bias_rows[row, start // per + i]
+        return words
+
+    @cute.jit
+    def _activate(self, rS, tLcS, col0, limits, scale, slope, words, masked: cutlass.Constexpr[bool]):
+        """P = act(scale · S + bias) in place, the bias (``words``, as ``_load_bias`` read them) in each form's first
+        product; with ``masked`` the scores ``_kept`` drops give P = 0 (a select per score: a branch would carry the
+        whole row through both paths)."""
+        values = None
+        if cutlass.const_expr(self.bias is not None):
+            values = words if self.bias_per_word == 1 else cute.recast_tensor(words, self.dtype)
         for i in cutlass.range_constexpr(cute.size(rS)):
-            p = self.activation(rS[i], scale, slope, None)
-            if cutlass.const_expr(self.mask_keys):
-                p = p if tLcS[i][1] < limit else cutlass.Float32(0.0)
+            bias = None
+            if cutlass.const_expr(self.bias is not None):
+                bias = cutlass.Float32(values[i])
+            p = self.activation(rS[i], scale, slope, bias)
+            if cutlass.const_expr(masked):
+                p = p if self._kept(tLcS[i][1] + col0, tLcS[i][0], limits) else cutlass.Float32(0.0)
             rS[i] = p
 
     @cute.jit
-    def _store_o(self, pv_thr, tmem_ptr, mO, m_blk, h, z, post_scale, tidx):
-        """O · post_scale from tensor memory to global memory, ``_EPI_COLUMNS`` columns at a time, each thread its
-        own row (rows past Nq predicated off): a 32x32b load gives thread t of the activation warps row t of the
-        tile, its columns in order, so each chunk is one contiguous run of the row (16-byte stores)."""
-        o_load, tLtO, tLcO = self._o_copy(pv_thr, tmem_ptr, tidx)
-        gO = cute.local_tile(mO[None, None, (h, z)], self.pv_tiler[:2], (m_blk, 0))
-        valid = mO.shape[0] - m_blk * self.tile_m
+    def _kept(self, col, row, limits):
+        """Whether the score at tile coordinate (``row``, ``col``) is kept: its key within Nk (``limits[0]``: keys of
+        the tile within it) and, under a band, its column - row within [``limits[1]``, ``limits[2]``] (causal alone
+        has no lower bound)."""
+        if cutlass.const_expr(not self.band):
+            return col < limits[0]
+        return score_kept(col, row, limits, self.window)
+
+    @cute.jit
+    def _store_o(self, pv_thr, tmem_ptr, mO, m_blk, h, z, q0, nq, post_scale, tidx, zeros: cutlass.Constexpr[bool]):
+        """O · post_scale from tensor memory (``zeros``: O = 0, no tensor memory) to global memory,
+        ``_EPI_COLUMNS`` columns at a time, each thread its own row (rows past the sample's ``nq`` queries predicated
+        off): a 32x32b load gives thread t of the activation warps row t of the tile, its columns in order, so each
+        chunk is one contiguous run of the row (16-byte stores). Varlen: the sample's rows start at ``q0``."""
+        o_load, tLtO, tLcO = None, None, None
+        if cutlass.const_expr(not zeros):
+            o_load, tLtO, tLcO = self._o_copy(pv_thr, tmem_ptr, tidx)
+        if cutlass.const_expr(self.varlen):
+            rows = cute.domain_offset((q0, 0), mO[None, None, h, z % mO.shape[3]])
+        else:
+            rows = mO[None, None, (h, z)]
+        gO = cute.local_tile(rows, self.pv_tiler[:2], (m_blk, 0))
+        valid = nq - m_blk * self.tile_m
         # 16-byte stores: O's rows start 16-byte aligned (the support check's TMA layout rules; the fake tensors leave
         # the strides' divisibility unknown)
         vector = 128 // self.dtype.width
         store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         for c in cutlass.range_constexpr(self.head_dim_v // _EPI_COLUMNS):
-            rO = cute.make_rmem_tensor(tLcO[None, 0, 0, c].shape, cutlass.Float32)
-            cute.copy(o_load, tLtO[None, 0, 0, c], rO)
-            cute.arch.fence_view_async_tmem_load()
             r_out = cute.make_rmem_tensor(cute.make_layout(_EPI_COLUMNS), self.dtype)
-            r_out.store((cute.make_tensor(rO.iterator, cute.make_layout(_EPI_COLUMNS)).load() * post_scale).to(
-                self.dtype))
+            if cutlass.const_expr(zeros):
+                r_out.fill(0.0)
+            else:
+                rO = cute.make_rmem_tensor(tLcO[None, 0, 0, c].shape, cutlass.Float32)
+                cute.copy(o_load, tLtO[None, 0, 0, c], rO)
+                cute.arch.fence_view_async_tmem_load()
+                r_out.store((cute.make_tensor(rO.iterator, cute.make_layout(_EPI_COLUMNS)).load() * post_scale).to(
+                    self.dtype))
             if tidx < valid:
                 row = cute.local_tile(gO, (1, _EPI_COLUMNS), (tidx, c))
                 vectors = cute.make_layout((vector, _EPI_COLUMNS // vector))

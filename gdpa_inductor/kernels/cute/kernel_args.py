@@ -251,8 +251,37 @@ FWD_ARGS = KernelArgs(
     Arg("bias", lambda plan: fake_score_bias(), lambda plan: plan.score_bias),
 )
 
-# GdpaFwdSm100.__call__: dense, no mask or bias
-FWD_SM100_ARGS = KernelArgs(*_operands("q", "k", "v", "out"), *_scalars("scale", "post_scale", "slope"), _STREAM)
+
+def fake_bias_words(plan):
+    """A fake bias tensor of the Blackwell forward (``GdpaFwdSm100``'s ``mBias``): its values as 32-bit words (16-bit
+    pairs as int32, or fp32) in the (Nq, words a row, Hb, Zb) mode order, every size and stride dynamic but the
+    words' unit stride."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(
+        cutlass.Float32 if plan.bias == "float32" else cutlass.Int32, tuple(cute.sym_int() for _ in range(4)),
+        stride=(cute.sym_int(), 1, cute.sym_int(), cute.sym_int()), assumed_align=4,
+    )
+
+
+def sm100_bias_words(bias: torch.Tensor) -> torch.Tensor:
+    """A bias the Blackwell forward takes (``fwd_support.sm100_bias_support``) -> its 32-bit words in the kernel's
+    (Nq, words a row, Hb, Zb) mode order (a view): 16-bit values in pairs (``score_bias_modes``), fp32 as they are."""
+    if bias.dtype != torch.float32:
+        return score_bias_modes(bias)
+    b = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    return dense_modes(b)
+
+
+# GdpaFwdSm100.__call__
+FWD_SM100_ARGS = KernelArgs(
+    *_operands("q", "k", "v", "out"), *_scalars("scale", "post_scale", "slope"), _STREAM,
+    Arg("rows", lambda plan: fake_rows(), _varlen), Arg("num_m", _int32, _varlen),
+    Arg("band_left", _int32, lambda plan: plan.window), Arg("band_right", _int32, lambda plan: plan.window),
+    Arg("bias", fake_bias_words, lambda plan: bool(plan.bias)),
+)
 # GdpaBwdSm100.__call__: dense, no mask or bias, dQ summed in fp32
 BWD_SM100_ARGS = KernelArgs(
     *_operands("q", "k", "v", "dout"), *_operands("dq", dtype=lambda plan: torch.float32), *_operands("dk", "dv"),

@@ -6,6 +6,8 @@ build. cutlass-dsl is imported here, lazily: the package works without it."""
 
 from __future__ import annotations
 
+import torch
+
 from .bwd_plan import BwdPlan, Sm100BwdPlan
 from .compile_cache import cached_compile
 from .fwd_plan import FwdPlan, Sm100FwdPlan
@@ -36,9 +38,10 @@ def compile_fwd(plan: FwdPlan, keep_ptx: bool = False):
 
 def compile_fwd_sm100(plan: Sm100FwdPlan, keep_ptx: bool = False):
     """The compiled Blackwell forward (``GdpaFwdSm100``) of ``plan``, for ``plan.target``, called with
-    ``FWD_SM100_ARGS.values(plan, ...)`` on [Z, H, N, D] operands in ``dense_modes`` with Nk >= 1. No Blackwell GPU
-    in this project's tests has run it: the dispatch self-checks each build first (``lowering/sm100_forward.py``).
-    ``keep_ptx`` as for ``compile_fwd``."""
+    ``FWD_SM100_ARGS.values(plan, ...)`` on [Z, H, N, D] operands in ``dense_modes`` with Nk >= 1, or a varlen
+    batch's sides in ``row_modes``. No Blackwell GPU in this project's tests has run it: the
+    dispatch self-checks each build first (``lowering/sm100_forward.py``). ``keep_ptx`` as for
+    ``compile_fwd``."""
     def build():
         import cutlass.cute as cute
 
@@ -47,7 +50,8 @@ def compile_fwd_sm100(plan: Sm100FwdPlan, keep_ptx: bool = False):
 
         kernel = GdpaFwdSm100(
             element(plan.dtype), plan.head_dim, plan.head_dim_v, activation_math.forward_form(plan.activation, False),
-            tile_n=plan.tile_n, kv_stages=plan.kv_stages, mask_keys=plan.mask_keys,
+            tile_n=plan.tile_n, kv_stages=plan.kv_stages, mask_keys=plan.mask_keys, causal=plan.causal,
+            window=plan.window, bias=element(getattr(torch, plan.bias)) if plan.bias else None, varlen=plan.varlen,
         )
         return cute.compile(kernel, *FWD_SM100_ARGS.fakes(plan), options=compile_options(keep_ptx, plan.target))
 

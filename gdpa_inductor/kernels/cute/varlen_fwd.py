@@ -10,6 +10,10 @@ always masked (under ``causal`` by the diagonal's mask, as in the dense kernel).
 every sample's diagonal is known to align with the tiles (``varlen_causal_support``), or else a band around each
 sample's diagonal (``varlen_band``: the causal mask at any Nk - Nq, sliding windows, HSTU's ``max_attn_len``) whose
 bounds the kernels take at run time. Which calls it takes is ``varlen_support``'s; the mask is ``varlen_plan``'s.
+
+``gdpa_varlen_fwd_cute_sm100`` launches the Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the same rows:
+one CTA per (query tile, head, sample), the causal mask and windows as a band at any per-sample Nk - Nq. Which calls
+it takes is ``varlen_support.sm100_varlen_fwd_support``'s; no dispatch calls it yet.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import torch
 
 from ..activations import ActivationName
 from ..common.varlen_rows import VarlenSide
-from .fwd_plan import persistent_grid, plan_fwd
-from .kernel_args import FWD_ARGS, offset_arg, row_modes, score_bias_modes
-from .kernel_build import compile_fwd
+from .fwd_plan import persistent_grid, plan_fwd, plan_fwd_sm100
+from .gdpa_fwd import sm100_band, sm100_bias_arg, sm100_bias_name
+from .kernel_args import FWD_ARGS, FWD_SM100_ARGS, offset_arg, row_modes, score_bias_modes
+from .kernel_build import compile_fwd, compile_fwd_sm100
 from .operand_views import is_tensor_bias
 
 _TILE_M = 128
@@ -56,4 +61,32 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
         plan, q=row_modes(q), k=row_modes(k), v=row_modes(v), out=row_modes(o), scale=scale, post_scale=post_scale,
         slope=negative_slope, num_ctas=num_ctas, rows=rows, num_m=num_m, band_left=band_left, band_right=band_right,
         offset=offset_arg(offset), bias=None if tensor_bias is None else score_bias_modes(tensor_bias)))
+    return o
+
+
+def gdpa_varlen_fwd_cute_sm100(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
+                               activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
+                               causal: bool = False, window: tuple[int, int] = (-1, -1),
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the sides of a
+    ``varlen_support.sm100_varlen_fwd_support``-checked call: writes ``out.tensor`` (rows past each sample's length
+    untouched) and returns it. One CTA per (query tile, head, sample), the grid sized by the longest sample.
+    ``causal``, ``window``: the bottom-right aligned mask and the band around it in each sample, at any Nk - Nq;
+    ``bias``: one element, or a tensor ``sm100_varlen_fwd_support`` takes, sample z's query i and key j adding
+    ``bias[z, h, i, j]``. Not yet run on a Blackwell GPU."""
+    q, k, o = qs.tensor, ks.tensor, out.tensor
+    num_m = -(-qs.max_len // _TILE_M)
+    if o.numel() == 0 or num_m * qs.batch == 0:
+        return o
+    if k.numel() == 0 or v.numel() == 0:
+        return o.zero_()
+    rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
+    causal, bounds = sm100_band(causal, window)
+    plan = plan_fwd_sm100(q.dtype, q.shape[-1], activation, causal=causal, window=bounds is not None,
+                          bias=sm100_bias_name(bias), varlen=True)
+    band_left, band_right = bounds or (None, None)
+    compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
+        plan, q=row_modes(q), k=row_modes(k), v=row_modes(v), out=row_modes(o), scale=scale, post_scale=post_scale,
+        slope=negative_slope, rows=rows, num_m=num_m, band_left=band_left, band_right=band_right,
+        bias=sm100_bias_arg(bias, qs.max_len, ks.max_len)))
     return o

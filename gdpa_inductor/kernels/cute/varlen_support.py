@@ -9,7 +9,7 @@ import torch
 from ..activations import ActivationName
 from ..reference_varlen import varlen_batch
 from .bwd_support import BWD_HEAD_DIMS, bwd_bias_support
-from .fwd_support import CAUSAL_TILE, bias_pairs_support, cute_dsl_available, on_sm90, operand_support
+from .fwd_support import CAUSAL_TILE, bias_pairs_support, cute_dsl_available, on_sm90, on_sm100, operand_support
 
 # the dense forward's head dims: past 128 its wide-head tiles (64 keys, O stored from the registers, the rows past
 # each sample's end predicated off)
@@ -108,3 +108,34 @@ def cute_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
                                     BWD_HEAD_DIMS)
     return bwd_bias_support(check, bias, q, v, bias_grad, (varlen_batch(q, k, rows[0], rows[1]), q.shape[-2]),
                             varlen=True)
+
+
+def sm100_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, causal: bool,
+                             window: tuple[int, int], activation: ActivationName, rows: tuple) -> tuple[bool, str]:
+    """(ok, reason) for the Blackwell forward on the varlen op's operands (``[total, H, D]`` or ``[B, N, H, D]``
+    each) and ``rows`` (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k), launched by
+    ``varlen_fwd.gdpa_varlen_fwd_cute_sm100``: an sm_100 GPU, D = Dv in ``SM100_HEAD_DIMS``, k and v of one layout
+    but the last dim, a bias ``varlen_bias_support`` takes (or the same in fp32: its last dim contiguous), a window
+    of bounds >= -1; the causal mask and windows at any per-sample Nk - Nq. No dispatch asks it yet."""
+    from .fwd_plan import SM100_HEAD_DIMS
+
+    kernel = "the CuTe Blackwell varlen forward"
+    if not cute_dsl_available():
+        return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
+    if not on_sm100(q.device):
+        return False, f"{kernel} is built for sm_100"
+    fp32 = bias is not None and bias.numel() != 1 and bias.dtype == torch.float32
+    # an fp32 bias: the 16-bit rules but its dtype and the pairs (read one value a word)
+    stand_in = torch.empty_strided(bias.shape, bias.stride(), dtype=q.dtype, device="meta") if fp32 else bias
+    ok, reason = varlen_bias_support(stand_in, q, k, kernel)
+    if not ok and not (fp32 and "pairs" in reason):
+        return ok, reason
+    if fp32 and (bias.stride(-1) != 1 or bias.data_ptr() % 4):
+        return False, f"{kernel} reads an fp32 bias with its last dim contiguous, 4-byte aligned"
+    if len(window) != 2 or min(window) < -1:
+        return False, f"{kernel} takes a window of two bounds, each -1 (none) or >= 0 (got {window})"
+    if q.shape[-1] != v.shape[-1]:
+        return False, f"{kernel} needs D = Dv (got D={q.shape[-1]}, Dv={v.shape[-1]})"
+    if k.shape[:-1] != v.shape[:-1]:
+        return False, f"{kernel} needs k and v of one shape but the last dim (got {tuple(k.shape)}, {tuple(v.shape)})"
+    return operand_support(q, k, v, activation, SM100_HEAD_DIMS, kernel)

@@ -1,0 +1,53 @@
+"""Which key tiles a query tile computes under a band mask, and which of them need no per-score mask: plain integer
+arithmetic, traced by the Blackwell forward (``min``/``max`` passed as ``cutlass.min``/``cutlass.max``) and run as it is
+by the CPU tests against a brute-force mask.
+
+Key j is kept for query i of a sample of ``nq`` queries and ``nk`` keys iff ``0 <= j < nk`` and
+``-left <= j - i - (nk - nq) <= right`` (``window_bounds.band_limits``: causal is ``right = 0``, a side without bound
+``UNBOUNDED``). Only the query tile's rows below ``nq`` count: the rest are never stored. Every numerator of a
+division is made non-negative first, so truncating and flooring division agree.
+"""
+
+from __future__ import annotations
+
+
+def band_key_tiles(m_blk, nq, nk, left, right, tile_m: int, tile_n: int, smaller=min, larger=max):
+    """(first, count): the key tiles query tile ``m_blk`` computes, from that of its first row's first kept key to
+    that of its last row's last, clipped to the ``nk`` > 0 keys; at least one, so a query tile whose band misses
+    every key runs one wholly masked tile (O = 0)."""
+    shift = nk - nq
+    row0 = m_blk * tile_m
+    row1 = smaller(row0 + tile_m, nq) - 1
+    lo = larger(row0 + shift - left, 0)
+    hi = smaller(row1 + shift + right, nk - 1)
+    first = smaller(lo // tile_n, (nk + tile_n - 1) // tile_n - 1)
+    return first, larger(larger(hi, 0) // tile_n - first + 1, 1)
+
+
+def unmasked_key_tiles(m_blk, nq, nk, left, right, tile_m: int, tile_n: int, smaller=min, larger=max):
+    """[begin, end): the key tiles whose every score is kept for every row of query tile ``m_blk`` below ``nq``
+    (whole tiles within ``nk``, inside the band for the last row's left bound and the first row's right bound); the
+    computed tiles outside it take the per-score mask. Empty (begin >= end) where no tile is whole."""
+    shift = nk - nq
+    row0 = m_blk * tile_m
+    row1 = smaller(row0 + tile_m, nq) - 1
+    begin = (larger(row1 + shift - left, 0) + tile_n - 1) // tile_n
+    end = smaller(larger(row0 + shift + right + 1, 0) // tile_n, nk // tile_n)
+    return begin, end
+
+
+def tile_limits(m_blk, n_blk, nq, nk, left, right, tile_m: int, tile_n: int):
+    """(valid, least, greatest) of key tile ``n_blk`` for query tile ``m_blk``: the score at tile coordinate (r, c) is
+    kept iff c < valid (its key within ``nk``) and least <= c - r <= greatest (``score_kept``), as key j = n0 + c is
+    kept for query i = m0 + r iff -left <= j - i - (nk - nq) <= right."""
+    shift = n_blk * tile_n - m_blk * tile_m - (nk - nq)
+    return nk - n_blk * tile_n, 0 - left - shift, right - shift
+
+
+def score_kept(col, row, limits, lower: bool = True):
+    """Whether the score at tile coordinate (``row``, ``col``) is kept under ``tile_limits``' ``limits`` (``lower``
+    False: no left bound, the causal mask alone); written with ``&`` so that it takes the kernel's values and tensors
+    of coordinates alike."""
+    valid, least, greatest = limits
+    kept = (col < valid) & (col - row <= greatest)
+    return kept & (col - row >= least) if lower else kept
