@@ -8,8 +8,8 @@ op's dispatch, support checks and launcher (``benchmarks/host.py overhead``).
 
 That path is taken where every choice the op makes can be made when the graph compiles: CUDA tensors of static
 shapes, Triton chosen, and no gradient added by atomics into a broadcast input's shared buffer (tracing would copy
-that buffer). Where the machine has the CuTe kernels (sm_90; on sm_100 the dense forward's Blackwell kernel), a
-call they may take goes through the opaque op when the GPU time they save (estimated from the call's FLOPs)
+that buffer). Where the machine has the CuTe kernels (sm_90; on sm_100 the dense forward's and backward's Blackwell
+kernels), a call they may take goes through the opaque op when the GPU time they save (estimated from the call's FLOPs)
 outweighs that op's host time, or under CUDA graphs; smaller calls are launched by the graph on Triton. Every other
 call is one call of the opaque op (``ops.py``, ``varlen_ops.py``) that chooses, and falls back, per call. If
 Inductor cannot compile the direct launches, the backend compiles the graph again with this path off (``disabled``).
@@ -104,16 +104,16 @@ def cute_worth_opaque_call(flops: float, backward: bool) -> tuple[bool, str]:
 
 def triton_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
                   *others: torch.Tensor | None, flops: float, backward: bool,
-                  dense_forward: tuple[bool, str] | None = None) -> bool:
+                  dense: tuple[bool, str] | None = None) -> bool:
     """Whether this call launches the Triton kernels from the compiled graph (``others``: its other tensors;
-    ``flops``: its forward's, ``forward_flops``; ``dense_forward``: the (causal, activation) of a dense forward, the
-    one call sm_100's CuTe forward may take)."""
+    ``flops``: its forward's, ``forward_flops``; ``dense``: the (causal, activation) of a dense call, the calls
+    sm_100's CuTe kernels may take)."""
     if _disabled or q.device.type != "cuda" or interpreting() or config.backend not in ("auto", "triton"):
         return False
     if not _static(q, k, v, bias, *others):
         return False
     if config.backend == "auto":
-        if cute_machine(q, v, bias, dense_forward):
+        if cute_machine(q, v, bias, dense, backward):
             worth, why = cute_worth_opaque_call(flops, backward)
             log.debug("gdpa: %s", why)
             if worth:
@@ -125,20 +125,21 @@ def triton_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
     return ok
 
 
-def cute_machine(q: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-                 dense_forward: tuple[bool, str] | None) -> bool:
+def cute_machine(q: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dense: tuple[bool, str] | None,
+                 backward: bool = False) -> bool:
     """Whether the opaque op may run this call on CuTe: on sm_90 any call (the op checks the rest), on sm_100 a dense
-    forward the Blackwell forward may take (``sm100_forward.may_take``; its estimate of the time saved is Hopper's,
-    as nothing has been measured there)."""
+    forward or backward (``dense``: its (causal, activation); ``backward``: which) the Blackwell kernel may take
+    (``sm100_forward.may_take``, ``sm100_backward.may_take``; the estimate of the time saved is Hopper's, as nothing
+    has been measured there)."""
     from ..kernels.cute.fwd_support import machine_support
 
     if machine_support(q.device)[0]:
         return True
-    if dense_forward is None:
+    if dense is None:
         return False
-    from .sm100_forward import may_take
+    from . import sm100_backward, sm100_forward
 
-    return may_take(q, v, bias, *dense_forward)
+    return (sm100_backward if backward else sm100_forward).may_take(q, v, bias, *dense)
 
 
 _registered = False
@@ -166,7 +167,7 @@ def register() -> None:
     ) -> torch.Tensor:
         args = (q, k, v, bias, activation, scale, post_scale, causal, negative_slope)
         if triton_direct(q, k, v, bias, flops=dense_flops(q, k, v, causal), backward=False,
-                         dense_forward=(causal, activation)):
+                         dense=(causal, activation)):
             from ..kernels.triton.gdpa_fwd import gdpa_fwd_triton
 
             return gdpa_fwd_triton(*args, traced=True)
@@ -187,7 +188,8 @@ def register() -> None:
         bias_requires_grad: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         args = (dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope, bias_requires_grad)
-        if triton_direct(q, k, v, bias, dout, flops=dense_flops(q, k, v, causal), backward=True):
+        if triton_direct(q, k, v, bias, dout, flops=dense_flops(q, k, v, causal), backward=True,
+                         dense=(causal, activation)):
             from ..kernels.triton.gdpa_bwd import gdpa_bwd_triton
             from ..kernels.triton.layout import atomic_grads
 

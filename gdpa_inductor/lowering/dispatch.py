@@ -1,6 +1,6 @@
 """Which implementation runs a GDPA call, and why: the CuTe-DSL Hopper kernels where they support the case (on
-sm_100 the Blackwell dense forward, once self-checked on the device), Triton where it supports the case, else the
-reference.
+sm_100 the Blackwell dense forward and backward, each build once self-checked on the device), Triton where it
+supports the case, else the reference.
 
 Every decision returns (name, reason) and is logged at debug level on the ``gdpa_inductor`` logger, so
 "why did this not use the fused kernel?" always has an answer.
@@ -56,14 +56,23 @@ def select_forward_impl(q, k, v, bias, causal: bool, activation: ActivationName)
     return _cute_else_select(support, q, k, v, bias, causal, activation, "forward")
 
 
-def select_backward_impl(q, k, v, bias, causal: bool, activation: ActivationName, bias_grad: bool = False) -> str:
+def select_backward_impl(q, k, v, bias, causal: bool, activation: ActivationName, bias_grad: bool = False,
+                         dout: torch.Tensor | None = None) -> str:
     """The dense backward's path: see ``_cute_else_select``. ``bias_grad``: whether the call wants the bias's
-    gradient (not in the CuTe backward)."""
+    gradient; ``dout``: the output's gradient (None: one of the output's shape and dtype). On sm_100 "cute" is the
+    Blackwell backward, where it covers the call and its build passed its first-use self-check
+    (``sm100_backward``)."""
 
     def support(q, k, v, bias, causal, activation):
         from ..kernels.cute.bwd_support import cute_bwd_support
+        from ..kernels.cute.fwd_support import on_sm100
 
-        return cute_bwd_support(q, k, v, bias, causal, activation, bias_grad)
+        ok, reason = cute_bwd_support(q, k, v, bias, causal, activation, bias_grad)
+        if not ok and on_sm100(q.device):
+            from .sm100_backward import sm100_backward_support
+
+            return sm100_backward_support(q, k, v, bias, causal, activation, bias_grad, dout)
+        return ok, reason
 
     return _cute_else_select(support, q, k, v, bias, causal, activation, "backward")
 

@@ -55,6 +55,12 @@ def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, ne
 
     def run_path(impl):
         if impl == "cute":
+            from ..kernels.cute.fwd_support import on_sm100
+
+            if on_sm100(q.device):
+                from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_sm100_op
+
+                return gdpa_bwd_cute_sm100_op(dout, q, k, v, activation, scale, post_scale, negative_slope)
             from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_op
 
             return gdpa_bwd_cute_op(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias,
@@ -65,7 +71,7 @@ def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, ne
             return gdpa_bwd_triton(*args)
         return gdpa_reference_backward(*args)
 
-    impl = select_backward_impl(q, k, v, bias, causal, activation, bias_requires_grad)
+    impl = select_backward_impl(q, k, v, bias, causal, activation, bias_requires_grad, dout)
     kind = fallback.call_kind("backward", q, v, bias, activation, causal, bias_requires_grad)
     return fallback.run(impl, kind, run_path, (q, k, v, bias))
 

@@ -238,8 +238,9 @@ def test_hopper_takes_its_cute_forward_with_no_self_check(sm100, gen, monkeypatc
 ])
 def test_the_compiled_graph_sends_a_covered_forward_to_the_opaque_op(sm100, change, takes):
     """``direct_launch.cute_machine`` on fake-like (meta) tensors: sm_100 dense forwards the Blackwell forward may
-    take go through the opaque op (which checks the build at run time); a backward never (no Blackwell backward),
-    nor a forward whose build failed its check."""
+    take go through the opaque op (which checks the build at run time); a call the graph gives no (causal,
+    activation) of a dense call never, nor a forward whose build failed its check (the backward's:
+    tests/lowering/test_sm100_backward.py)."""
     d = change.get("d", 64)
     dtype = change.get("dtype", torch.bfloat16)
     q, v = (torch.empty(2, 4, 256, d, device="meta", dtype=dtype) for _ in range(2))

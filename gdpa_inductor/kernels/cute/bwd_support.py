@@ -78,8 +78,9 @@ def sm100_bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
     """(ok, reason) for the Blackwell backward (``GdpaBwdSm100``, launched by ``gdpa_bwd.gdpa_bwd_cute_sm100``) on
     [Z, H, N, D] operands: an sm_100 GPU, no causal mask and no bias (the kernel has neither), D = Dv in
     ``SM100_BWD_HEAD_DIMS``, grad_out of q's shape and dtype, and ``operand_support``'s dtypes and TMA layouts (grad_out
-    is copied where TMA cannot read it). Empty query or key ranges take no kernel (zero gradients). No dispatch asks
-    it yet: no Blackwell GPU has run the kernel."""
+    is copied where TMA cannot read it). Empty query or key ranges take no kernel (zero gradients). The dispatch asks
+    it on sm_100 (``lowering/sm100_backward.py``), then the self-check of the call's build: no Blackwell GPU in this
+    project's tests has run the kernel."""
     from .bwd_plan import SM100_BWD_HEAD_DIMS
 
     kernel = "the CuTe Blackwell backward"

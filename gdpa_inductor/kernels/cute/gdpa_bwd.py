@@ -1,7 +1,8 @@
 """Launchers of the CuTe-DSL backwards on a dense batch: plan the call (``bwd_plan``), allocate dQ, dK, dV and
 dbias's buffer, launch the build (``kernel_build``) with its schema's arguments (``kernel_args``) and hand the
 kernel's sums to the host's last steps (``bwd_results``). Which calls they take is ``bwd_support``'s. The Hopper
-backward is the dispatch's; the Blackwell one (``gdpa_bwd_cute_sm100``) is called by no dispatch yet."""
+backward is the dispatch's; the Blackwell one (``gdpa_bwd_cute_sm100``) the dispatch's on sm_100 once its build has
+passed its first-use self-check (``lowering/sm100_backward.py``)."""
 
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ def gdpa_bwd_cute_sm100(
     sample; dQ summed unscaled in fp32 by the kernel, scaled and rounded here (``dq_of_sums``). Grouped heads run per
     query head on K and V repeated, dK and dV summed over each group after. ``plan``: the build to run (None:
     ``plan_bwd_sm100``'s, the mask of queries past Nq where Nq is not a multiple of the 128-row query tile). Not yet
-    run on a Blackwell GPU: a caller checks its results on the device first."""
+    run on a Blackwell GPU: the dispatch checks each build's results on the device first."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
@@ -150,7 +151,7 @@ def gdpa_bwd_cute_sm100(
         # no key tile to run, or no query to add anything: the gradients are zero
         return torch.zeros_like(q), k.new_zeros(k.shape), v.new_zeros(v.shape)
     if plan is None:
-        plan = plan_bwd_sm100(q.dtype, d, activation, mask_queries=nq % SM100_BWD_TILE != 0)
+        plan = plan_dense_bwd_sm100(q, activation)
     group = h // hkv
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
@@ -166,3 +167,22 @@ def gdpa_bwd_cute_sm100(
         dk = dk.view(z, hkv, group, nk, d).sum(2)
         dv = dv.view(z, hkv, group, nk, d_v).sum(2)
     return dq, dk, dv
+
+
+def plan_dense_bwd_sm100(q: torch.Tensor, activation: ActivationName) -> Sm100BwdPlan:
+    """The plan of ``gdpa_bwd_cute_sm100``'s call on this [Z, H, Nq, D] q: the build its self-check keys on (the mask
+    of queries past Nq where Nq is not a multiple of the 128-row query tile)."""
+    return plan_bwd_sm100(q.dtype, q.shape[-1], activation, mask_queries=q.shape[2] % SM100_BWD_TILE != 0)
+
+
+def gdpa_bwd_cute_sm100_op(grad_out, q, k, v, activation: ActivationName, scale: float, post_scale: float,
+                           negative_slope: float):
+    """The op's backward on the Blackwell kernel: operands in the op's [..., H, N, D] layout, batch dims broadcasting
+    (``bwd_support.sm100_bwd_supported`` checked on their 4-D views) -> (dq, dk, dv, None) in the inputs' shapes
+    (the gradient of an operand broadcast over batch dims summed over them)."""
+    (q4, k4, v4), batch = flatten_batch(q, k, v)
+    do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])
+    grads = gdpa_bwd_cute_sm100(q4, k4, v4, do4, activation, scale, post_scale, negative_slope,
+                                plan=plan_dense_bwd_sm100(q4, activation))
+    dq, dk, dv = (g.reshape(*batch, *g.shape[1:]).sum_to_size(t.shape) for g, t in zip(grads, (q, k, v)))
+    return dq, dk, dv, None

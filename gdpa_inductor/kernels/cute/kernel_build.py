@@ -61,7 +61,8 @@ def compile_fwd_sm100(plan: Sm100FwdPlan, keep_ptx: bool = False):
 def compile_bwd_sm100(plan: Sm100BwdPlan, keep_ptx: bool = False):
     """The compiled Blackwell backward (``GdpaBwdSm100``) of ``plan``, for ``plan.target``, called with
     ``BWD_SM100_ARGS.values(plan, ...)`` on [Z, H, N, D] operands in ``dense_modes`` with Nq, Nk >= 1 and dQ's
-    zeroed fp32 sums. No dispatch takes it: no Blackwell GPU has run it. ``keep_ptx`` as for ``compile_fwd``."""
+    zeroed fp32 sums. No Blackwell GPU in this project's tests has run it: the dispatch self-checks each build first
+    (``lowering/sm100_backward.py``). ``keep_ptx`` as for ``compile_fwd``."""
     def build():
         import cutlass.cute as cute
 
