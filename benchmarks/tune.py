@@ -25,6 +25,7 @@ from gdpa_inductor.kernels.triton.tile_configs import (
     FwdConfig,
     default_bwd_configs,
     default_varlen_bwd_configs,
+    tile_capability,
 )
 from gdpa_inductor.kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
 from gdpa_inductor.lowering.varlen_ops import _sides
@@ -92,7 +93,8 @@ def run_triton(args):
             print(f"BEST fwd {shape}: {best}", flush=True)
         if "bwd" in args.what:
             best = None
-            kv_default, q_default = default_bwd_configs(d, d, dtype, nk)
+            kv_default, q_default = default_bwd_configs(d, d, dtype, nk,
+                                                        capability=tile_capability(torch.device("cuda")))
             candidates = []
             if args.bwd_grid in ("kv", "all"):
                 candidates += [(c, q_default) for c in KV_GRID]
@@ -181,7 +183,8 @@ def run_varlen(args):
     shapes = [(int(s.split(":")[0]), float(s.split(":")[1])) for s in args.shapes]
     problems = {s: _problem(*s, gen) for s in shapes}
     first = shapes[0]
-    default = default_varlen_bwd_configs(D, D, torch.bfloat16, first[0])
+    default = default_varlen_bwd_configs(D, D, torch.bfloat16, first[0],
+                                         capability=tile_capability(torch.device("cuda")))
     expected = {s: _bwd(p, default) for s, p in problems.items()}
     rows = []
 

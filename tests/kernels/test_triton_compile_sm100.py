@@ -1,50 +1,100 @@
-"""The Triton kernels compile for a B200 (sm_100a) without a GPU: cubin produced, the matmuls lowered to Blackwell's
-tensor-core instructions (tcgen05.mma, accumulators in tensor memory), tanh.approx for the half-precision
-activations, and register spills within the Hopper budget. No Blackwell GPU has run them: this is what a CPU can
-check. On sm_100 the dispatch takes these kernels (the CuTe kernels are built for sm_90 only).
+"""The Triton kernels compile for a B200 (sm_100a) without a GPU, with the tiles the launchers choose for it
+(``tile_configs``, compute capability 10): cubin produced, the matmuls lowered to Blackwell's tensor-core instructions
+(tcgen05.mma, accumulators in tensor memory; no wgmma), tanh.approx for the half-precision activations, and no
+register spill: zero bytes of local-memory spill stores and loads, with one bounded exception (``WIDE_DKDV_SPILL``).
+No Blackwell GPU has run these kernels or measured these tiles: this is what a CPU can check. On sm_100 the dispatch
+takes these kernels (the CuTe kernels are built for sm_90 only).
 
-The compiles go through the same worker and report store as the sm_90a checks (``triton_compile_reports``), with
-the case's target set to compute capability 10.0.
+The cases cover every branch of the sm_100 tile choices for each kernel family the dispatch can start: the dense
+forward (head dims up to 64; up to 128 at short kv with and without a bias, and at long kv; the wider ones up to 256),
+the TMA forward, both dense backward kernels (dK/dV with dBias, and dQ), the varlen forward and backward (short and
+long kv, the causal window, a shared bias with its grouped and its per-sample dBias), the varlen sample schedule (no
+matmul; 4 and 16 warps), and fp32 (IEEE dots: no tensor cores, no tanh.approx). The compiles go through the same
+worker and report store as the sm_90a checks (``triton_compile_reports``), with the case's target set to compute
+capability 10.0: the launchers choose the tiles for it.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_triton_compile_sm90 import DENSE_KERNELS, SPILL_BUDGET, TMA_KERNELS, VARLEN_KERNELS
+from test_triton_compile_sm90 import DENSE_KERNELS, TMA_KERNELS, VARLEN_KERNELS
 from triton_compile_reports import case_id
 
 from gdpa_inductor.kernels.cute import fwd_support
 
-# (dtype, head dim, activation, variant, kv length): each kernel family at short and long kv, with and without the
-# masks and the bias, in both half-precision dtypes, and fp32 (IEEE dots: no tensor cores, no tanh.approx).
+# (dtype, head dim, activation, variant, kv length); for the schedule, the last is the number of samples.
 CASES = [
-    ("bf16", 128, "silu", "plain", 256),
+    # dense, head dims up to 64: short kv causal, long kv with a bias and dBias
     ("bf16", 64, "gelu", "causal", 256),
+    ("fp16", 64, "silu", "bias", 2048),
+    # dense, head dims up to 128: short kv without and with a bias, long kv causal and with a bias
+    ("bf16", 128, "silu", "plain", 256),
     ("bf16", 128, "gelu", "bias", 256),
+    ("bf16", 128, "gelu_tanh", "causal", 2048),
     ("fp16", 128, "gelu", "bias", 2048),
+    # the wider head dims the dispatch sends to Triton (up to 256)
+    ("bf16", 256, "silu", "bias", 2048),
+    ("fp16", 256, "gelu", "causal", 256),
+    # varlen: long and short kv, the causal window, a shared bias (grouped atomic dBias at short kv), wide heads
     ("bf16", 128, "silu", "varlen", 2048),
     ("bf16", 128, "silu", "varlen_window", 256),
-    ("bf16", 128, "silu", "varlen_bias", 1024),
+    ("bf16", 64, "gelu", "varlen_window", 512),
+    ("bf16", 128, "silu", "varlen_bias", 256),
+    ("fp16", 128, "gelu_tanh", "varlen_bias", 1024),
+    ("bf16", 256, "silu", "varlen", 1024),
+    # the TMA forward (half precision, head dims up to 128; no bias)
     ("bf16", 128, "gelu_tanh", "tma", 256),
     ("bf16", 64, "silu", "tma_causal", 2048),
+    ("fp16", 128, "silu", "tma", 2048),
+    # the varlen sample schedule: one program of 4 warps, and of 16 from 1024 samples on
+    ("bf16", 128, "silu", "schedule", 64),
+    ("bf16", 128, "silu", "schedule", 1152),
+    # fp32
     ("fp32", 64, "silu", "plain", 256),
+    ("fp32", 128, "gelu", "bias", 2048),
+    ("fp32", 256, "silu", "causal", 256),
+    ("fp32", 128, "silu", "varlen_window", 256),
+    ("fp32", 64, "gelu", "varlen_bias", 1024),
 ]
+SCHEDULE_KERNELS = {"varlen_schedule_kernel"}
+DKDV_KERNELS = {"gdpa_bwd_dkdv_kernel", "gdpa_varlen_bwd_dkdv_kernel"}
+# The exception: in half precision above D=128 the dK/dV kernels carry two [64, 256] fp32 accumulators in registers
+# through their query loops, and no tile compiles spill-free for sm_100a (the least, 16x64 with 8 warps and one
+# stage, spills 40-132 bytes); bounded here so that a worse tile fails.
+WIDE_DKDV_SPILL = 256
+
+
+def _spill_allowed(case, name: str) -> int:
+    return WIDE_DKDV_SPILL if case[0] != "fp32" and case[1] > 128 and name in DKDV_KERNELS else 0
+
+
+def _expected(variant: str) -> set[str]:
+    family = variant.split("_")[0]
+    return {"varlen": VARLEN_KERNELS, "tma": TMA_KERNELS, "schedule": SCHEDULE_KERNELS}.get(family, DENSE_KERNELS)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_sm100_compile(case, triton_reports, subtests):
     kernels = triton_reports.report({"case": list(case), "capability": 100})
     variant = case[3]
-    expected = {"varlen": VARLEN_KERNELS, "tma": TMA_KERNELS}.get(variant.split("_")[0], DENSE_KERNELS)
-    assert expected == set(kernels), sorted(kernels)
+    assert _expected(variant) == set(kernels), sorted(kernels)
     for name, k in kernels.items():
         with subtests.test(f"{name}: cubin for sm_100a"):
             assert k["cubin_bytes"] > 0, "no cubin"
             assert k["target"] == "sm_100a"
+        with subtests.test(f"{name}: no spills"):
+            allowed = _spill_allowed(case, name)
+            assert k["spill_stores"] <= allowed and k["spill_loads"] <= allowed, (
+                f"{k['spill_stores']} B spill stores, {k['spill_loads']} B spill loads "
+                f"({k['registers']} registers, {k['num_warps']} warps); {allowed} B allowed")
+        if name in SCHEDULE_KERNELS:
+            with subtests.test(f"{name}: no matmul"):
+                assert k["tcgen05_mma"] == 0 and k["wgmma"] == 0
+            continue
         if case[0] == "fp32":
-            with subtests.test(f"{name}: no tanh.approx in fp32"):
-                assert k["tanh_approx"] == 0
+            with subtests.test(f"{name}: no tanh.approx, no tensor cores in fp32"):
+                assert k["tanh_approx"] == 0 and k["tcgen05_mma"] == 0 and k["wgmma"] == 0
             continue
         if name == "gdpa_fwd_tma_kernel":
             with subtests.test(f"{name}: TMA copies"):
@@ -54,10 +104,6 @@ def test_sm100_compile(case, triton_reports, subtests):
                 f"{k['tcgen05_mma']} tcgen05.mma, {k['wgmma']} wgmma: the matmuls are not on Blackwell's tensor cores")
         with subtests.test(f"{name}: tanh.approx"):
             assert k["tanh_approx"] > 0
-        with subtests.test(f"{name}: spills within budget"):
-            assert k["spill_stores"] <= SPILL_BUDGET and k["spill_loads"] <= SPILL_BUDGET, (
-                f"{k['spill_stores']} B spill stores, {k['spill_loads']} B spill loads "
-                f"({k['registers']} registers, {k['num_warps']} warps); budget {SPILL_BUDGET} B")
 
 
 @pytest.mark.parametrize("major, hopper", [(9, True), (10, False), (12, False)])

@@ -2,10 +2,12 @@
 case).
 
 A case drives the package's own launchers (gdpa_fwd_triton, gdpa_bwd_triton, and the varlen ones, whose sample
-schedule is built by its torch fallback on CPU tensors) on CPU tensors of a typical shape, with a stand-in driver
-that reports the case's target (sm_90 unless the spec says ``capability``), and turns each kernel launch into a
-compile-only warmup: the kernels are therefore compiled with exactly the block sizes, warps, stages, flags and
-argument specializations (16-byte alignment, unit strides) that a real launch on an H100 (or a B200) would use.
+schedule is built by its torch fallback on CPU tensors; a "schedule" case compiles the schedule's kernel) on CPU
+tensors of a typical shape, with a stand-in driver that reports the case's target (sm_90 unless the spec says
+``capability``), the launchers told that the tensors are on a GPU of that capability (their tiles and flags follow
+it), and each kernel launch turned into a compile-only warmup: the kernels are therefore compiled with exactly the
+block sizes, warps, stages, flags and argument specializations (16-byte alignment, unit strides) that a real launch
+on an H100 (or a B200) would use.
 The register report is the one Triton's own ptxas run prints (``knobs.nvidia.dump_ptxas_log``), so each kernel goes
 through ptxas once.
 
@@ -86,6 +88,7 @@ def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:
         tma_support,
         varlen_bwd,
         varlen_fwd,
+        varlen_schedule,
     )
     from gdpa_inductor.kernels.triton.varlen_schedule import varlen_sides
 
@@ -106,17 +109,19 @@ def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:
 
     triton.runtime.driver.set_active(SM90Driver())
 
-    # The launchers choose TANH_APPROX from the tensors' device; the tensors here are CPU stand-ins for
-    # CUDA ones.
+    # The launchers choose TANH_APPROX and the tiles from the tensors' device; the tensors here are CPU stand-ins
+    # for CUDA ones.
     real_flags = layout.kernel_flags
     modules = (gdpa_fwd, gdpa_fwd_tma, gdpa_bwd, varlen_fwd, varlen_bwd)
     # The TMA forward is chosen only on a Hopper GPU; the "tma" cases stand the CPU tensors in for one.
     tma_support.on_tma_gpu = lambda device: variant.startswith("tma")
     for module in modules:
         module.kernel_flags = lambda dtype, device: real_flags(dtype, torch.device("cuda"))
+        if hasattr(module, "tile_capability"):
+            module.tile_capability = lambda device: capability // 10
 
     compiles.kernels = {}
-    for module in modules:
+    for module in (*modules, varlen_schedule):
         for kernel in vars(module).values():
             if isinstance(kernel, JITFunction) and kernel.__name__.endswith("_kernel"):
                 def compile_only(*args, grid, warmup, _kernel=kernel, **kwargs):
@@ -126,6 +131,17 @@ def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
     gen = torch.Generator().manual_seed(0)
+    if variant == "schedule":
+        # the varlen sample schedule of ``seq_len`` jagged samples (the kernel a CUDA call launches; CPU tensors
+        # otherwise take the torch ops)
+        cu = torch.arange(seq_len + 1, dtype=torch.int32)
+        q = torch.randn(seq_len, HEADS, d, generator=gen).to(dtype)
+        varlen_schedule.interpreting = lambda: True
+        try:
+            varlen_sides(q, q, cu, cu, None, None, 1, 1, seq_len)
+        finally:
+            varlen_schedule.interpreting = layout.interpreting
+        return _report(compiles, capability)
     if variant.startswith("varlen"):
         lengths = torch.tensor([seq_len, seq_len // 2, 1], dtype=torch.int32)
         cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)])

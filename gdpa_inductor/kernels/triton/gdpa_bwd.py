@@ -20,7 +20,7 @@ from ..activations import ActivationName, get_activation
 from ..common.layout import as_4d
 from .activation_math import activate_and_grad, fp32_factors
 from .layout import block_dim, fit_tile, grad_buffer, kernel_flags, launcher, strides4
-from .tile_configs import BwdConfig, default_bwd_configs
+from .tile_configs import BwdConfig, default_bwd_configs, tile_capability
 from .tile_order import causal_key_tiles, query_tile_program
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
@@ -265,7 +265,7 @@ def gdpa_bwd_triton(
     zb = q4.shape[0]
     do4 = as_4d(dout, batch)
     b4 = as_4d(bias.expand(*batch, h, nq, nk), batch) if bias is not None else None
-    kv_cfg, q_cfg = configs or default_bwd_configs(d, dv_dim, v.dtype, nk)
+    kv_cfg, q_cfg = configs or default_bwd_configs(d, dv_dim, v.dtype, nk, capability=tile_capability(v.device))
     kv_cfg, q_cfg = fit_tile(kv_cfg, nq, nk), fit_tile(q_cfg, nq, nk)
     dq_buf = grad_buffer(q, (zb, h, nq, d), batch)
     dk_buf = grad_buffer(k, (zb, hkv, nk, d), batch)

@@ -16,7 +16,7 @@ from ..activations import ActivationName, get_activation
 from ..common.layout import as_4d
 from .activation_math import activate, fp32_factors
 from .layout import block_dim, fit_tile, kernel_flags, launcher, strides4
-from .tile_configs import TMA_CONFIG, FwdConfig, default_fwd_config
+from .tile_configs import FwdConfig, default_fwd_config, tile_capability, tma_fwd_config
 from .tile_order import causal_key_tiles, query_tile_program
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
@@ -127,15 +127,16 @@ def gdpa_fwd_triton(
     b4 = as_4d(bias.expand(*batch, h, nq, nk), batch) if bias is not None else None
     out = torch.empty((*batch, h, nq, dv), dtype=v.dtype, device=v.device)
     o4 = out.view(q4.shape[0], h, nq, dv)
+    capability = tile_capability(v.device)
     if config is None and not traced:
         from .gdpa_fwd_tma import gdpa_fwd_tma
         from .tma_support import tma_supported
 
         if tma_supported(q4, k4, v4, b4):
             gdpa_fwd_tma(q4, k4, v4, o4, activation, scale, post_scale, causal, negative_slope,
-                         fit_tile(TMA_CONFIG, nq, nk))
+                         fit_tile(tma_fwd_config(capability), nq, nk))
             return out
-    cfg = fit_tile(config or default_fwd_config(d, dv, v.dtype, nk, bias is not None), nq, nk)
+    cfg = fit_tile(config or default_fwd_config(d, dv, v.dtype, nk, bias is not None, capability=capability), nq, nk)
     grid = (triton.cdiv(nq, cfg.block_m) * q4.shape[0] * h,)
     launcher(gdpa_fwd_kernel, traced)[grid](
         q4, k4, v4, b4 if b4 is not None else q4, o4,

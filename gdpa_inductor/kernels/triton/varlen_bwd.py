@@ -18,7 +18,7 @@ from ..common.varlen_rows import VarlenSide, with_tensor
 from ..common.window_bounds import UNBOUNDED, band_limits
 from .activation_math import activate_and_grad, fp32_factors
 from .layout import FULL_GRAD_BUFFER_BYTES, block_dim, fit_tile, kernel_flags, launcher
-from .tile_configs import default_varlen_bwd_configs
+from .tile_configs import default_varlen_bwd_configs, tile_capability
 from .varlen_bounds import band_keep, key_span, query_span
 from .varlen_fwd import bias_view
 from .varlen_schedule import program_work
@@ -257,7 +257,8 @@ def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: to
     h, d = q.tensor.shape[-2:]
     hkv, dv_dim = v.shape[-2:]
     left, right = band_limits(causal, window)
-    kv_cfg, q_cfg = configs or default_varlen_bwd_configs(d, dv_dim, v.dtype, k.max_len)
+    kv_cfg, q_cfg = configs or default_varlen_bwd_configs(d, dv_dim, v.dtype, k.max_len,
+                                                            capability=tile_capability(v.device))
     kv_cfg, q_cfg = fit_tile(kv_cfg, q.max_len, k.max_len), fit_tile(q_cfg, q.max_len, k.max_len)
     dq_side, dq = _grad_buffer(q, q.tensor)
     dk_side, dk = _grad_buffer(k, k.tensor)

@@ -19,7 +19,7 @@ from ..common.varlen_rows import VarlenSide
 from ..common.window_bounds import UNBOUNDED, band_limits
 from .activation_math import activate, fp32_factors
 from .layout import block_dim, fit_tile, kernel_flags, launcher
-from .tile_configs import default_varlen_fwd_config
+from .tile_configs import default_varlen_fwd_config, tile_capability
 from .varlen_bounds import band_keep, key_span
 from .varlen_schedule import program_work
 
@@ -122,7 +122,8 @@ def gdpa_varlen_fwd_triton(q: VarlenSide, k: VarlenSide, v: torch.Tensor, bias: 
     h, d = q.tensor.shape[-2:]
     hkv, dv = v.shape[-2:]
     left, right = band_limits(causal, window)
-    cfg = fit_tile(config or default_varlen_fwd_config(d, dv, v.dtype, k.max_len), q.max_len, k.max_len)
+    cfg = fit_tile(config or default_varlen_fwd_config(d, dv, v.dtype, k.max_len,
+                                                    capability=tile_capability(v.device)), q.max_len, k.max_len)
     grid = (triton.cdiv(q.max_len, cfg.block_m) * h * q.batch,)
     b4, b_strides = bias_view(bias, q, k)
     launcher(gdpa_varlen_fwd_kernel, traced)[grid](
