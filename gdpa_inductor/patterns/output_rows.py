@@ -11,6 +11,7 @@ which follow views as the real ones do) and then one integer index along the row
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from typing import Callable, Optional
@@ -102,7 +103,7 @@ def _apply_view(user: fx.Node, node: fx.Node, value: torch.Tensor) -> Optional[t
         fn = getattr(value, user.target)
         args = user.args[1:]
     elif user.op == "call_function" and user.target in _VIEW_FUNCTIONS and user.args and user.args[0] is node:
-        fn = lambda *a, **k: user.target(value, *a, **k)  # noqa: E731
+        fn = functools.partial(user.target, value)
         args = user.args[1:]
     else:
         return None
