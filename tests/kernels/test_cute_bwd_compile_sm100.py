@@ -1,5 +1,6 @@
 """The CuTe-DSL Blackwell backward (``GdpaBwdSm100``) compiles for sm_100a without a GPU (fake tensors): bf16 and fp16,
-D = Dv of 64 and 128, silu, gelu_tanh and relu, one build without the mask of queries past Nq. Each is checked for
+D = Dv of 64 and 128, silu, gelu_tanh and relu, one build without the mask of queries past Nq, the causal mask and a
+window. Each is checked for
 Blackwell's instructions and none of Hopper's (every matmul a tcgen05.mma: Sᵀ, dPᵀ, dV with Pᵀ from tensor memory, dK,
 dQ; Sᵀ, dPᵀ, dQ, dK and dV read by tcgen05.ld, Pᵀ written by tcgen05.st; one allocation of 512 columns and its
 release; no wgmma), TMA loads, dSᵀ stored to shared memory in 16-byte pieces, dQ added by ``red.global.add.v4.f32``,
@@ -31,14 +32,16 @@ from gdpa_inductor.kernels.cute.bwd_plan import Sm100BwdPlan, plan_bwd_sm100, sm
 from gdpa_inductor.kernels.cute.gdpa_bwd_sm100 import tmem_columns  # noqa: E402
 from gdpa_inductor.kernels.cute.kernel_args import SM100_TARGET_ARCH  # noqa: E402
 
-# (dtype, D, activation, mask_queries): both dtypes at both head dims, silu and gelu_tanh (tanh.approx) at each, relu
-# (selects) once, one build without the mask of queries past Nq
+# (dtype, D, activation, mask_queries, band): both dtypes at both head dims, silu and gelu_tanh (tanh.approx) at each,
+# relu (selects) once, one build without the mask of queries past Nq; the causal mask and a window at both head dims
 CASES = [
-    ("bf16", 128, "gelu_tanh", True),
-    ("fp16", 128, "silu", True),
-    ("bf16", 64, "silu", True),
-    ("fp16", 64, "gelu_tanh", True),
-    ("bf16", 64, "relu", False),
+    ("bf16", 128, "gelu_tanh", True, ""),
+    ("fp16", 128, "silu", True, ""),
+    ("bf16", 64, "silu", True, ""),
+    ("fp16", 64, "gelu_tanh", True, ""),
+    ("bf16", 64, "relu", False, ""),
+    ("bf16", 128, "silu", True, "causal"),
+    ("fp16", 64, "gelu_tanh", False, "window"),
 ]
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,13 +49,13 @@ TILE = 128
 
 
 def case_id(case) -> str:
-    dtype, d, act, mask = case
-    return f"{dtype}-D{d}-{act}" + ("" if mask else "-exact_queries")
+    dtype, d, act, mask, band = case
+    return f"{dtype}-D{d}-{act}" + ("" if mask else "-exact_queries") + (f"-{band}" if band else "")
 
 
 def case_plan(case) -> Sm100BwdPlan:
-    dtype, d, act, mask = case
-    return plan_bwd_sm100(DTYPES[dtype], d, act, mask_queries=mask)
+    dtype, d, act, mask, band = case
+    return plan_bwd_sm100(DTYPES[dtype], d, act, mask_queries=mask, causal=band == "causal", window=band == "window")
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +75,20 @@ def reports(tmp_path_factory):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_cute_bwd_compiles_for_sm100a(case, reports):
-    _, d, act, mask = case
+    _, d, act, mask, band = case
     plan = case_plan(case)
     r = reports(case)
     assert r["target"] == "sm_100a"
     assert r["wgmma_any"] == 0, "no Hopper matmuls"
+    # under a band the compute warps' tile step is built twice (edge tiles masked per score, whole ones not), each
+    # taking 16 scores at a time rather than 32
+    paths, chunk = (2, 16) if band else (1, 32)
     # Sᵀ and dPᵀ over D / 16 k-blocks each, dV, dK and dQ over 128 / 16 each, issued once a query tile
     assert r["tcgen05_mma"] == 2 * (d // 16) + 3 * (TILE // 16), r
     # Sᵀ and dPᵀ in 32-column loads; dQ, dV and dK D columns each, 32 at a time
-    assert r["tcgen05_ld"] == 2 * (TILE // 32) + 3 * (d // 32), r
-    # Pᵀ: 16 columns of 16-bit pairs per 32 scores, then one wait before its commit
-    assert r["tcgen05_st"] == TILE // 32 and r["tcgen05_wait_st"] == 1, r
+    assert r["tcgen05_ld"] == paths * 2 * (TILE // chunk) + 3 * (d // 32), r
+    # Pᵀ: a column of 16-bit pairs per two scores, one store a chunk, then one wait before its commit
+    assert r["tcgen05_st"] == paths * TILE // chunk and r["tcgen05_wait_st"] == 1, r
     assert r["tmem_alloc_columns"] == tmem_columns(d, d) == 512, r
     assert r["tcgen05_alloc"] == 1 and r["tcgen05_dealloc"] == 1, r
     # Sᵀ, dPᵀ and dQ full, P, dO, dS and Q released, dK/dV full: each by tcgen05.commit
@@ -90,13 +96,13 @@ def test_cute_bwd_compiles_for_sm100a(case, reports):
     assert r["tma_loads"] > 0, "K/V/Q/dO loads go through TMA"
     # full and empty barriers: K, V, the Q and dO rings, Sᵀ, dPᵀ, P, dS, dQ, dK/dV
     assert r["mbarrier_init"] == 2 * (2 + 2 * plan.q_stages + 6), r
-    # dSᵀ: a thread's 128 16-bit values of its row in 16-byte stores
-    assert r["st_shared_v4"] == TILE * 2 // 16, r
+    # dSᵀ: a thread's 128 16-bit values of its row in 16-byte stores (ptxas may merge the two paths' last one)
+    assert paths * TILE * 2 // 16 - (paths - 1) <= r["st_shared_v4"] <= paths * TILE * 2 // 16, r
     # dQ: a thread's row of D fp32 sums, four a reduction; dK and dV: its rows in 16-byte stores
     assert r["red_v4_f32"] == d // 4, r
     assert r["st_global_v4"] == 2 * (d * 2 // 16), r
     assert (r["tanh_approx"] > 0) == (act in TANH_BASED), r
-    if act == "silu" and case[0] == "fp16":
+    if act == "silu" and case[0] == "fp16" and not band:
         # the mask: P and dS of each of a thread's 128 scores kept or zeroed by a select
         assert r["selp_f32"] == 2 * TILE, r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
@@ -123,11 +129,12 @@ def test_plans_and_stages():
         Sm100BwdPlan(torch.bfloat16, 64, "silu", q_stages=3)
 
 
-def _kernel(d: int):
+def _kernel(d: int, causal: bool = False):
     from gdpa_inductor.kernels.cute import activation_math
     from gdpa_inductor.kernels.cute.gdpa_bwd_sm100 import GdpaBwdSm100
 
-    return GdpaBwdSm100(cutlass.BFloat16, d, d, activation_math.backward_form("silu", False), q_stages=2)
+    return GdpaBwdSm100(cutlass.BFloat16, d, d, activation_math.backward_form("silu", False), q_stages=2,
+                        causal=causal)
 
 
 def _offset(layout, mn: int, k: int, stage: int = 0) -> int:
@@ -170,16 +177,17 @@ def test_the_transposed_views_cover_the_same_bytes(d):
     assert all(plain ^ (((plain >> 6) & 7) << 3) == mine for plain, mine in found["ds"])
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_each_thread_holds_its_row_in_order(d):
+@pytest.mark.parametrize("d, causal", [(64, False), (128, False), (128, True)])
+def test_each_thread_holds_its_row_in_order(d, causal):
     """The kernel's tensor-memory copies (traced for sm_100a with a static thread index; no kernel): compute thread t
     loads key row t of Sᵀ (and dPᵀ, the same copy) with its queries in order and stores Pᵀ's 16-bit pairs of that
-    row in order; thread t of the dQ warps loads query row t of dQ, and compute thread t key row t of dV and dK, in
-    32-column chunks, each in order: what the query mask, the in-place Pᵀ, the dSᵀ stores to its row, the dQ
-    reductions and the dK/dV stores assume."""
+    row in order, 32 scores at a time (16 under a band); thread t of the dQ warps loads query row t of dQ, and
+    compute thread t key row t of dV and dK, in 32-column chunks, each in order: what the query and band masks, the
+    in-place Pᵀ, the dSᵀ stores to its row, the dQ reductions and the dK/dV stores assume."""
     from gdpa_inductor.kernels.cute.gdpa_bwd_sm100 import _CHUNK
 
-    kernel = _kernel(d)
+    kernel = _kernel(d, causal)
+    step = 16 if causal else 32
     found = {}
 
     @cute.jit
@@ -199,8 +207,8 @@ def test_each_thread_holds_its_row_in_order(d):
 
     for t in (0, 33, 127):
         cute.compile(trace, t, options=f"--gpu-arch {SM100_TARGET_ARCH}")
-        assert found[t]["s"] == [[(t, c * _CHUNK + i) for i in range(_CHUNK)] for c in range(TILE // _CHUNK)]
-        assert found[t]["p"] == [[(t, c * _CHUNK // 2 + i) for i in range(_CHUNK // 2)] for c in range(TILE // _CHUNK)]
+        assert found[t]["s"] == [[(t, c * step + i) for i in range(step)] for c in range(TILE // step)]
+        assert found[t]["p"] == [[(t, c * step // 2 + i) for i in range(step // 2)] for c in range(TILE // step)]
         for name in ("dv", "dk", "dq"):
             assert found[t][name] == [[(t, c * _CHUNK + i) for i in range(_CHUNK)] for c in range(d // _CHUNK)], name
 
@@ -257,27 +265,35 @@ class RecordedBuild:
         return lambda *args: self.calls.append(args)
 
 
+# (causal, window as the op takes it, the plan's band, the bounds passed)
+BAND_CALLS = [(False, (-1, -1), "", (None, None)), (True, (-1, -1), "causal", (None, None)),
+              (True, (64, -1), "window", (64, 0)), (False, (-1, 5), "window", (1 << 30, 5))]
+
+
 @pytest.mark.parametrize("nq, masked, kv_heads", [(256, False, 4), (200, True, 2)])
-def test_the_launcher_passes_the_schema_arguments(monkeypatch, nq, masked, kv_heads):
-    """The launcher plans the call (the mask of queries past Nq where Nq is not a multiple of the query tile), passes
-    the operands in the kernel's (N, D, H, Z) modes (K and V repeated per query head, dQ's zeroed fp32 sums) and the
-    scalars in ``GdpaBwdSm100.__call__``'s order (the stream is the compiled function's own), and returns dQ, dK and
-    dV in the operands' shapes and dtype."""
+@pytest.mark.parametrize("band", BAND_CALLS, ids=["none", "causal", "causal_window", "right_window"])
+def test_the_launcher_passes_the_schema_arguments(monkeypatch, nq, masked, kv_heads, band):
+    """The launcher plans the call (the mask of queries past Nq where Nq is not a multiple of the query tile, the
+    band's kind), passes the operands in the kernel's (N, D, H, Z) modes (K and V repeated per query head, dQ's zeroed
+    fp32 sums) and the scalars and the band's bounds in ``GdpaBwdSm100.__call__``'s order (the stream is the compiled
+    function's own), and returns dQ, dK and dV in the operands' shapes and dtype."""
     from gdpa_inductor.kernels.cute import gdpa_bwd
 
     build = RecordedBuild()
     monkeypatch.setattr(gdpa_bwd, "compile_bwd_sm100", build)
     q, k, v, do = _operands(nq=nq, kv_heads=kv_heads)
-    dq, dk, dv = gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, do, "silu", 0.125, 0.5, 0.01)
+    causal, window, kind, bounds = band
+    dq, dk, dv = gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, do, "silu", 0.125, 0.5, 0.01, causal=causal, window=window)
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
     assert dq.dtype == dk.dtype == dv.dtype == q.dtype
-    assert build.plans == [plan_bwd_sm100(torch.bfloat16, 128, "silu", mask_queries=masked)]
+    assert build.plans == [plan_bwd_sm100(torch.bfloat16, 128, "silu", mask_queries=masked, causal=kind == "causal",
+                                          window=kind == "window")]
     (args,) = build.calls
     assert [tuple(a.shape) for a in args[:7]] == [(nq, 128, 4, 2), (256, 128, 4, 2), (256, 128, 4, 2),
                                                   (nq, 128, 4, 2), (nq, 128, 4, 2), (256, 128, 4, 2),
                                                   (256, 128, 4, 2)]
     assert args[4].dtype == torch.float32 and not args[4].any()
-    assert args[7:] == (0.125, 0.5, 0.01)
+    assert args[7:] == (0.125, 0.5, 0.01, *bounds)
 
 
 def test_the_launcher_compiles_nothing_without_keys_or_queries(monkeypatch):

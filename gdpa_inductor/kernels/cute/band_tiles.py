@@ -1,6 +1,7 @@
-"""Which key tiles a query tile computes under a band mask, and which of them need no per-score mask: plain integer
-arithmetic, traced by the Blackwell forward (``min``/``max`` passed as ``cutlass.min``/``cutlass.max``) and run as it is
-by the CPU tests against a brute-force mask.
+"""Which key tiles a query tile computes under a band mask (the forward), which query tiles a key tile computes (the
+backward), and which of them need no per-score mask: plain integer arithmetic, traced by the Blackwell kernels
+(``min``/``max`` passed as ``cutlass.min``/``cutlass.max``) and run as it is by the CPU tests against a brute-force
+mask.
 
 Key j is kept for query i of a sample of ``nq`` queries and ``nk`` keys iff ``0 <= j < nk`` and
 ``-left <= j - i - (nk - nq) <= right`` (``window_bounds.band_limits``: causal is ``right = 0``, a side without bound
@@ -36,6 +37,31 @@ def unmasked_key_tiles(m_blk, nq, nk, left, right, tile_m: int, tile_n: int, sma
     return begin, end
 
 
+def band_query_tiles(n_blk, nq, nk, left, right, tile_m: int, tile_n: int, smaller=min, larger=max):
+    """(first, count): the query tiles key tile ``n_blk`` computes (the backward's loop), from that of its first key's
+    first kept query to that of its last key's last, clipped to the ``nq`` > 0 queries; at least one, so a key tile
+    whose band misses every query runs one wholly masked tile (dK = dV = 0)."""
+    shift = nk - nq
+    col0 = n_blk * tile_n
+    col1 = smaller(col0 + tile_n, nk) - 1
+    lo = larger(col0 - shift - right, 0)
+    hi = smaller(col1 - shift + left, nq - 1)
+    first = smaller(lo // tile_m, (nq + tile_m - 1) // tile_m - 1)
+    return first, larger(larger(hi, 0) // tile_m - first + 1, 1)
+
+
+def unmasked_query_tiles(n_blk, nq, nk, left, right, tile_m: int, tile_n: int, smaller=min, larger=max):
+    """[begin, end): the query tiles whose every score is kept for every key of tile ``n_blk`` below ``nk`` (whole
+    tiles within ``nq``, inside the band for the first key's left bound and the last key's right bound); the computed
+    tiles outside it take the per-score mask, which also drops queries past ``nq``."""
+    shift = nk - nq
+    col0 = n_blk * tile_n
+    col1 = smaller(col0 + tile_n, nk) - 1
+    begin = (larger(col1 - shift - right, 0) + tile_m - 1) // tile_m
+    end = larger(smaller(col0 - shift + left + 1, nq), 0) // tile_m
+    return begin, end
+
+
 def tile_limits(m_blk, n_blk, nq, nk, left, right, tile_m: int, tile_n: int):
     """(valid, least, greatest) of key tile ``n_blk`` for query tile ``m_blk``: the score at tile coordinate (r, c) is
     kept iff c < valid (its key within ``nk``) and least <= c - r <= greatest (``score_kept``), as key j = n0 + c is
@@ -51,3 +77,17 @@ def score_kept(col, row, limits, lower: bool = True):
     valid, least, greatest = limits
     kept = (col < valid) & (col - row <= greatest)
     return kept & (col - row >= least) if lower else kept
+
+
+def kept_queries(key, limits, lower: bool, limit, smaller=min, larger=max):
+    """[first, last]: the query coordinates of a transposed tile (the backward's, a thread a key row) kept for key
+    coordinate ``key`` under ``tile_limits``' ``limits`` (``score_kept(key, query, limits, lower)`` but for the key's
+    own bound, ``limits[0]``: the backward never stores a key past Nk, and its zero K and V rows add nothing to dQ)
+    and below ``limit`` (queries past Nq); empty (first > last) where none is. Two compares a score against this
+    thread's bounds, in place of ``score_kept``'s arithmetic."""
+    _, least, greatest = limits
+    first = larger(key - greatest, 0)
+    last = limit - 1
+    if lower:
+        last = smaller(last, key - least)
+    return first, last

@@ -220,7 +220,7 @@ def _plan_bwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, hea
                    query_tile=query_tile, dq_last_round=last_round, reason=reason)
 
 
-# --- the Blackwell backward (GdpaBwdSm100): dense, no mask or bias, D = Dv of 64 or 128 ---
+# --- the Blackwell backward (GdpaBwdSm100): no bias, D = Dv of 64 or 128 ---
 
 SM100_BWD_HEAD_DIMS = (64, 128)
 # 128-key CTAs, 128-row query tiles
@@ -241,13 +241,17 @@ def sm100_bwd_q_stages(head_dim: int, element_bytes: int = 2) -> int:
 class Sm100BwdPlan:
     """One build of the Blackwell backward (``GdpaBwdSm100``), compiled for ``target``: the plan is the compile key
     (every field). ``mask_queries``: queries past Nq give P = dS = 0 (Nq not a multiple of the 128-row query tile);
-    ``q_stages``: ``sm100_bwd_q_stages``. dQ is summed unscaled in fp32 (``bwd_results.dq_of_sums`` scales it)."""
+    ``q_stages``: ``sm100_bwd_q_stages``; ``causal``: the bottom-right aligned causal mask; ``window``: a band
+    (left, right bounds passed at launch) in its place. dQ is summed unscaled in fp32 (``bwd_results.dq_of_sums``
+    scales it)."""
 
     dtype: torch.dtype
     head_dim: int
     activation: ActivationName
     q_stages: int = 1
     mask_queries: bool = True
+    causal: bool = False
+    window: bool = False
     target: str = "sm_100a"
 
     def __post_init__(self):
@@ -264,7 +268,9 @@ class Sm100BwdPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def plan_bwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName,
-                   mask_queries: bool = True) -> Sm100BwdPlan:
-    """The Blackwell backward's plan for D = Dv = ``head_dim``: its Q/dO stages from ``sm100_bwd_q_stages``."""
-    return Sm100BwdPlan(dtype, head_dim, activation, q_stages=sm100_bwd_q_stages(head_dim), mask_queries=mask_queries)
+def plan_bwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, mask_queries: bool = True,
+                   causal: bool = False, window: bool = False) -> Sm100BwdPlan:
+    """The Blackwell backward's plan for D = Dv = ``head_dim``: its Q/dO stages from ``sm100_bwd_q_stages``; a window
+    takes the causal mask's place."""
+    return Sm100BwdPlan(dtype, head_dim, activation, q_stages=sm100_bwd_q_stages(head_dim), mask_queries=mask_queries,
+                        causal=causal and not window, window=window)

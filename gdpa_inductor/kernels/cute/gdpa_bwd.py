@@ -14,6 +14,7 @@ from .bwd_plan import KEY_TILE, QUERY_TILE, SM100_BWD_TILE, BwdPlan, Sm100BwdPla
 from .bwd_results import dbias_of, dq_of_fragments, dq_of_sums
 from .dbias_plan import bias_leading_dims, dbias_way
 from .dq_workspace import zeroed_dq_sums
+from .gdpa_fwd import sm100_band
 from .kernel_args import BWD_SM100_ARGS, TMA_COLUMNS, bias_tile_modes, dense_modes, offset_arg, padded
 from .kernel_build import bwd_args, compile_bwd, compile_bwd_sm100
 from .operand_views import bias_4d, flatten_batch, is_tensor_bias
@@ -135,12 +136,14 @@ def gdpa_bwd_cute_op(grad_out, q, k, v, activation: ActivationName, scale: float
 
 def gdpa_bwd_cute_sm100(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, activation: ActivationName,
-    scale: float, post_scale: float, negative_slope: float, plan: Sm100BwdPlan | None = None,
+    scale: float, post_scale: float, negative_slope: float, plan: Sm100BwdPlan | None = None, causal: bool = False,
+    window: tuple[int, int] = (-1, -1),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Blackwell backward (``GdpaBwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D], grad_out
     [Z, H, Nq, D] (checked by ``bwd_support.sm100_bwd_supported``) -> (dq, dk, dv): one CTA per 128-key tile, head and
     sample; dQ summed unscaled in fp32 by the kernel, scaled and rounded here (``dq_of_sums``). Grouped heads run per
-    query head on K and V repeated, dK and dV summed over each group after. ``plan``: the build to run (None:
+    query head on K and V repeated, dK and dV summed over each group after. ``causal``: the bottom-right aligned
+    causal mask; ``window``: (left, right) around that diagonal, -1 unbounded. ``plan``: the build to run (None:
     ``plan_bwd_sm100``'s, the mask of queries past Nq where Nq is not a multiple of the 128-row query tile). Not yet
     run on a Blackwell GPU: the dispatch checks each build's results on the device first."""
     z, h, nq, d = q.shape
@@ -150,8 +153,10 @@ def gdpa_bwd_cute_sm100(
     if dk.numel() == 0 or nq == 0:
         # no key tile to run, or no query to add anything: the gradients are zero
         return torch.zeros_like(q), k.new_zeros(k.shape), v.new_zeros(v.shape)
+    causal, bounds = sm100_band(causal, window)
     if plan is None:
-        plan = plan_dense_bwd_sm100(q, activation)
+        plan = plan_dense_bwd_sm100(q, activation, causal, bounds is not None)
+    band_left, band_right = bounds or (None, None)
     group = h // hkv
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
@@ -161,7 +166,7 @@ def gdpa_bwd_cute_sm100(
     compile_bwd_sm100(plan)(*BWD_SM100_ARGS.values(
         plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), dout=dense_modes(grad_out),
         dq=dense_modes(dq_acc), dk=dense_modes(dk), dv=dense_modes(dv), scale=scale, post_scale=post_scale,
-        slope=negative_slope))
+        slope=negative_slope, band_left=band_left, band_right=band_right))
     dq = dq_of_sums(dq_acc, q.dtype, activation, scale, post_scale)
     if group > 1:
         dk = dk.view(z, hkv, group, nk, d).sum(2)
@@ -169,10 +174,12 @@ def gdpa_bwd_cute_sm100(
     return dq, dk, dv
 
 
-def plan_dense_bwd_sm100(q: torch.Tensor, activation: ActivationName) -> Sm100BwdPlan:
+def plan_dense_bwd_sm100(q: torch.Tensor, activation: ActivationName, causal: bool = False,
+                         window: bool = False) -> Sm100BwdPlan:
     """The plan of ``gdpa_bwd_cute_sm100``'s call on this [Z, H, Nq, D] q: the build its self-check keys on (the mask
-    of queries past Nq where Nq is not a multiple of the 128-row query tile)."""
-    return plan_bwd_sm100(q.dtype, q.shape[-1], activation, mask_queries=q.shape[2] % SM100_BWD_TILE != 0)
+    of queries past Nq where Nq is not a multiple of the 128-row query tile, the band's kind)."""
+    return plan_bwd_sm100(q.dtype, q.shape[-1], activation, mask_queries=q.shape[2] % SM100_BWD_TILE != 0,
+                          causal=causal, window=window)
 
 
 def gdpa_bwd_cute_sm100_op(grad_out, q, k, v, activation: ActivationName, scale: float, post_scale: float,

@@ -1,6 +1,7 @@
 """CuTe-DSL GDPA backward for Blackwell (sm_100a): dQ, dK, dV of O = post_scale · act(scale · Q Kᵀ) · V, dense batches.
 
-One CTA per (128-key tile, head, sample), looping over 128-row query tiles; ten warps, each with one role:
+One CTA per (128-key tile, head, sample), looping over 128-row query tiles (under a band only those it reaches); ten
+warps, each with one role:
 - warp 9, the load warp: K and V once, then Q_j and dO_j by TMA into rings of ``q_stages`` shared-memory stages;
 - warp 8, the MMA warp, per query tile j, all tcgen05 MMAs with fp32 accumulators in tensor memory:
     Sᵀ = K Q_jᵀ and dPᵀ = V dO_jᵀ (both operands from shared memory),
@@ -14,6 +15,11 @@ One CTA per (128-key tile, head, sample), looping over 128-row query tiles; ten 
 - warps 4-7, the dQ warps (one query row a thread): per query tile they load dQ_j from tensor memory and add it into
   an fp32 buffer with ``red.global.add.v4.f32`` (rows past Nq predicated off), unscaled: the host scales and rounds
   it once (``bwd_results.dq_of_sums``).
+- ``causal`` (bottom-right aligned: key j kept for query i iff j <= i + Nk - Nq) and ``window`` (a band around that
+  diagonal, bounds passed at launch): a key tile computes only the query tiles its band reaches (``band_tiles``), at
+  least one, so dK and dV are always written; the tiles wholly inside the band run unmasked, the edge ones select
+  P = dS = 0 outside each key row's kept queries (``kept_queries``: two compares a score), 16 scores a step (the two
+  step variants at 32 would spill).
 No softmax: no LSE, no rowsum(dO ∘ O). Keys and queries past the ends read as zeros (TMA fills them); with
 ``mask_queries`` (Nq not a multiple of the query tile) the padded query columns also give P = 0 and dS = 0 by a
 select per score, so a non-finite key cannot leak through them; padded keys reach only rows that are not stored.
@@ -37,7 +43,9 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator, TmemAllocator
 
+from ..common.window_bounds import UNBOUNDED
 from .activation_math import BackwardForm
+from .band_tiles import band_query_tiles, kept_queries, tile_limits, unmasked_query_tiles
 from .gdpa_fwd_sm100 import _batched
 
 _ROWS = 128
@@ -81,11 +89,11 @@ def ds_offset(row, col):
 
 class GdpaBwdSm100:
     """Compile-time parameters: element type, head dims of Q/K and of V (equal, 64 or 128), the activation's fp32
-    backward form (``activation_math.backward_form(name, False)``), Q/dO stages, and whether queries past Nq are
-    masked (``mask_queries``)."""
+    backward form (``activation_math.backward_form(name, False)``), Q/dO stages, whether queries past Nq are
+    masked (``mask_queries``), and the band (``causal``, ``window``)."""
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int, act_form: BackwardForm, q_stages: int = 1,
-                 mask_queries: bool = True):
+                 mask_queries: bool = True, causal: bool = False, window: bool = False):
         assert head_dim == head_dim_v and head_dim in (64, 128), "D = Dv of 64 or 128"
         self.dtype = dtype
         self.head_dim = head_dim
@@ -95,6 +103,12 @@ class GdpaBwdSm100:
         self.tile_m = _ROWS
         self.q_stages = q_stages
         self.mask_queries = mask_queries
+        self.causal = causal
+        self.window = window
+        self.band = causal or window
+        # scores per compute step: half as many under a band, whose two step variants and bounds would otherwise
+        # spill at the 168 registers ptxas allows ten warps
+        self.score_chunk = _CHUNK // 2 if self.band else _CHUNK
         self.threads = (_LOAD_WARP + 1) * _WARP
         self.dv_offset = 2 * _ROWS
         self.dk_offset = self.dv_offset + head_dim_v
@@ -153,10 +167,12 @@ class GdpaBwdSm100:
         post_scale: cutlass.Float32,
         slope: cutlass.Float32,
         stream: cuda.CUstream,
+        band_left: cutlass.Int32 | None = None,
+        band_right: cutlass.Int32 | None = None,
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, H, Z); mV: (Nk, Dv, H, Z); mdO: (Nq, Dv, H, Z); mdQ: fp32 (Nq, D, H, Z),
         zeroed, summed into unscaled; mdK, mdV: like mK, mV; D, Dv contiguous. One head of K/V per query head (the
-        launcher expands grouped heads)."""
+        launcher expands grouped heads). ``band_left``, ``band_right``: the band's bounds (``window``)."""
         q, k, v, do = _batched(mQ), _batched(mK), _batched(mV), _batched(mdO)
         mmas = self._tiled_mmas()
         s_mma, dp_mma = mmas[0], mmas[1]
@@ -193,7 +209,7 @@ class GdpaBwdSm100:
         assert self.smem_bytes <= _SMEM_LIMIT, f"{self.smem_bytes} bytes of shared memory"
         self.kernel(
             *mmas, tma_k, tk, tma_v, tv, tma_q, tq, tma_do, tdo, _batched(mdQ), _batched(mdK), _batched(mdV), scale,
-            post_scale, slope,
+            post_scale, slope, band_left, band_right,
             *(lay[name] for name in _LAYOUTS),
         ).launch(
             grid=[cute.ceil_div(mK.shape[0], self.tile_n), mK.shape[2], mK.shape[3]],
@@ -225,6 +241,8 @@ class GdpaBwdSm100:
         scale: cutlass.Float32,
         post_scale: cutlass.Float32,
         slope: cutlass.Float32,
+        band_left: cutlass.Int32 | None,
+        band_right: cutlass.Int32 | None,
         k_smem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
         q_smem: cute.ComposedLayout,
@@ -239,8 +257,18 @@ class GdpaBwdSm100:
         tidx, _, _ = cute.arch.thread_idx()
         n_blk, h, z = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        nq = mQ.shape[0]
-        m_tiles = cute.ceil_div(nq, self.tile_m)
+        nq, nk = mQ.shape[0], mK.shape[0]
+        band = (UNBOUNDED, 0)
+        if cutlass.const_expr(self.window):
+            band = (band_left, band_right)
+        # the query tiles this key tile computes, and the whole ones among them (no per-score mask)
+        first, count = 0, cute.ceil_div(nq, self.tile_m)
+        whole = (0, 0)
+        if cutlass.const_expr(self.band):
+            first, count = band_query_tiles(n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
+                                            cutlass.min, cutlass.max)
+            whole = unmasked_query_tiles(n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
+                                         cutlass.min, cutlass.max)
         mmas = (s_mma, dp_mma, dv_mma, dk_mma, dq_mma)
         lay = dict(zip(_LAYOUTS, (k_smem, v_smem, q_smem, do_smem, dst_smem, kt_smem, qt_smem, dot_smem, ds_smem,
                                   p_tmem)))
@@ -307,11 +335,13 @@ class GdpaBwdSm100:
             cute.copy(tma_k, tKgK[None, n_blk, 0, (h, z)], tKsK[None, handle.index], tma_bar_ptr=handle.barrier)
             handle = v_producer.acquire_and_advance()
             cute.copy(tma_v, tVgV[None, n_blk, 0, (h, z)], tVsV[None, handle.index], tma_bar_ptr=handle.barrier)
-            for j in cutlass.range(m_tiles, unroll=1):
+            for j in cutlass.range(count, unroll=1):
                 handle = q_producer.acquire_and_advance()
-                cute.copy(tma_q, tQgQ[None, j, 0, (h, z)], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
+                cute.copy(tma_q, tQgQ[None, first + j, 0, (h, z)], tQsQ[None, handle.index],
+                          tma_bar_ptr=handle.barrier)
                 handle = do_producer.acquire_and_advance()
-                cute.copy(tma_do, tOgO[None, j, 0, (h, z)], tOsO[None, handle.index], tma_bar_ptr=handle.barrier)
+                cute.copy(tma_do, tOgO[None, first + j, 0, (h, z)], tOsO[None, handle.index],
+                          tma_bar_ptr=handle.barrier)
             # the MMA warp's last releases land before the CTA exits
             q_producer.tail()
             do_producer.tail()
@@ -352,7 +382,7 @@ class GdpaBwdSm100:
             accs = (tStS, tdPtdP, tdVtdV, tdKtdK, tdQtdQ)
             # K and V stay for the whole CTA: never released. The pipelines' positions and the MMAs' accumulate
             # flags change in the step: rebound here, as loop-carried locals
-            for j in cutlass.range(m_tiles, unroll=1):
+            for j in cutlass.range(count, unroll=1):
                 mmas, held, q_consumer, do_consumer, s_producer, dp_producer, dq_producer = self._mma_scores(
                     mmas, frags, accs, q_consumer, do_consumer, s_producer, dp_producer, dq_producer)
                 mmas, p_consumer, ds_consumer = self._mma_grads(mmas, frags, accs, j > 0, held, p_consumer,
@@ -368,12 +398,20 @@ class GdpaBwdSm100:
             tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
             copies = self._score_copies(s_thr, tmem_ptr, tidx)
             ds_base = storage.sdS.data_ptr().toint()
-            for j in cutlass.range(m_tiles, unroll=1):
+            for j in cutlass.range(count, unroll=1):
+                m_blk = first + j
                 s_handle = s_consumer.wait_and_advance()
                 dp_handle = dp_consumer.wait_and_advance()
                 p_handle = p_producer.acquire_and_advance()
                 ds_handle = ds_producer.acquire_and_advance()
-                self._scores_to_grads(copies, ds_base, nq - j * self.tile_m, scale, slope, tidx)
+                tile = (ds_base, m_blk, n_blk, nq, nk, band, scale, slope, tidx)
+                if cutlass.const_expr(self.band):
+                    if (m_blk < whole[0]) | (m_blk >= whole[1]):
+                        self._scores_to_grads(copies, tile, True)
+                    else:
+                        self._scores_to_grads(copies, tile, False)
+                else:
+                    self._scores_to_grads(copies, tile, self.mask_queries)
                 cute.arch.fence_view_async_tmem_store()
                 p_handle.commit()
                 # Sᵀ and dPᵀ read: their columns may take dQ_j and the next tile's Sᵀ
@@ -400,9 +438,9 @@ class GdpaBwdSm100:
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
             row = tidx - _GROUP_THREADS
-            for j in cutlass.range(m_tiles, unroll=1):
+            for j in cutlass.range(count, unroll=1):
                 dq_handle = dq_consumer.wait_and_advance()
-                self._add_dq(dq_thr, tmem_ptr, mdQ, j, h, z, row)
+                self._add_dq(dq_thr, tmem_ptr, mdQ, first + j, h, z, row)
                 dq_handle.release()
             cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
 
@@ -471,23 +509,23 @@ class GdpaBwdSm100:
         return (s_mma, dp_mma, dv_mma, dk_mma, dq_mma), p_consumer, ds_consumer
 
     def _score_copies(self, s_thr, tmem_ptr, tidx):
-        """The compute warps' tensor-memory copies of a query tile, ``_CHUNK`` columns at a time: (Sᵀ/dPᵀ load, the
+        """The compute warps' tensor-memory copies of a query tile, ``score_chunk`` columns at a time: (Sᵀ/dPᵀ load, the
         chunked sources (LOAD, 1, 1, chunk) of Sᵀ and of dPᵀ, Pᵀ store, its chunked destinations seen as fp32 columns,
         the (key, query) coordinates of a thread's loaded registers). 32x32b copies: thread t holds key row t, its
         columns in order."""
         shape = self.s_tiler[:2]
         s_layout = s_thr.make_fragment_C(s_thr.partition_shape_C(shape)).layout
-        chunk = cute.make_layout((self.tile_n, _CHUNK))
+        chunk = cute.make_layout((self.tile_n, self.score_chunk))
         tStS_c = cute.logical_divide(cute.make_tensor(tmem_ptr, s_layout), chunk)
         s_load = tcgen05.make_tmem_copy(
-            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(_CHUNK)), cutlass.Float32),
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(self.score_chunk)), cutlass.Float32),
             tStS_c[(None, None), 0],
         ).get_slice(tidx)
         tScS = s_thr.partition_C(cute.make_identity_tensor(shape))
         tScS_c = cute.logical_divide(tScS, chunk)
-        # Pᵀ's columns seen as fp32: two 16-bit values a column, ``_CHUNK`` / 2 columns per chunk of scores
+        # Pᵀ's columns seen as fp32: two 16-bit values a column, ``score_chunk`` / 2 columns per chunk of scores
         p_cols = self.tile_m * self.dtype.width // 32
-        p_chunk = _CHUNK * self.dtype.width // 32
+        p_chunk = self.score_chunk * self.dtype.width // 32
         p_layout = cute.composition(s_layout, cute.make_layout((self.tile_n, p_cols)))
         tStP_c = cute.logical_divide(cute.make_tensor(tmem_ptr, p_layout), cute.make_layout((self.tile_n, p_chunk)))
         p_store = tcgen05.make_tmem_copy(
@@ -503,28 +541,35 @@ class GdpaBwdSm100:
                 p_store.partition_S(tScP_c[every]))
 
     @cute.jit
-    def _scores_to_grads(self, copies, ds_base, limit, scale, slope, tidx):
-        """One query tile, ``_CHUNK`` columns at a time: Sᵀ and dPᵀ from tensor memory, Pᵀ (operands' dtype) back
+    def _scores_to_grads(self, copies, tile, masked: cutlass.Constexpr[bool]):
+        """One query tile, ``score_chunk`` columns at a time: Sᵀ and dPᵀ from tensor memory, Pᵀ (operands' dtype) back
         over Sᵀ's first columns (a chunk's Pᵀ lands on columns already loaded), dSᵀ (without act''s constant
-        factor) into shared memory, 16 bytes a store; with ``mask_queries``, query columns at or past ``limit`` give
-        P = dS = 0."""
+        factor) into shared memory, 16 bytes a store; ``masked``: scores of queries past Nq, and under a band those
+        outside it, give P = dS = 0."""
         s_load, tLtS, tLtdP, p_store, tLtP, tLcS, tLcP = copies
+        ds_base, m_blk, n_blk, nq, nk, band, scale, slope, tidx = tile
+        # this thread's key row keeps the queries [first, last]: below Nq, and within the band
+        first, last = 0, nq - m_blk * self.tile_m - 1
+        if cutlass.const_expr(self.band):
+            limits = tile_limits(m_blk, n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n)
+            first, last = kept_queries(tidx, limits, self.window, last + 1, cutlass.min, cutlass.max)
         vector = 128 // self.dtype.width
         store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        for c in cutlass.range_constexpr(self.tile_m // _CHUNK):
+        for c in cutlass.range_constexpr(self.tile_m // self.score_chunk):
             rS = cute.make_rmem_tensor(tLcS[None, 0, 0, c].shape, cutlass.Float32)
             rdP = cute.make_rmem_tensor(tLcS[None, 0, 0, c].shape, cutlass.Float32)
             cute.copy(s_load, tLtS[None, 0, 0, c], rS)
             cute.copy(s_load, tLtdP[None, 0, 0, c], rdP)
             cute.arch.fence_view_async_tmem_load()
-            for i in cutlass.range_constexpr(_CHUNK):
+            for i in cutlass.range_constexpr(self.score_chunk):
                 p, m = self.act_form.fn(rS[i], scale, slope, None)
                 if cutlass.const_expr(self.act_form.grad_offset == 1.0):
                     ds = cute.math.fma(rdP[i], m, rdP[i])
                 else:
                     ds = rdP[i] * m
-                if cutlass.const_expr(self.mask_queries):
-                    keep = tLcS[None, 0, 0, c][i][1] < limit
+                if cutlass.const_expr(masked):
+                    query = tLcS[None, 0, 0, c][i][1]
+                    keep = (query >= first) & (query <= last)
                     p = p if keep else cutlass.Float32(0.0)
                     ds = ds if keep else cutlass.Float32(0.0)
                 rS[i] = p
@@ -532,11 +577,11 @@ class GdpaBwdSm100:
             rP = cute.make_rmem_tensor(tLcP[None, 0, 0, c].shape, cutlass.Float32)
             cute.make_tensor(cute.recast_ptr(rP.iterator, dtype=self.dtype), rS.layout).store(rS.load().to(self.dtype))
             cute.copy(p_store, rP, tLtP[None, 0, 0, c])
-            r_ds = cute.make_rmem_tensor(cute.make_layout(_CHUNK), self.dtype)
+            r_ds = cute.make_rmem_tensor(cute.make_layout(self.score_chunk), self.dtype)
             r_ds.store(rdP.load().to(self.dtype))
             vectors = cute.make_layout(vector)
-            for g in cutlass.range_constexpr(_CHUNK // vector):
-                offset = ds_offset(tidx, c * _CHUNK + g * vector)
+            for g in cutlass.range_constexpr(self.score_chunk // vector):
+                offset = ds_offset(tidx, c * self.score_chunk + g * vector)
                 dst = cute.make_ptr(self.dtype, ds_base + offset * (self.dtype.width // 8), cute.AddressSpace.smem,
                                     assumed_align=16)
                 cute.copy(store, cute.make_tensor(r_ds.iterator + g * vector, vectors), cute.make_tensor(dst, vectors))

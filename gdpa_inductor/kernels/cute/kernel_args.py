@@ -282,10 +282,11 @@ FWD_SM100_ARGS = KernelArgs(
     Arg("band_left", _int32, lambda plan: plan.window), Arg("band_right", _int32, lambda plan: plan.window),
     Arg("bias", fake_bias_words, lambda plan: bool(plan.bias)),
 )
-# GdpaBwdSm100.__call__: dense, no mask or bias, dQ summed in fp32
+# GdpaBwdSm100.__call__: dQ summed in fp32
 BWD_SM100_ARGS = KernelArgs(
     *_operands("q", "k", "v", "dout"), *_operands("dq", dtype=lambda plan: torch.float32), *_operands("dk", "dv"),
     *_scalars("scale", "post_scale", "slope"), _STREAM,
+    Arg("band_left", _int32, lambda plan: plan.window), Arg("band_right", _int32, lambda plan: plan.window),
 )
 
 _BWD_HEAD = (
