@@ -1,6 +1,6 @@
 """The CuTe-DSL Blackwell backward (``GdpaBwdSm100``) compiles for sm_100a without a GPU (fake tensors): bf16 and fp16,
-D = Dv of 64 and 128, silu, gelu_tanh and relu, one build without the mask of queries past Nq, the causal mask and a
-window. Each is checked for
+D = Dv of 64 and 128, silu, gelu_tanh and relu, one build without the mask of queries past Nq, the causal mask, a
+window, and varlen batches. Each is checked for
 Blackwell's instructions and none of Hopper's (every matmul a tcgen05.mma: Sᵀ, dPᵀ, dV with Pᵀ from tensor memory, dK,
 dQ; Sᵀ, dPᵀ, dQ, dK and dV read by tcgen05.ld, Pᵀ written by tcgen05.st; one allocation of 512 columns and its
 release; no wgmma), TMA loads, dSᵀ stored to shared memory in 16-byte pieces, dQ added by ``red.global.add.v4.f32``,
@@ -33,7 +33,8 @@ from gdpa_inductor.kernels.cute.gdpa_bwd_sm100 import tmem_columns  # noqa: E402
 from gdpa_inductor.kernels.cute.kernel_args import SM100_TARGET_ARCH  # noqa: E402
 
 # (dtype, D, activation, mask_queries, band): both dtypes at both head dims, silu and gelu_tanh (tanh.approx) at each,
-# relu (selects) once, one build without the mask of queries past Nq; the causal mask and a window at both head dims
+# relu (selects) once, one build without the mask of queries past Nq; the causal mask and a window at both head dims;
+# varlen ("varlen" in the band's slot: its own, or with the causal mask) at both
 CASES = [
     ("bf16", 128, "gelu_tanh", True, ""),
     ("fp16", 128, "silu", True, ""),
@@ -42,6 +43,8 @@ CASES = [
     ("bf16", 64, "relu", False, ""),
     ("bf16", 128, "silu", True, "causal"),
     ("fp16", 64, "gelu_tanh", False, "window"),
+    ("bf16", 128, "silu", True, "varlen"),
+    ("fp16", 64, "gelu_tanh", True, "varlen-causal"),
 ]
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -55,7 +58,8 @@ def case_id(case) -> str:
 
 def case_plan(case) -> Sm100BwdPlan:
     dtype, d, act, mask, band = case
-    return plan_bwd_sm100(DTYPES[dtype], d, act, mask_queries=mask, causal=band == "causal", window=band == "window")
+    return plan_bwd_sm100(DTYPES[dtype], d, act, mask_queries=mask, causal=band.endswith("causal"),
+                          window=band == "window", varlen=band.startswith("varlen"))
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +86,7 @@ def test_cute_bwd_compiles_for_sm100a(case, reports):
     assert r["wgmma_any"] == 0, "no Hopper matmuls"
     # under a band the compute warps' tile step is built twice (edge tiles masked per score, whole ones not), each
     # taking 16 scores at a time rather than 32
-    paths, chunk = (2, 16) if band else (1, 32)
+    paths, chunk = (2, 16) if plan.causal or plan.window else (1, 32)
     # Sᵀ and dPᵀ over D / 16 k-blocks each, dV, dK and dQ over 128 / 16 each, issued once a query tile
     assert r["tcgen05_mma"] == 2 * (d // 16) + 3 * (TILE // 16), r
     # Sᵀ and dPᵀ in 32-column loads; dQ, dV and dK D columns each, 32 at a time
@@ -102,7 +106,7 @@ def test_cute_bwd_compiles_for_sm100a(case, reports):
     assert r["red_v4_f32"] == d // 4, r
     assert r["st_global_v4"] == 2 * (d * 2 // 16), r
     assert (r["tanh_approx"] > 0) == (act in TANH_BASED), r
-    if act == "silu" and case[0] == "fp16" and not band:
+    if act == "silu" and case[0] == "fp16" and not (plan.causal or plan.window):
         # the mask: P and dS of each of a thread's 128 scores kept or zeroed by a select
         assert r["selp_f32"] == 2 * TILE, r
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
@@ -229,14 +233,13 @@ def _operands(d=128, dv=None, nk=256, nq=200, dtype=torch.bfloat16, kv_heads=4):
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(causal=True), "no causal mask"),
     (dict(bias=torch.zeros(1)), "takes no bias"),
     (dict(dv=64), "D = Dv"),
     (dict(d=96), "head dims"),
     (dict(kv_heads=3), "a multiple of k's"),
     (dict(dtype=torch.float32), "fp16/bf16"),
     (dict(grad_out=torch.zeros(2, 4, 200, 128, dtype=torch.float16)), "grad_out"),
-], ids=["causal", "bias", "dv_differs", "d96", "heads", "fp32", "grad_out_dtype"])
+], ids=["bias", "dv_differs", "d96", "heads", "fp32", "grad_out_dtype"])
 def test_the_support_check_refuses_with_a_reason(on_blackwell, change, reason):
     causal, bias, grad_out = change.pop("causal", False), change.pop("bias", None), change.pop("grad_out", None)
     q, k, v, do = _operands(**change)
@@ -246,6 +249,7 @@ def test_the_support_check_refuses_with_a_reason(on_blackwell, change, reason):
 
 def test_the_support_check_takes_a_plain_call(on_blackwell):
     assert bwd_support.sm100_bwd_supported(*_operands(), None, False, "gelu_tanh") == (True, "")
+    assert bwd_support.sm100_bwd_supported(*_operands(), None, True, "silu") == (True, "")
     assert bwd_support.sm100_bwd_supported(*_operands(kv_heads=2, d=64), None, False, "silu") == (True, "")
 
 
@@ -293,7 +297,7 @@ def test_the_launcher_passes_the_schema_arguments(monkeypatch, nq, masked, kv_he
                                                   (nq, 128, 4, 2), (nq, 128, 4, 2), (256, 128, 4, 2),
                                                   (256, 128, 4, 2)]
     assert args[4].dtype == torch.float32 and not args[4].any()
-    assert args[7:] == (0.125, 0.5, 0.01, *bounds)
+    assert args[7:] == (0.125, 0.5, 0.01, *bounds, None, None)
 
 
 def test_the_launcher_compiles_nothing_without_keys_or_queries(monkeypatch):
@@ -357,3 +361,60 @@ def test_the_kernels_arithmetic_gives_the_gradients(name):
     # the host's factor is rounded to fp32 (as the kernel multiplies it)
     for got, want in zip((dq, dk, dv), expected):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
+
+
+def _side(t, cu, max_len):
+    from gdpa_inductor.kernels.common.varlen_rows import VarlenSide
+
+    return VarlenSide(t, cu[:-1], cu[1:] - cu[:-1], max_len, cu.numel() - 1, True)
+
+
+@pytest.mark.parametrize("causal, window, kind, bounds", BAND_CALLS, ids=["none", "causal", "causal_window",
+                                                                         "right_window"])
+def test_the_varlen_launcher_passes_the_rows(monkeypatch, causal, window, kind, bounds):
+    """The varlen launcher's plan (varlen, the band's kind, queries always masked), the sides in the kernel's
+    (N, D, H, Z) modes (K and V repeated per query head, zeroed fp32 dQ sums and zeroed dK, dV: rows no sample reaches
+    stay zero), the rows (per sample: first query row, query count, first key row, key count, index), the band's
+    bounds and the longest sample's key tiles in the schema's slots; gradients in the sides' shapes."""
+    from gdpa_inductor.kernels.cute import varlen_bwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(varlen_bwd, "compile_bwd_sm100", build)
+    cu_q = torch.tensor([0, 300, 310, 310], dtype=torch.int32)
+    cu_k = torch.tensor([0, 200, 330, 340], dtype=torch.int32)
+    q, do = torch.ones(310, 4, 128, dtype=torch.bfloat16), torch.ones(310, 4, 128, dtype=torch.bfloat16)
+    k, v = torch.ones(340, 2, 128, dtype=torch.bfloat16), torch.ones(340, 2, 128, dtype=torch.bfloat16)
+    dq, dk, dv = varlen_bwd.gdpa_varlen_bwd_cute_sm100(do, _side(q, cu_q, 300), _side(k, cu_k, 200), v,
+                                                       torch.tensor([0, 1, 2]), "silu", 0.125, 0.5, 0.01,
+                                                       causal=causal, window=window)
+    (plan,), (args,) = build.plans, build.calls
+    assert plan == plan_bwd_sm100(torch.bfloat16, 128, "silu", causal=kind == "causal", window=kind == "window",
+                                  varlen=True) and plan.mask_queries
+    assert [tuple(a.shape) for a in args[:7]] == [(310, 128, 4, 1), (340, 128, 4, 1), (340, 128, 4, 1),
+                                                  (310, 128, 4, 1), (310, 128, 4, 1), (340, 128, 4, 1),
+                                                  (340, 128, 4, 1)]
+    assert args[4].dtype == torch.float32 and not (args[4].any() or args[5].any() or args[6].any())
+    assert args[7:10] == (0.125, 0.5, 0.01) and args[10:12] == bounds
+    assert args[12].tolist() == [[0, 300, 310], [300, 10, 0], [0, 200, 330], [200, 130, 10], [0, 1, 2]]
+    assert args[13] == 2
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert dq.dtype == dk.dtype == dv.dtype == torch.bfloat16
+
+
+def test_the_varlen_support_check(on_blackwell, monkeypatch):
+    from gdpa_inductor.kernels.cute import varlen_support
+
+    monkeypatch.setattr(varlen_support, "cute_dsl_available", lambda: True)
+    monkeypatch.setattr(varlen_support, "on_sm100", lambda device: True)
+    q, k = torch.zeros(310, 4, 128, dtype=torch.bfloat16), torch.zeros(340, 2, 128, dtype=torch.bfloat16)
+    check = varlen_support.sm100_varlen_bwd_support
+    assert check(q, k, k, q, None, (-1, -1), "silu") == (True, "")
+    assert check(q, k, k, q, None, (3, 0), "gelu_tanh") == (True, "")
+    for args, reason in [((q, k, k, q, torch.zeros(1), (-1, -1), "silu"), "no bias"),
+                         ((q, k, k, q, None, (-2, 0), "silu"), "window"),
+                         ((q, k, k[..., :64], q[..., :64], None, (-1, -1), "silu"), "D = Dv"),
+                         ((q, k[:, :1].expand(340, 3, 128), k, q, None, (-1, -1), "silu"), "one shape"),
+                         ((q, k, k, q.half(), None, (-1, -1), "silu"), "dout"),
+                         ((q[..., :96], k[..., :96], k[..., :96], q[..., :96], None, (-1, -1), "silu"), "head dims")]:
+        ok, why = check(*args)
+        assert not ok and reason in why, why

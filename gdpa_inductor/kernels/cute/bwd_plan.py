@@ -242,8 +242,8 @@ class Sm100BwdPlan:
     """One build of the Blackwell backward (``GdpaBwdSm100``), compiled for ``target``: the plan is the compile key
     (every field). ``mask_queries``: queries past Nq give P = dS = 0 (Nq not a multiple of the 128-row query tile);
     ``q_stages``: ``sm100_bwd_q_stages``; ``causal``: the bottom-right aligned causal mask; ``window``: a band
-    (left, right bounds passed at launch) in its place. dQ is summed unscaled in fp32 (``bwd_results.dq_of_sums``
-    scales it)."""
+    (left, right bounds passed at launch) in its place; ``varlen``: per-sample rows (``ragged_rows``), every query
+    tile masked past its sample's end. dQ is summed unscaled in fp32 (``bwd_results.dq_of_sums`` scales it)."""
 
     dtype: torch.dtype
     head_dim: int
@@ -252,6 +252,7 @@ class Sm100BwdPlan:
     mask_queries: bool = True
     causal: bool = False
     window: bool = False
+    varlen: bool = False
     target: str = "sm_100a"
 
     def __post_init__(self):
@@ -269,8 +270,9 @@ class Sm100BwdPlan:
 
 @functools.lru_cache(maxsize=256)
 def plan_bwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, mask_queries: bool = True,
-                   causal: bool = False, window: bool = False) -> Sm100BwdPlan:
+                   causal: bool = False, window: bool = False, varlen: bool = False) -> Sm100BwdPlan:
     """The Blackwell backward's plan for D = Dv = ``head_dim``: its Q/dO stages from ``sm100_bwd_q_stages``; a window
-    takes the causal mask's place."""
-    return Sm100BwdPlan(dtype, head_dim, activation, q_stages=sm100_bwd_q_stages(head_dim), mask_queries=mask_queries,
-                        causal=causal and not window, window=window)
+    takes the causal mask's place; a varlen sample's last query tile is ragged wherever its length falls."""
+    return Sm100BwdPlan(dtype, head_dim, activation, q_stages=sm100_bwd_q_stages(head_dim),
+                        mask_queries=mask_queries or varlen, causal=causal and not window, window=window,
+                        varlen=varlen)

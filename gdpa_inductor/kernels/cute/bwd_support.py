@@ -76,7 +76,7 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
 def sm100_bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, bias, causal: bool,
                         activation: ActivationName, bias_grad: bool = False) -> tuple[bool, str]:
     """(ok, reason) for the Blackwell backward (``GdpaBwdSm100``, launched by ``gdpa_bwd.gdpa_bwd_cute_sm100``) on
-    [Z, H, N, D] operands: an sm_100 GPU, no causal mask and no bias (the kernel has neither), D = Dv in
+    [Z, H, N, D] operands: an sm_100 GPU, no bias (the kernel has none; the causal mask it has), D = Dv in
     ``SM100_BWD_HEAD_DIMS``, grad_out of q's shape and dtype, and ``operand_support``'s dtypes and TMA layouts (grad_out
     is copied where TMA cannot read it). Empty query or key ranges take no kernel (zero gradients). The dispatch asks
     it on sm_100 (``lowering/sm100_backward.py``), then the self-check of the call's build: no Blackwell GPU in this
@@ -88,8 +88,6 @@ def sm100_bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm100(q.device):
         return False, f"{kernel} is built for sm_100"
-    if causal:
-        return False, f"{kernel} has no causal mask"
     if bias is not None or bias_grad:
         return False, f"{kernel} takes no bias"
     if q.shape[-1] != v.shape[-1]:

@@ -47,6 +47,7 @@ from ..common.window_bounds import UNBOUNDED
 from .activation_math import BackwardForm
 from .band_tiles import band_query_tiles, kept_queries, tile_limits, unmasked_query_tiles
 from .gdpa_fwd_sm100 import _batched
+from .ragged_rows import RAGGED_ROWS, ragged
 
 _ROWS = 128
 _WARP = 32
@@ -90,10 +91,10 @@ def ds_offset(row, col):
 class GdpaBwdSm100:
     """Compile-time parameters: element type, head dims of Q/K and of V (equal, 64 or 128), the activation's fp32
     backward form (``activation_math.backward_form(name, False)``), Q/dO stages, whether queries past Nq are
-    masked (``mask_queries``), and the band (``causal``, ``window``)."""
+    masked (``mask_queries``), the band (``causal``, ``window``) and ``varlen``."""
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int, act_form: BackwardForm, q_stages: int = 1,
-                 mask_queries: bool = True, causal: bool = False, window: bool = False):
+                 mask_queries: bool = True, causal: bool = False, window: bool = False, varlen: bool = False):
         assert head_dim == head_dim_v and head_dim in (64, 128), "D = Dv of 64 or 128"
         self.dtype = dtype
         self.head_dim = head_dim
@@ -102,7 +103,9 @@ class GdpaBwdSm100:
         self.tile_n = _ROWS
         self.tile_m = _ROWS
         self.q_stages = q_stages
-        self.mask_queries = mask_queries
+        # a varlen sample's last query tile is ragged wherever its length falls
+        self.mask_queries = mask_queries or varlen
+        self.varlen = varlen
         self.causal = causal
         self.window = window
         self.band = causal or window
@@ -169,11 +172,19 @@ class GdpaBwdSm100:
         stream: cuda.CUstream,
         band_left: cutlass.Int32 | None = None,
         band_right: cutlass.Int32 | None = None,
+        rows: cute.Tensor | None = None,
+        num_n: cutlass.Int32 | None = None,
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, H, Z); mV: (Nk, Dv, H, Z); mdO: (Nq, Dv, H, Z); mdQ: fp32 (Nq, D, H, Z),
         zeroed, summed into unscaled; mdK, mdV: like mK, mV; D, Dv contiguous. One head of K/V per query head (the
-        launcher expands grouped heads). ``band_left``, ``band_right``: the band's bounds (``window``)."""
-        q, k, v, do = _batched(mQ), _batched(mK), _batched(mV), _batched(mdO)
+        launcher expands grouped heads). ``band_left``, ``band_right``: the band's bounds (``window``).
+        Varlen: ``rows`` (5, B) int32, per sample: first query row, query count, first key row, key count, and the
+        sample's index z; each side's Z is 1 (jagged rows) or B (a dense side, rows counted within sample z's block).
+        ``num_n``: key tiles of the longest sample. dQ, dK and dV are written only at a sample's rows."""
+        q, k, v, do = mQ, mK, mV, mdO
+        if cutlass.const_expr(self.varlen):
+            q, k, v, do = ragged(q, 0), ragged(k, 0), ragged(v, 0), ragged(do, 0)
+        q, k, v, do = _batched(q), _batched(k), _batched(v), _batched(do)
         mmas = self._tiled_mmas()
         s_mma, dp_mma = mmas[0], mmas[1]
         lay = self._smem_layouts(mmas)
@@ -207,12 +218,17 @@ class GdpaBwdSm100:
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
         assert self.smem_bytes <= _SMEM_LIMIT, f"{self.smem_bytes} bytes of shared memory"
+        samples = mK.shape[3]
+        if cutlass.const_expr(self.varlen):
+            samples = rows.shape[1]
+        else:
+            num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
-            *mmas, tma_k, tk, tma_v, tv, tma_q, tq, tma_do, tdo, _batched(mdQ), _batched(mdK), _batched(mdV), scale,
-            post_scale, slope, band_left, band_right,
+            *mmas, tma_k, tk, tma_v, tv, tma_q, tq, tma_do, tdo, mdQ, mdK, mdV, scale, post_scale, slope,
+            mQ.shape[0], mK.shape[0], rows, band_left, band_right,
             *(lay[name] for name in _LAYOUTS),
         ).launch(
-            grid=[cute.ceil_div(mK.shape[0], self.tile_n), mK.shape[2], mK.shape[3]],
+            grid=[num_n, mK.shape[2], samples],
             block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
@@ -241,6 +257,9 @@ class GdpaBwdSm100:
         scale: cutlass.Float32,
         post_scale: cutlass.Float32,
         slope: cutlass.Float32,
+        nq_all: cutlass.Int32,
+        nk_all: cutlass.Int32,
+        rows: cute.Tensor | None,
         band_left: cutlass.Int32 | None,
         band_right: cutlass.Int32 | None,
         k_smem: cute.ComposedLayout,
@@ -255,9 +274,12 @@ class GdpaBwdSm100:
         p_tmem: cute.ComposedLayout,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        n_blk, h, z = cute.arch.block_idx()
+        n_blk, h, zb = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        nq, nk = mQ.shape[0], mK.shape[0]
+        # the sample's rows: the whole tensors', or a varlen sample's from ``rows``
+        q0, nq, k0, nk, z = 0, nq_all, 0, nk_all, zb
+        if cutlass.const_expr(self.varlen):
+            q0, nq, k0, nk, z = rows[0, zb], rows[1, zb], rows[2, zb], rows[3, zb], rows[4, zb]
         band = (UNBOUNDED, 0)
         if cutlass.const_expr(self.window):
             band = (band_left, band_right)
@@ -322,127 +344,157 @@ class GdpaBwdSm100:
         s_thr, dp_thr, dv_thr, dk_thr, dq_thr = (m.get_slice(0) for m in mmas)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
 
-        if warp_idx == _LOAD_WARP:
-            # ---- LOAD: K and V once, then Q_j and dO_j ----
-            for atom in (tma_k, tma_v, tma_q, tma_do):
-                cpasync.prefetch_descriptor(atom)
-            d, dv = self.head_dim, self.head_dim_v
-            tKsK, tKgK = self._tma_part(tma_k, sK, s_thr.partition_A(cute.flat_divide(mK, (self.tile_n, d))))
-            tVsV, tVgV = self._tma_part(tma_v, sV, dp_thr.partition_A(cute.flat_divide(mV, (self.tile_n, dv))))
-            tQsQ, tQgQ = self._tma_part(tma_q, sQ, s_thr.partition_B(cute.flat_divide(mQ, (self.tile_m, d))))
-            tOsO, tOgO = self._tma_part(tma_do, sdO, dp_thr.partition_B(cute.flat_divide(mdO, (self.tile_m, dv))))
-            handle = k_producer.acquire_and_advance()
-            cute.copy(tma_k, tKgK[None, n_blk, 0, (h, z)], tKsK[None, handle.index], tma_bar_ptr=handle.barrier)
-            handle = v_producer.acquire_and_advance()
-            cute.copy(tma_v, tVgV[None, n_blk, 0, (h, z)], tVsV[None, handle.index], tma_bar_ptr=handle.barrier)
-            for j in cutlass.range(count, unroll=1):
-                handle = q_producer.acquire_and_advance()
-                cute.copy(tma_q, tQgQ[None, first + j, 0, (h, z)], tQsQ[None, handle.index],
-                          tma_bar_ptr=handle.barrier)
-                handle = do_producer.acquire_and_advance()
-                cute.copy(tma_do, tOgO[None, first + j, 0, (h, z)], tOsO[None, handle.index],
-                          tma_bar_ptr=handle.barrier)
-            # the MMA warp's last releases land before the CTA exits
-            q_producer.tail()
-            do_producer.tail()
+        # varlen: a key tile past its sample's keys, or of a sample without queries, has nothing to add (the launcher
+        # zeroes dK and dV)
+        runs = True
+        if cutlass.const_expr(self.varlen):
+            runs = (n_blk * self.tile_n < nk) & (nq > 0)
+        if runs:
+            if warp_idx == _LOAD_WARP:
+                # ---- LOAD: K and V once, then Q_j and dO_j ----
+                for atom in (tma_k, tma_v, tma_q, tma_do):
+                    cpasync.prefetch_descriptor(atom)
+                d, dv = self.head_dim, self.head_dim_v
+                # (TMA, RestM, RestK): the tiles of this head and sample
+                tKsK, tKgK = self._tma_part(tma_k, sK, s_thr.partition_A(
+                    cute.flat_divide(self._sample(mK, h, z, k0, nk), (self.tile_n, d))))
+                tVsV, tVgV = self._tma_part(tma_v, sV, dp_thr.partition_A(
+                    cute.flat_divide(self._sample(mV, h, z, k0, nk), (self.tile_n, dv))))
+                tQsQ, tQgQ = self._tma_part(tma_q, sQ, s_thr.partition_B(
+                    cute.flat_divide(self._sample(mQ, h, z, q0, nq), (self.tile_m, d))))
+                tOsO, tOgO = self._tma_part(tma_do, sdO, dp_thr.partition_B(
+                    cute.flat_divide(self._sample(mdO, h, z, q0, nq), (self.tile_m, dv))))
+                handle = k_producer.acquire_and_advance()
+                cute.copy(tma_k, tKgK[None, n_blk, 0], tKsK[None, handle.index], tma_bar_ptr=handle.barrier)
+                handle = v_producer.acquire_and_advance()
+                cute.copy(tma_v, tVgV[None, n_blk, 0], tVsV[None, handle.index], tma_bar_ptr=handle.barrier)
+                for j in cutlass.range(count, unroll=1):
+                    handle = q_producer.acquire_and_advance()
+                    cute.copy(tma_q, tQgQ[None, first + j, 0], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
+                    handle = do_producer.acquire_and_advance()
+                    cute.copy(tma_do, tOgO[None, first + j, 0], tOsO[None, handle.index], tma_bar_ptr=handle.barrier)
+                # the MMA warp's last releases land before the CTA exits
+                q_producer.tail()
+                do_producer.tail()
 
-        if warp_idx == _MMA_WARP:
-            # ---- MMA: per query tile Sᵀ, dPᵀ, then dV, dK, dQ ----
-            tmem.wait_for_alloc()
-            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            if warp_idx == _MMA_WARP:
+                # ---- MMA: per query tile Sᵀ, dPᵀ, then dV, dK, dQ ----
+                tmem.wait_for_alloc()
+                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
 
-            def accumulator(thr, tiler, offset):
-                return cute.make_tensor(tmem_ptr + offset,
-                                        thr.make_fragment_C(thr.partition_shape_C(tiler[:2])).layout)
+                def accumulator(thr, tiler, offset):
+                    return cute.make_tensor(tmem_ptr + offset,
+                                            thr.make_fragment_C(thr.partition_shape_C(tiler[:2])).layout)
 
-            tStS = accumulator(s_thr, self.s_tiler, _S_OFFSET)
-            tdPtdP = accumulator(dp_thr, self.dp_tiler, _DP_OFFSET)
-            tdVtdV = accumulator(dv_thr, self.dv_tiler, self.dv_offset)
-            tdKtdK = accumulator(dk_thr, self.dk_tiler, self.dk_offset)
-            tdQtdQ = accumulator(dq_thr, self.dq_tiler, _DP_OFFSET)
-            p_layout = dv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, lay["p"].outer))[None, None, None, 0].layout
-            tdVrP = cute.make_tensor(cute.recast_ptr(tmem_ptr + _S_OFFSET, dtype=self.dtype), p_layout)
-            # the second views of K, Q, dO and dS: same bytes, MN-major layouts
-            sKt = cute.make_tensor(cute.recast_ptr(sK.iterator, lay["kt"].inner), lay["kt"].outer)
-            sQt = cute.make_tensor(cute.recast_ptr(sQ.iterator, lay["qt"].inner), lay["qt"].outer)
-            sdOt = cute.make_tensor(cute.recast_ptr(sdO.iterator, lay["dot"].inner), lay["dot"].outer)
-            sdS = cute.make_tensor(cute.recast_ptr(sdSt.iterator, lay["ds"].inner), lay["ds"].outer)
-            frags = (
-                s_thr.make_fragment_A(sK)[None, None, None, k_consumer.wait_and_advance().index],
-                s_thr.make_fragment_B(sQ),
-                dp_thr.make_fragment_A(sV)[None, None, None, v_consumer.wait_and_advance().index],
-                dp_thr.make_fragment_B(sdO),
-                dv_thr.make_fragment_B(sdOt),
-                dk_thr.make_fragment_A(sdSt)[None, None, None, 0],
-                dk_thr.make_fragment_B(sQt),
-                dq_thr.make_fragment_A(sdS)[None, None, None, 0],
-                dq_thr.make_fragment_B(sKt)[None, None, None, 0],
-                tdVrP,
-            )
-            accs = (tStS, tdPtdP, tdVtdV, tdKtdK, tdQtdQ)
-            # K and V stay for the whole CTA: never released. The pipelines' positions and the MMAs' accumulate
-            # flags change in the step: rebound here, as loop-carried locals
-            for j in cutlass.range(count, unroll=1):
-                mmas, held, q_consumer, do_consumer, s_producer, dp_producer, dq_producer = self._mma_scores(
-                    mmas, frags, accs, q_consumer, do_consumer, s_producer, dp_producer, dq_producer)
-                mmas, p_consumer, ds_consumer = self._mma_grads(mmas, frags, accs, j > 0, held, p_consumer,
-                                                                ds_consumer)
-            # dK and dV complete once every matmul issued so far is (tcgen05.commit tracks them all)
-            dkv_producer.acquire_and_advance().commit()
+                tStS = accumulator(s_thr, self.s_tiler, _S_OFFSET)
+                tdPtdP = accumulator(dp_thr, self.dp_tiler, _DP_OFFSET)
+                tdVtdV = accumulator(dv_thr, self.dv_tiler, self.dv_offset)
+                tdKtdK = accumulator(dk_thr, self.dk_tiler, self.dk_offset)
+                tdQtdQ = accumulator(dq_thr, self.dq_tiler, _DP_OFFSET)
+                p_frag = dv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, lay["p"].outer))
+                p_layout = p_frag[None, None, None, 0].layout
+                tdVrP = cute.make_tensor(cute.recast_ptr(tmem_ptr + _S_OFFSET, dtype=self.dtype), p_layout)
+                # the second views of K, Q, dO and dS: same bytes, MN-major layouts
+                sKt = cute.make_tensor(cute.recast_ptr(sK.iterator, lay["kt"].inner), lay["kt"].outer)
+                sQt = cute.make_tensor(cute.recast_ptr(sQ.iterator, lay["qt"].inner), lay["qt"].outer)
+                sdOt = cute.make_tensor(cute.recast_ptr(sdO.iterator, lay["dot"].inner), lay["dot"].outer)
+                sdS = cute.make_tensor(cute.recast_ptr(sdSt.iterator, lay["ds"].inner), lay["ds"].outer)
+                frags = (
+                    s_thr.make_fragment_A(sK)[None, None, None, k_consumer.wait_and_advance().index],
+                    s_thr.make_fragment_B(sQ),
+                    dp_thr.make_fragment_A(sV)[None, None, None, v_consumer.wait_and_advance().index],
+                    dp_thr.make_fragment_B(sdO),
+                    dv_thr.make_fragment_B(sdOt),
+                    dk_thr.make_fragment_A(sdSt)[None, None, None, 0],
+                    dk_thr.make_fragment_B(sQt),
+                    dq_thr.make_fragment_A(sdS)[None, None, None, 0],
+                    dq_thr.make_fragment_B(sKt)[None, None, None, 0],
+                    tdVrP,
+                )
+                accs = (tStS, tdPtdP, tdVtdV, tdKtdK, tdQtdQ)
+                # K and V stay for the whole CTA: never released. The pipelines' positions and the MMAs' accumulate
+                # flags change in the step: rebound here, as loop-carried locals
+                for j in cutlass.range(count, unroll=1):
+                    mmas, held, q_consumer, do_consumer, s_producer, dp_producer, dq_producer = self._mma_scores(
+                        mmas, frags, accs, q_consumer, do_consumer, s_producer, dp_producer, dq_producer)
+                    mmas, p_consumer, ds_consumer = self._mma_grads(mmas, frags, accs, j > 0, held, p_consumer,
+                                                                    ds_consumer)
+                # dK and dV complete once every matmul issued so far is (tcgen05.commit tracks them all)
+                dkv_producer.acquire_and_advance().commit()
 
-        if warp_idx < _COMPUTE_WARPS:
-            # ---- COMPUTE: Pᵀ into tensor memory, dSᵀ into shared memory; then the dK, dV epilogue ----
-            tmem.allocate(self.tmem_columns)
-            tmem.relinquish_alloc_permit()
-            tmem.wait_for_alloc()
-            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-            copies = self._score_copies(s_thr, tmem_ptr, tidx)
-            ds_base = storage.sdS.data_ptr().toint()
-            for j in cutlass.range(count, unroll=1):
-                m_blk = first + j
-                s_handle = s_consumer.wait_and_advance()
-                dp_handle = dp_consumer.wait_and_advance()
-                p_handle = p_producer.acquire_and_advance()
-                ds_handle = ds_producer.acquire_and_advance()
-                tile = (ds_base, m_blk, n_blk, nq, nk, band, scale, slope, tidx)
-                if cutlass.const_expr(self.band):
-                    if (m_blk < whole[0]) | (m_blk >= whole[1]):
-                        self._scores_to_grads(copies, tile, True)
+            if warp_idx < _COMPUTE_WARPS:
+                # ---- COMPUTE: Pᵀ into tensor memory, dSᵀ into shared memory; then the dK, dV epilogue ----
+                tmem.allocate(self.tmem_columns)
+                tmem.relinquish_alloc_permit()
+                tmem.wait_for_alloc()
+                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+                copies = self._score_copies(s_thr, tmem_ptr, tidx)
+                ds_base = storage.sdS.data_ptr().toint()
+                for j in cutlass.range(count, unroll=1):
+                    m_blk = first + j
+                    s_handle = s_consumer.wait_and_advance()
+                    dp_handle = dp_consumer.wait_and_advance()
+                    p_handle = p_producer.acquire_and_advance()
+                    ds_handle = ds_producer.acquire_and_advance()
+                    tile = (ds_base, m_blk, n_blk, nq, nk, band, scale, slope, tidx)
+                    if cutlass.const_expr(self.band):
+                        if (m_blk < whole[0]) | (m_blk >= whole[1]):
+                            self._scores_to_grads(copies, tile, True)
+                        else:
+                            self._scores_to_grads(copies, tile, False)
                     else:
-                        self._scores_to_grads(copies, tile, False)
-                else:
-                    self._scores_to_grads(copies, tile, self.mask_queries)
-                cute.arch.fence_view_async_tmem_store()
-                p_handle.commit()
-                # Sᵀ and dPᵀ read: their columns may take dQ_j and the next tile's Sᵀ
-                s_handle.release()
-                dp_handle.release()
-                # dSᵀ's shared-memory stores visible to the tensor cores' reads
-                cute.arch.fence_proxy("async.shared", space="cta")
-                ds_handle.commit()
-            dkv_handle = dkv_consumer.wait_and_advance()
-            # dK's scale: dS's (``bwd_results._ds_factor``, as the host scales dQ)
-            ds_scale = scale * post_scale * self.act_form.grad_factor
-            self._store_rows(dv_thr, self.dv_tiler, tmem_ptr + self.dv_offset, mdV, n_blk, h, z, post_scale, tidx)
-            self._store_rows(dk_thr, self.dk_tiler, tmem_ptr + self.dk_offset, mdK, n_blk, h, z, ds_scale, tidx)
-            dkv_handle.release()
-            # the MMA warp's last releases of P and dS (tcgen05.commit) land before the CTA exits
-            p_producer.tail()
-            ds_producer.tail()
-            # every compute and dQ warp is done with the tensor memory: it may go
-            cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
-            tmem.free(tmem_ptr)
+                        self._scores_to_grads(copies, tile, self.mask_queries)
+                    cute.arch.fence_view_async_tmem_store()
+                    p_handle.commit()
+                    # Sᵀ and dPᵀ read: their columns may take dQ_j and the next tile's Sᵀ
+                    s_handle.release()
+                    dp_handle.release()
+                    # dSᵀ's shared-memory stores visible to the tensor cores' reads
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    ds_handle.commit()
+                dkv_handle = dkv_consumer.wait_and_advance()
+                # dK's scale: dS's (``bwd_results._ds_factor``, as the host scales dQ)
+                ds_scale = scale * post_scale * self.act_form.grad_factor
+                dv_rows, dk_rows = self._rows_of(mdV, h, z, k0), self._rows_of(mdK, h, z, k0)
+                self._store_rows(dv_thr, self.dv_tiler, tmem_ptr + self.dv_offset, dv_rows, n_blk, nk, post_scale, tidx)
+                self._store_rows(dk_thr, self.dk_tiler, tmem_ptr + self.dk_offset, dk_rows, n_blk, nk, ds_scale, tidx)
+                dkv_handle.release()
+                # the MMA warp's last releases of P and dS (tcgen05.commit) land before the CTA exits
+                p_producer.tail()
+                ds_producer.tail()
+                # every compute and dQ warp is done with the tensor memory: it may go
+                cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
+                tmem.free(tmem_ptr)
 
-        if warp_idx >= _DQ_WARP0 and warp_idx < _MMA_WARP:
-            # ---- dQ: each query tile's dQ from tensor memory, added into the fp32 sums ----
-            tmem.wait_for_alloc()
-            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-            row = tidx - _GROUP_THREADS
-            for j in cutlass.range(count, unroll=1):
-                dq_handle = dq_consumer.wait_and_advance()
-                self._add_dq(dq_thr, tmem_ptr, mdQ, first + j, h, z, row)
-                dq_handle.release()
-            cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
+            if warp_idx >= _DQ_WARP0 and warp_idx < _MMA_WARP:
+                # ---- dQ: each query tile's dQ from tensor memory, added into the fp32 sums ----
+                tmem.wait_for_alloc()
+                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+                row = tidx - _GROUP_THREADS
+                dq_rows = self._rows_of(mdQ, h, z, q0)
+                for j in cutlass.range(count, unroll=1):
+                    dq_handle = dq_consumer.wait_and_advance()
+                    self._add_dq(dq_thr, tmem_ptr, dq_rows, first + j, nq, row)
+                    dq_handle.release()
+                cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
+
+    @cute.jit
+    def _sample(self, m: cute.Tensor, h: cutlass.Int32, z: cutlass.Int32, start, length):
+        """The (rows, D) TMA coordinate tensor of head ``h`` and sample ``z``: the dense tensor's, or a varlen sample's
+        ``length`` rows from ``start`` through the ragged descriptor (a side of one block has Z = 1, and every sample
+        reads it)."""
+        if cutlass.const_expr(not self.varlen):
+            return m[None, None, (h, z)]
+        rows = m[None, None, (h, z % m.shape[2][1], start + length)]
+        return cute.domain_offset((RAGGED_ROWS - length, 0), rows)
+
+    @cute.jit
+    def _rows_of(self, m: cute.Tensor, h, z, start):
+        """The (rows, D) global tensor of head ``h`` and sample ``z`` written by the dQ, dK and dV warps: the dense
+        tensor's, or a varlen sample's from row ``start`` (a side of one block has Z = 1)."""
+        if cutlass.const_expr(not self.varlen):
+            return m[None, None, h, z]
+        return cute.domain_offset((start, 0), m[None, None, h, z % m.shape[3]])
 
     def _tma_part(self, atom, s, g):
         return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 3), cute.group_modes(g, 0, 3))
@@ -601,13 +653,14 @@ class GdpaBwdSm100:
         return load, load.partition_S(acc_c[(None, None), None]), load.partition_D(coords[(None, None), None])
 
     @cute.jit
-    def _add_dq(self, dq_thr, tmem_ptr, mdQ, m_blk, h, z, row):
+    def _add_dq(self, dq_thr, tmem_ptr, dq_rows, m_blk, nq, row):
         """dQ of query tile ``m_blk`` from tensor memory (thread ``row`` of the dQ warps holds that row) added into the
-        fp32 sums, four values a ``red.global.add.v4.f32``; rows past Nq predicated off."""
+        fp32 sums ``dq_rows`` (the sample's), four values a ``red.global.add.v4.f32``; rows past its ``nq`` predicated
+        off."""
         shape = self.dq_tiler[:2]
         dq_load, tLtQ, tLcQ = self._acc_copy(dq_thr, shape, tmem_ptr + _DP_OFFSET, row)
-        gdQ = cute.local_tile(mdQ[None, None, (h, z)], shape, (m_blk, 0))
-        ok = row < mdQ.shape[0] - m_blk * self.tile_m
+        gdQ = cute.local_tile(dq_rows, shape, (m_blk, 0))
+        ok = row < nq - m_blk * self.tile_m
         for c in cutlass.range_constexpr(self.head_dim // _CHUNK):
             rQ = cute.make_rmem_tensor(tLcQ[None, 0, 0, c].shape, cutlass.Float32)
             cute.copy(dq_load, tLtQ[None, 0, 0, c], rQ)
@@ -620,13 +673,14 @@ class GdpaBwdSm100:
                 )
 
     @cute.jit
-    def _store_rows(self, thr, tiler, acc_ptr, mOut, n_blk, h, z, factor, tidx):
+    def _store_rows(self, thr, tiler, acc_ptr, out_rows, n_blk, nk, factor, tidx):
         """A (128 keys x D) accumulator · ``factor`` from tensor memory to global memory, ``_CHUNK`` columns at a
-        time, each thread its own key row (rows past Nk predicated off), in 16-byte stores."""
+        time, to ``out_rows`` (the sample's), each thread its own key row (rows past its ``nk`` predicated off), in
+        16-byte stores."""
         shape = tiler[:2]
         load, tLt, tLc = self._acc_copy(thr, shape, acc_ptr, tidx)
-        gOut = cute.local_tile(mOut[None, None, (h, z)], shape, (n_blk, 0))
-        valid = mOut.shape[0] - n_blk * self.tile_n
+        gOut = cute.local_tile(out_rows, shape, (n_blk, 0))
+        valid = nk - n_blk * self.tile_n
         vector = 128 // self.dtype.width
         store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         for c in cutlass.range_constexpr(shape[1] // _CHUNK):

@@ -287,6 +287,7 @@ BWD_SM100_ARGS = KernelArgs(
     *_operands("q", "k", "v", "dout"), *_operands("dq", dtype=lambda plan: torch.float32), *_operands("dk", "dv"),
     *_scalars("scale", "post_scale", "slope"), _STREAM,
     Arg("band_left", _int32, lambda plan: plan.window), Arg("band_right", _int32, lambda plan: plan.window),
+    Arg("rows", lambda plan: fake_rows(), _varlen), Arg("num_n", _int32, _varlen),
 )
 
 _BWD_HEAD = (

@@ -1,6 +1,7 @@
-"""Launcher of the CuTe-DSL Hopper backward over varlen batches (``GdpaBwdSm90`` with ``varlen``, or
-``GdpaBwdWideSm90`` past head dims of 128): the call on the rows the varlen schedule gives
-(``kernels/triton/varlen_schedule.py``); which calls it takes is ``varlen_support``'s.
+"""Launchers of the CuTe-DSL backwards over varlen batches: Hopper's (``GdpaBwdSm90`` with ``varlen``, or
+``GdpaBwdWideSm90`` past head dims of 128) and Blackwell's (``GdpaBwdSm100`` with ``varlen``,
+``gdpa_varlen_bwd_cute_sm100``): the call on the rows the varlen schedule gives
+(``kernels/triton/varlen_schedule.py``); which calls they take is ``varlen_support``'s.
 
 One CTA per (128-key tile, head, sample; 64 keys past head dims of 128), samples longest first; a CTA past its
 sample's keys, or of a sample without queries, exits at once. Each side's rows of a sample are read through TMA
@@ -18,12 +19,13 @@ import torch
 from ..activations import ActivationName
 from ..common.layout import tma_layout
 from ..common.varlen_rows import VarlenSide
-from .bwd_plan import bwd_key_tile, plan_bwd
+from .bwd_plan import SM100_BWD_TILE, bwd_key_tile, plan_bwd, plan_bwd_sm100
 from .bwd_results import dbias_of, dq_of_sums
 from .dbias_plan import dbias_way
 from .gdpa_bwd import dbias_buffer
-from .kernel_args import bias_tile_modes, dense_modes, offset_arg, row_modes
-from .kernel_build import bwd_args, compile_bwd
+from .gdpa_fwd import sm100_band
+from .kernel_args import BWD_SM100_ARGS, bias_tile_modes, dense_modes, offset_arg, row_modes
+from .kernel_build import bwd_args, compile_bwd, compile_bwd_sm100
 from .operand_views import is_tensor_bias
 
 
@@ -95,3 +97,39 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
         dk = dk.unflatten(-2, (hkv, group)).sum(-2)
         dv = dv.unflatten(-2, (hkv, group)).sum(-2)
     return dq, dk, dv, None if ds is None else dbias_of(ds, tensor_bias, sums, activation, post_scale)
+
+
+def gdpa_varlen_bwd_cute_sm100(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor,
+                               order: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
+                               negative_slope: float, causal: bool = False, window: tuple[int, int] = (-1, -1)):
+    """(dq, dk, dv) of the Blackwell backward (``GdpaBwdSm100`` with ``varlen``) on a varlen call's sides; ``dout``
+    in the output's layout (the queries' rows, Dv wide). One CTA per (128-key tile, head, sample), the grid sized by
+    the longest sample; dQ summed unscaled in fp32 and scaled here (``dq_of_sums``); gradients zero at rows no
+    sample reaches. ``causal``, ``window``: the bottom-right aligned mask and the band around it in each sample, at
+    any Nk - Nq. Shared dense sides and grouped heads as in ``gdpa_varlen_bwd_cute``. Not yet run on a Blackwell
+    GPU: the dispatch checks each build's results on the device first."""
+    q, k = qs.tensor, ks.tensor
+    h, d = q.shape[-2:]
+    hkv = v.shape[-2]
+    group = h // hkv
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=-2), v.repeat_interleave(group, dim=-2)
+    dout = dout if tma_layout(dout) else dout.contiguous()
+    causal, bounds = sm100_band(causal, window)
+    plan = plan_bwd_sm100(q.dtype, d, activation, causal=causal, window=bounds is not None, varlen=True)
+    dq_buf = _grad_buffer(qs, q, torch.float32)
+    dk_buf, dv_buf = _grad_buffer(ks, k, k.dtype), _grad_buffer(ks, v, v.dtype)
+    num_n = -(-ks.max_len // SM100_BWD_TILE)
+    if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
+        rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
+        band_left, band_right = bounds or (None, None)
+        compile_bwd_sm100(plan)(*BWD_SM100_ARGS.values(
+            plan, q=row_modes(q), k=row_modes(k), v=row_modes(v), dout=row_modes(dout), dq=row_modes(dq_buf),
+            dk=row_modes(dk_buf), dv=row_modes(dv_buf), scale=scale, post_scale=post_scale, slope=negative_slope,
+            band_left=band_left, band_right=band_right, rows=rows, num_n=num_n))
+    dq = dq_of_sums(_summed(dq_buf, q), q.dtype, activation, scale, post_scale)
+    dk, dv = _summed(dk_buf, k).to(k.dtype), _summed(dv_buf, v).to(v.dtype)
+    if group > 1:
+        dk = dk.unflatten(-2, (hkv, group)).sum(-2)
+        dv = dv.unflatten(-2, (hkv, group)).sum(-2)
+    return dq, dk, dv
