@@ -1,4 +1,5 @@
-"""Which dense backward calls the CuTe Blackwell backward (``GdpaBwdSm100``) takes on an sm_100 GPU, the way the
+"""Which dense backward calls (with or without the causal mask) the CuTe Blackwell backward (``GdpaBwdSm100``) takes
+on an sm_100 GPU, the way the
 forward is taken (``sm100_forward``, the shared glue in ``sm100_kernels``): those ``sm100_bwd_supported`` covers,
 once the build the call would run has passed its first-use self-check against Triton's backward on the device
 (``self_check``: dq, dk and dv each). No Blackwell GPU has run the kernel in this project's tests, so no build serves
@@ -33,7 +34,7 @@ def sm100_backward_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bi
         return sm100_kernels.NOT_DENSE
     (q4, k4, v4, do4), _ = views
     covered = sm100_bwd_supported(q4, k4, v4, do4, bias, causal, activation, bias_grad)
-    return sm100_kernels.checked_support("backward", covered, lambda: plan_dense_bwd_sm100(q4, activation),
+    return sm100_kernels.checked_support("backward", covered, lambda: plan_dense_bwd_sm100(q4, activation, causal),
                                          backward_check, q.device)
 
 
@@ -50,7 +51,7 @@ def may_take(q: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: A
 def backward_check(plan, device: torch.device) -> self_check.Check:
     """The self-check of the Blackwell backward's build ``plan``: that build's (dq, dk, dv) against Triton's
     backward, on keys ending part-way through a key tile, and queries ending part-way through a query tile where
-    the build masks them, else whole query tiles."""
+    the build masks them, else whole query tiles; a causal build under its mask, at Nq below and above Nk."""
     from ..kernels.cute.bwd_plan import SM100_BWD_TILE
 
     query_counts = tuple(shape[3] for shape in CHECK_SHAPES) if plan.mask_queries else whole_tiles(SM100_BWD_TILE)
@@ -62,18 +63,22 @@ def backward_check(plan, device: torch.device) -> self_check.Check:
     def candidate(dout, q, k, v, activation, scale, post_scale, slope):
         from ..kernels.cute import gdpa_bwd
 
-        return gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, dout, activation, scale, post_scale, slope, plan=plan)
+        return gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, dout, activation, scale, post_scale, slope, plan=plan,
+                                            causal=plan.causal)
 
     def trusted(dout, q, k, v, activation, scale, post_scale, slope):
         from ..kernels.triton import gdpa_bwd
 
-        return gdpa_bwd.gdpa_bwd_triton(dout, q, k, v, None, activation, scale, post_scale, False, slope, False)[:3]
+        return gdpa_bwd.gdpa_bwd_triton(dout, q, k, v, None, activation, scale, post_scale, plan.causal, slope,
+                                        False)[:3]
 
     def exact(dout, q, k, v, activation, scale, post_scale, slope):
         from ..kernels.reference import gdpa_reference_backward
 
-        return gdpa_reference_backward(dout, q, k, v, None, activation, scale, post_scale, False, slope, False)[:3]
+        return gdpa_reference_backward(dout, q, k, v, None, activation, scale, post_scale, plan.causal, slope,
+                                       False)[:3]
 
     mask = "queries masked past Nq" if plan.mask_queries else "whole query tiles"
-    name = sm100_kernels.variant("backward", plan, f"{plan.q_stages} Q/dO stages", mask)
+    band = ("causal",) if plan.causal else ()
+    name = sm100_kernels.variant("backward", plan, f"{plan.q_stages} Q/dO stages", mask, *band)
     return self_check.Check(name, candidate, trusted, exact, cases, outputs=("dq", "dk", "dv"))

@@ -26,10 +26,10 @@ pytestmark = pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nv
 CHECKS = len(sm100_kernels.CHECK_SHAPES)
 
 
-def _rounded_grads(dout, q, k, v, activation, scale, post_scale, negative_slope):
+def _rounded_grads(dout, q, k, v, activation, scale, post_scale, negative_slope, causal=False):
     """(dq, dk, dv): the float64 reference backward, rounded to the operands' dtype."""
     grads = gdpa_reference_backward(dout.double(), q.double(), k.double(), v.double(), None, activation, scale,
-                                    post_scale, False, negative_slope, False)[:3]
+                                    post_scale, causal, negative_slope, False)[:3]
     return tuple(g.to(q.dtype) for g in grads)
 
 
@@ -40,12 +40,14 @@ class Sm100BwdStandIn:
     def __init__(self, fault: str):
         self.fault, self.plans, self.shapes = fault, [], []
 
-    def __call__(self, q, k, v, grad_out, activation, scale, post_scale, negative_slope, plan=None):
+    def __call__(self, q, k, v, grad_out, activation, scale, post_scale, negative_slope, plan=None, causal=False):
         self.plans.append(plan)
         self.shapes.append((tuple(q.shape), tuple(k.shape)))
         if self.fault == "raises on compile":
             raise RuntimeError("DSLRuntimeError: the kernel did not compile (stand-in)")
-        dq, dk, dv = _rounded_grads(grad_out, q, k, v, activation, scale, post_scale, negative_slope)
+        assert causal == plan.causal, "the launch's mask is its build's"
+        masked = causal and self.fault != "ignores the causal mask"
+        dq, dk, dv = _rounded_grads(grad_out, q, k, v, activation, scale, post_scale, negative_slope, masked)
         if self.fault == "dv times 1.02":
             dv = dv * 1.02
         elif self.fault == "one NaN in dk":
@@ -64,8 +66,8 @@ class Triton:
     def __call__(self, dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope,
                  bias_requires_grad, traced=False):
         self.calls += 1
-        assert bias is None and not causal
-        return (*_rounded_grads(dout, q, k, v, activation, scale, post_scale, negative_slope), None)
+        assert bias is None
+        return (*_rounded_grads(dout, q, k, v, activation, scale, post_scale, negative_slope, causal), None)
 
 
 @pytest.fixture
@@ -102,17 +104,17 @@ def _operands(gen, d=64, dv=None, nq=100, nk=150, hkv=4, dtype=torch.bfloat16):
     return dout, q, k, v
 
 
-def _backward(dout, q, k, v):
-    return ops.backward_impl(dout, q, k, v, None, "silu", q.shape[-1] ** -0.5, 1.0, False, 0.01, False)
+def _backward(dout, q, k, v, causal=False):
+    return ops.backward_impl(dout, q, k, v, None, "silu", q.shape[-1] ** -0.5, 1.0, causal, 0.01, False)
 
 
-def _select(dout, q, k, v, activation="silu"):
-    return select_backward_impl(q, k, v, None, False, activation, False, dout)
+def _select(dout, q, k, v, activation="silu", causal=False):
+    return select_backward_impl(q, k, v, None, causal, activation, False, dout)
 
 
-def _assert_expected(grads, dout, q, k, v):
+def _assert_expected(grads, dout, q, k, v, causal=False):
     """``grads`` (dq, dk, dv, then anything) are the backward's at ``_backward``'s parameters, as Triton rounds them."""
-    want = _rounded_grads(dout, q, k, v, "silu", q.shape[-1] ** -0.5, 1.0, 0.01)
+    want = _rounded_grads(dout, q, k, v, "silu", q.shape[-1] ** -0.5, 1.0, 0.01, causal)
     assert all(torch.equal(got, w) for got, w in zip(grads[:3], want))
 
 
@@ -147,6 +149,36 @@ def test_the_check_runs_partial_query_and_key_tiles_and_gqa(sm100, mask_queries)
     assert all(bool(q[2] % 128) == mask_queries for q in (q1, q2))
     assert q1[1] == k1[1] and q2[1] == 2 * k2[1]
     assert kernel.plans == [plan, plan]
+
+
+@pytest.mark.parametrize("nq", [100, 200])
+def test_a_causal_call_runs_the_causal_build_after_its_own_check(sm100, gen, nq):
+    """A causal call is checked and run on the causal build (its own verdict beside the unmasked build's), under the
+    mask at Nq below and above Nk, and gets the masked gradients."""
+    install, triton, checks = sm100
+    kernel = install("none")
+    dout, q, k, v = _operands(gen, nq=nq)
+    assert _select(dout, q, k, v, causal=True) == "cute"
+    grads = _backward(dout, q, k, v, causal=True)
+    _assert_expected(grads, dout, q, k, v, causal=True)
+    assert len(checks) == 1 and "causal" in checks[0]
+    assert all(p.causal for p in kernel.plans) and len(kernel.plans) == CHECKS + 1
+    (q1, k1), (q2, k2) = kernel.shapes[:2]
+    assert q1[2] > k1[2] and q2[2] < k2[2]
+    assert _select(dout, q, k, v) == "cute" and len(checks) == 2 and "causal" not in checks[1]
+
+
+def test_a_build_that_ignores_the_causal_mask_is_caught(sm100, gen, caplog):
+    install, _, checks = sm100
+    install("ignores the causal mask")
+    dout, q, k, v = _operands(gen)
+    with caplog.at_level(logging.WARNING, logger="gdpa_inductor"):
+        assert _select(dout, q, k, v, causal=True) == "triton"
+        _assert_expected(_backward(dout, q, k, v, causal=True), dout, q, k, v, causal=True)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "causal" in warnings[0] and "relative error" in warnings[0]
+    # the unmasked build is checked on its own and serves
+    assert _select(dout, q, k, v) == "cute" and len(checks) == 2
 
 
 def test_each_build_is_checked_once(sm100, gen):
@@ -222,7 +254,6 @@ def test_forced_cute_runs_a_build_that_passed(sm100, gen, backend):
 
 # calls the Blackwell backward does not cover: what differs from a covered call, and the support check's reason
 UNCOVERED = {
-    "causal": (dict(causal=True), "has no causal mask"),
     "bias": (dict(bias=True), "takes no bias"),
     "bias and its gradient": (dict(bias=True, bias_grad=True), "takes no bias"),
     "D=96": (dict(d=96), "head dims (D=96, Dv=96) must each be one of (64, 128)"),

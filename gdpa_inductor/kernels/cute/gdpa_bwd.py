@@ -183,13 +183,13 @@ def plan_dense_bwd_sm100(q: torch.Tensor, activation: ActivationName, causal: bo
 
 
 def gdpa_bwd_cute_sm100_op(grad_out, q, k, v, activation: ActivationName, scale: float, post_scale: float,
-                           negative_slope: float):
+                           negative_slope: float, causal: bool = False):
     """The op's backward on the Blackwell kernel: operands in the op's [..., H, N, D] layout, batch dims broadcasting
     (``bwd_support.sm100_bwd_supported`` checked on their 4-D views) -> (dq, dk, dv, None) in the inputs' shapes
     (the gradient of an operand broadcast over batch dims summed over them)."""
     (q4, k4, v4), batch = flatten_batch(q, k, v)
     do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])
     grads = gdpa_bwd_cute_sm100(q4, k4, v4, do4, activation, scale, post_scale, negative_slope,
-                                plan=plan_dense_bwd_sm100(q4, activation))
+                                plan=plan_dense_bwd_sm100(q4, activation, causal), causal=causal)
     dq, dk, dv = (g.reshape(*batch, *g.shape[1:]).sum_to_size(t.shape) for g, t in zip(grads, (q, k, v)))
     return dq, dk, dv, None
