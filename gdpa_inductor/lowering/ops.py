@@ -60,7 +60,8 @@ def backward_impl(dout, q, k, v, bias, activation, scale, post_scale, causal, ne
             if on_sm100(q.device):
                 from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_sm100_op
 
-                return gdpa_bwd_cute_sm100_op(dout, q, k, v, activation, scale, post_scale, negative_slope, causal)
+                return gdpa_bwd_cute_sm100_op(dout, q, k, v, activation, scale, post_scale, negative_slope, causal,
+                                              bias, bias_requires_grad)
             from ..kernels.cute.gdpa_bwd import gdpa_bwd_cute_op
 
             return gdpa_bwd_cute_op(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias,

@@ -25,6 +25,8 @@ def sm100_backward_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bi
     4-D views, then the self-check's verdict on the call's build."""
     from ..kernels.cute.bwd_support import sm100_bwd_supported
     from ..kernels.cute.gdpa_bwd import plan_dense_bwd_sm100
+    from ..kernels.cute.gdpa_fwd import sm100_bias_name
+    from ..kernels.cute.operand_views import bias_4d
 
     if dout is None and min(q.dim(), k.dim(), v.dim()) >= 3:
         shape = (*torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]), *q.shape[-3:-1], v.shape[-1])
@@ -32,10 +34,13 @@ def sm100_backward_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bi
     views = sm100_kernels.dense_views(q, k, v, *(() if dout is None else (dout,)))
     if views is None:
         return sm100_kernels.NOT_DENSE
-    (q4, k4, v4, do4), _ = views
-    covered = sm100_bwd_supported(q4, k4, v4, do4, bias, causal, activation, bias_grad)
-    return sm100_kernels.checked_support("backward", covered, lambda: plan_dense_bwd_sm100(q4, activation, causal),
-                                         backward_check, q.device)
+    (q4, k4, v4, do4), batch = views
+    bias4 = bias_4d(bias, batch, q4.shape[2])
+    covered = sm100_bwd_supported(q4, k4, v4, do4, bias4, causal, activation, bias_grad)
+    return sm100_kernels.checked_support(
+        "backward", covered,
+        lambda: plan_dense_bwd_sm100(q4, activation, causal, False, sm100_bias_name(bias4), bias_grad),
+        backward_check, q.device)
 
 
 def may_take(q: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName) -> bool:
@@ -49,36 +54,49 @@ def may_take(q: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: A
 
 
 def backward_check(plan, device: torch.device) -> self_check.Check:
-    """The self-check of the Blackwell backward's build ``plan``: that build's (dq, dk, dv) against Triton's
-    backward, on keys ending part-way through a key tile, and queries ending part-way through a query tile where
-    the build masks them, else whole query tiles; a causal build under its mask, at Nq below and above Nk."""
+    """The self-check of the Blackwell backward's build ``plan``: that build's (dq, dk, dv, and dbias where it writes
+    one) against Triton's backward, on keys ending part-way through a key tile, and queries ending part-way through
+    a query tile where the build masks them, else whole query tiles; a causal build under its mask, at Nq below and
+    above Nk; a bias build with a random [1, H, Nq, Nk] bias of its element type."""
     from ..kernels.cute.bwd_plan import SM100_BWD_TILE
 
     query_counts = tuple(shape[3] for shape in CHECK_SHAPES) if plan.mask_queries else whole_tiles(SM100_BWD_TILE)
+    bias_dtype = getattr(torch, plan.bias) if plan.bias else None
 
     def cases():
-        return random_cases(plan, device, query_counts, partial_tiles(SM100_BWD_TILE), grad=True,
-                            post_scale=CHECK_POST_SCALE)
+        gen = torch.Generator(device=device).manual_seed(7)
+        for dout, q, k, v, *params in random_cases(plan, device, query_counts, partial_tiles(SM100_BWD_TILE),
+                                                   grad=True, post_scale=CHECK_POST_SCALE):
+            bias = None
+            if bias_dtype is not None:
+                bias = torch.randn(1, q.shape[1], q.shape[2], k.shape[2], generator=gen, device=device,
+                                   dtype=bias_dtype)
+            yield dout, q, k, v, bias, *params
 
-    def candidate(dout, q, k, v, activation, scale, post_scale, slope):
+    def candidate(dout, q, k, v, bias, activation, scale, post_scale, slope):
         from ..kernels.cute import gdpa_bwd
 
-        return gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, dout, activation, scale, post_scale, slope, plan=plan,
-                                            causal=plan.causal)
+        grads = gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, dout, activation, scale, post_scale, slope, plan=plan,
+                                             causal=plan.causal, bias=bias, bias_grad=plan.bias_grad)
+        return grads if plan.bias_grad else grads[:3]
 
-    def trusted(dout, q, k, v, activation, scale, post_scale, slope):
+    def trusted(dout, q, k, v, bias, activation, scale, post_scale, slope):
         from ..kernels.triton import gdpa_bwd
 
-        return gdpa_bwd.gdpa_bwd_triton(dout, q, k, v, None, activation, scale, post_scale, plan.causal, slope,
-                                        False)[:3]
+        grads = gdpa_bwd.gdpa_bwd_triton(dout, q, k, v, bias, activation, scale, post_scale, plan.causal, slope,
+                                         plan.bias_grad)
+        return grads if plan.bias_grad else grads[:3]
 
-    def exact(dout, q, k, v, activation, scale, post_scale, slope):
+    def exact(dout, q, k, v, bias, activation, scale, post_scale, slope):
         from ..kernels.reference import gdpa_reference_backward
 
-        return gdpa_reference_backward(dout, q, k, v, None, activation, scale, post_scale, plan.causal, slope,
-                                       False)[:3]
+        grads = gdpa_reference_backward(dout, q, k, v, bias, activation, scale, post_scale, plan.causal, slope,
+                                        plan.bias_grad)
+        return grads if plan.bias_grad else grads[:3]
 
     mask = "queries masked past Nq" if plan.mask_queries else "whole query tiles"
-    band = ("causal",) if plan.causal else ()
-    name = sm100_kernels.variant("backward", plan, f"{plan.q_stages} Q/dO stages", mask, *band)
-    return self_check.Check(name, candidate, trusted, exact, cases, outputs=("dq", "dk", "dv"))
+    extra = (("causal",) if plan.causal else ()) + ((f"{plan.bias} bias",) if plan.bias else ()) + (
+        ("its gradient",) if plan.bias_grad else ())
+    name = sm100_kernels.variant("backward", plan, f"{plan.q_stages} Q/dO stages", mask, *extra)
+    outputs = ("dq", "dk", "dv", "dbias") if plan.bias_grad else ("dq", "dk", "dv")
+    return self_check.Check(name, candidate, trusted, exact, cases, outputs=outputs)

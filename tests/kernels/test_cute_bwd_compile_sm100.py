@@ -1,6 +1,6 @@
 """The CuTe-DSL Blackwell backward (``GdpaBwdSm100``) compiles for sm_100a without a GPU (fake tensors): bf16 and fp16,
 D = Dv of 64 and 128, silu, gelu_tanh and relu, one build without the mask of queries past Nq, the causal mask, a
-window, and varlen batches. Each is checked for
+window, varlen batches, and a bias with its gradient. Each is checked for
 Blackwell's instructions and none of Hopper's (every matmul a tcgen05.mma: Sᵀ, dPᵀ, dV with Pᵀ from tensor memory, dK,
 dQ; Sᵀ, dPᵀ, dQ, dK and dV read by tcgen05.ld, Pᵀ written by tcgen05.st; one allocation of 512 columns and its
 release; no wgmma), TMA loads, dSᵀ stored to shared memory in 16-byte pieces, dQ added by ``red.global.add.v4.f32``,
@@ -34,7 +34,8 @@ from gdpa_inductor.kernels.cute.kernel_args import SM100_TARGET_ARCH  # noqa: E4
 
 # (dtype, D, activation, mask_queries, band): both dtypes at both head dims, silu and gelu_tanh (tanh.approx) at each,
 # relu (selects) once, one build without the mask of queries past Nq; the causal mask and a window at both head dims;
-# varlen ("varlen" in the band's slot: its own, or with the causal mask) at both
+# varlen, its own or with the causal mask, at both; a bias of the operands' dtype and an fp32 one, each with its
+# gradient. The last slot names the features, "-" between them
 CASES = [
     ("bf16", 128, "gelu_tanh", True, ""),
     ("fp16", 128, "silu", True, ""),
@@ -45,6 +46,8 @@ CASES = [
     ("fp16", 64, "gelu_tanh", False, "window"),
     ("bf16", 128, "silu", True, "varlen"),
     ("fp16", 64, "gelu_tanh", True, "varlen-causal"),
+    ("bf16", 128, "silu", True, "bias-grad"),
+    ("fp16", 64, "gelu_tanh", True, "causal-bias_fp32-grad"),
 ]
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -57,9 +60,11 @@ def case_id(case) -> str:
 
 
 def case_plan(case) -> Sm100BwdPlan:
-    dtype, d, act, mask, band = case
-    return plan_bwd_sm100(DTYPES[dtype], d, act, mask_queries=mask, causal=band.endswith("causal"),
-                          window=band == "window", varlen=band.startswith("varlen"))
+    dtype, d, act, mask, features = case
+    parts = features.split("-")
+    bias = "float32" if "bias_fp32" in parts else str(DTYPES[dtype]).removeprefix("torch.") if "bias" in parts else ""
+    return plan_bwd_sm100(DTYPES[dtype], d, act, mask_queries=mask, causal="causal" in parts,
+                          window="window" in parts, varlen="varlen" in parts, bias=bias, bias_grad="grad" in parts)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +91,8 @@ def test_cute_bwd_compiles_for_sm100a(case, reports):
     assert r["wgmma_any"] == 0, "no Hopper matmuls"
     # under a band the compute warps' tile step is built twice (edge tiles masked per score, whole ones not), each
     # taking 16 scores at a time rather than 32
-    paths, chunk = (2, 16) if plan.causal or plan.window else (1, 32)
+    paths = 2 if plan.causal or plan.window else 1
+    chunk = 16 if plan.causal or plan.window or plan.bias else 32
     # Sᵀ and dPᵀ over D / 16 k-blocks each, dV, dK and dQ over 128 / 16 each, issued once a query tile
     assert r["tcgen05_mma"] == 2 * (d // 16) + 3 * (TILE // 16), r
     # Sᵀ and dPᵀ in 32-column loads; dQ, dV and dK D columns each, 32 at a time
@@ -105,6 +111,8 @@ def test_cute_bwd_compiles_for_sm100a(case, reports):
     # dQ: a thread's row of D fp32 sums, four a reduction; dK and dV: its rows in 16-byte stores
     assert r["red_v4_f32"] == d // 4, r
     assert r["st_global_v4"] == 2 * (d * 2 // 16), r
+    # dS into the bias gradient's buffer: one store a score of each step variant, none without it
+    assert r["st_global"] - r["st_global_v4"] == (paths * TILE if plan.bias_grad else 0), r
     assert (r["tanh_approx"] > 0) == (act in TANH_BASED), r
     if act == "silu" and case[0] == "fp16" and not (plan.causal or plan.window):
         # the mask: P and dS of each of a thread's 128 scores kept or zeroed by a select
@@ -233,23 +241,32 @@ def _operands(d=128, dv=None, nk=256, nq=200, dtype=torch.bfloat16, kv_heads=4):
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(bias=torch.zeros(1)), "takes no bias"),
+    (dict(bias=torch.ones(1), bias_grad=True), "a tensor only"),
+    (dict(bias=torch.ones(2, 4, 200, 256).transpose(-1, -2).contiguous().transpose(-1, -2)), "keys contiguous"),
+    (dict(bias=torch.ones(3, 4, 200, 256, dtype=torch.bfloat16)), "shape [1 or 2, 1 or 4, 200, 256]"),
+    (dict(bias=torch.ones(1, 4, 200, 256, dtype=torch.float16)), "operands' dtype or float32"),
     (dict(dv=64), "D = Dv"),
     (dict(d=96), "head dims"),
     (dict(kv_heads=3), "a multiple of k's"),
     (dict(dtype=torch.float32), "fp16/bf16"),
     (dict(grad_out=torch.zeros(2, 4, 200, 128, dtype=torch.float16)), "grad_out"),
-], ids=["bias", "dv_differs", "d96", "heads", "fp32", "grad_out_dtype"])
+], ids=["one_element_gradient", "bias_columns", "bias_batch", "bias_dtype", "dv_differs", "d96", "heads", "fp32",
+        "grad_out_dtype"])
 def test_the_support_check_refuses_with_a_reason(on_blackwell, change, reason):
     causal, bias, grad_out = change.pop("causal", False), change.pop("bias", None), change.pop("grad_out", None)
+    bias_grad = change.pop("bias_grad", False)
     q, k, v, do = _operands(**change)
-    ok, why = bwd_support.sm100_bwd_supported(q, k, v, do if grad_out is None else grad_out, bias, causal, "silu")
+    ok, why = bwd_support.sm100_bwd_supported(q, k, v, do if grad_out is None else grad_out, bias, causal, "silu",
+                                              bias_grad)
     assert not ok and reason in why, why
 
 
 def test_the_support_check_takes_a_plain_call(on_blackwell):
     assert bwd_support.sm100_bwd_supported(*_operands(), None, False, "gelu_tanh") == (True, "")
     assert bwd_support.sm100_bwd_supported(*_operands(), None, True, "silu") == (True, "")
+    for bias, grad in [(torch.ones(1, 4, 200, 256, dtype=torch.bfloat16), True), (torch.ones(2, 1, 200, 256), True),
+                       (torch.ones(1, dtype=torch.float16), False)]:
+        assert bwd_support.sm100_bwd_supported(*_operands(), bias, False, "silu", grad) == (True, "")
     assert bwd_support.sm100_bwd_supported(*_operands(kv_heads=2, d=64), None, False, "silu") == (True, "")
 
 
@@ -287,7 +304,9 @@ def test_the_launcher_passes_the_schema_arguments(monkeypatch, nq, masked, kv_he
     monkeypatch.setattr(gdpa_bwd, "compile_bwd_sm100", build)
     q, k, v, do = _operands(nq=nq, kv_heads=kv_heads)
     causal, window, kind, bounds = band
-    dq, dk, dv = gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, do, "silu", 0.125, 0.5, 0.01, causal=causal, window=window)
+    dq, dk, dv, dbias = gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, do, "silu", 0.125, 0.5, 0.01, causal=causal,
+                                                     window=window)
+    assert dbias is None
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
     assert dq.dtype == dk.dtype == dv.dtype == q.dtype
     assert build.plans == [plan_bwd_sm100(torch.bfloat16, 128, "silu", mask_queries=masked, causal=kind == "causal",
@@ -297,7 +316,35 @@ def test_the_launcher_passes_the_schema_arguments(monkeypatch, nq, masked, kv_he
                                                   (nq, 128, 4, 2), (nq, 128, 4, 2), (256, 128, 4, 2),
                                                   (256, 128, 4, 2)]
     assert args[4].dtype == torch.float32 and not args[4].any()
-    assert args[7:] == (0.125, 0.5, 0.01, *bounds, None, None)
+    assert args[7:] == (0.125, 0.5, 0.01, *bounds, None, None, None, None)
+
+
+@pytest.mark.parametrize("bias, grad", [("tensor", True), ("tensor", False), ("one", False)])
+def test_the_launcher_passes_the_bias_and_its_gradients_buffer(monkeypatch, bias, grad):
+    """A bias tensor in its (Nq, Nk, Hb, Zb) modes, one element as an fp32 row of keys every query reads, and with
+    its gradient a zero-filled [Z, H, Nq, Nk] buffer in the bias's dtype in the last slot, summed back to dbias of
+    the bias's shape and dtype."""
+    from gdpa_inductor.kernels.cute import gdpa_bwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_bwd, "compile_bwd_sm100", build)
+    q, k, v, do = _operands()
+    b = torch.randn(1, 4, 200, 256).bfloat16() if bias == "tensor" else torch.tensor(-1.5, dtype=torch.bfloat16)
+    *_, dbias = gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, do, "silu", 0.125, 0.5, 0.01, bias=b, bias_grad=grad)
+    (plan,), (args,) = build.plans, build.calls
+    assert plan.bias == ("bfloat16" if bias == "tensor" else "float32") and plan.bias_grad == grad
+    given, buffer = args[-2:]
+    assert tuple(given.shape) == (200, 256, 4 if bias == "tensor" else 1, 1) and given.stride(1) == 1
+    if bias == "one":
+        assert given.dtype == torch.float32 and bool((given == -1.5).all()) and given.stride(0) == 0
+    else:
+        assert torch.equal(given.permute(3, 2, 0, 1), b)
+    assert (buffer is None) != grad
+    if grad:
+        assert tuple(buffer.shape) == (200, 256, 4, 2) and buffer.dtype == torch.bfloat16 and not buffer.any()
+        assert dbias.shape == b.shape and dbias.dtype == b.dtype and not dbias.any()
+    else:
+        assert dbias is None
 
 
 def test_the_launcher_compiles_nothing_without_keys_or_queries(monkeypatch):
@@ -307,7 +354,7 @@ def test_the_launcher_compiles_nothing_without_keys_or_queries(monkeypatch):
     monkeypatch.setattr(gdpa_bwd, "compile_bwd_sm100", build)
     for change in (dict(nk=0), dict(nq=0)):
         q, k, v, do = _operands(**change)
-        dq, dk, dv = gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, do, "silu", 1.0, 1.0, 0.01)
+        dq, dk, dv, _ = gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, do, "silu", 1.0, 1.0, 0.01)
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
         assert not (dq.any() or dk.any() or dv.any())
     assert build.plans == []

@@ -26,11 +26,13 @@ pytestmark = pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nv
 CHECKS = len(sm100_kernels.CHECK_SHAPES)
 
 
-def _rounded_grads(dout, q, k, v, activation, scale, post_scale, negative_slope, causal=False):
-    """(dq, dk, dv): the float64 reference backward, rounded to the operands' dtype."""
-    grads = gdpa_reference_backward(dout.double(), q.double(), k.double(), v.double(), None, activation, scale,
-                                    post_scale, causal, negative_slope, False)[:3]
-    return tuple(g.to(q.dtype) for g in grads)
+def _rounded_grads(dout, q, k, v, activation, scale, post_scale, negative_slope, causal=False, bias=None,
+                   bias_grad=False):
+    """(dq, dk, dv, dbias or None): the float64 reference backward, rounded to the operands' (and bias's) dtype."""
+    grads = gdpa_reference_backward(dout.double(), q.double(), k.double(), v.double(),
+                                    None if bias is None else bias.double(), activation, scale, post_scale, causal,
+                                    negative_slope, bias_grad)
+    return (*(g.to(q.dtype) for g in grads[:3]), grads[3].to(bias.dtype) if bias_grad else None)
 
 
 class Sm100BwdStandIn:
@@ -40,21 +42,29 @@ class Sm100BwdStandIn:
     def __init__(self, fault: str):
         self.fault, self.plans, self.shapes = fault, [], []
 
-    def __call__(self, q, k, v, grad_out, activation, scale, post_scale, negative_slope, plan=None, causal=False):
+    def __call__(self, q, k, v, grad_out, activation, scale, post_scale, negative_slope, plan=None, causal=False,
+                 bias=None, bias_grad=False, one_row_bias=False):
         self.plans.append(plan)
         self.shapes.append((tuple(q.shape), tuple(k.shape)))
         if self.fault == "raises on compile":
             raise RuntimeError("DSLRuntimeError: the kernel did not compile (stand-in)")
         assert causal == plan.causal, "the launch's mask is its build's"
+        assert (bias is not None, bias_grad) == (bool(plan.bias), plan.bias_grad), "the launch's bias is its build's"
         masked = causal and self.fault != "ignores the causal mask"
-        dq, dk, dv = _rounded_grads(grad_out, q, k, v, activation, scale, post_scale, negative_slope, masked)
+        added = None if self.fault == "ignores the bias" else bias
+        dq, dk, dv, dbias = _rounded_grads(grad_out, q, k, v, activation, scale, post_scale, negative_slope, masked,
+                                           added, bias_grad and added is not None)
+        if bias_grad and added is None:
+            dbias = torch.zeros_like(bias)
         if self.fault == "dv times 1.02":
             dv = dv * 1.02
         elif self.fault == "one NaN in dk":
             dk[0, 0, 0, 0] = float("nan")
         elif self.fault == "dq's last row zeroed":
             dq[..., -1, :] = 0
-        return dq, dk, dv
+        elif self.fault == "dbias times 1.02":
+            dbias = dbias * 1.02
+        return dq, dk, dv, dbias
 
 
 class Triton:
@@ -66,8 +76,8 @@ class Triton:
     def __call__(self, dout, q, k, v, bias, activation, scale, post_scale, causal, negative_slope,
                  bias_requires_grad, traced=False):
         self.calls += 1
-        assert bias is None
-        return (*_rounded_grads(dout, q, k, v, activation, scale, post_scale, negative_slope, causal), None)
+        return _rounded_grads(dout, q, k, v, activation, scale, post_scale, negative_slope, causal, bias,
+                              bias_requires_grad)
 
 
 @pytest.fixture
@@ -104,18 +114,21 @@ def _operands(gen, d=64, dv=None, nq=100, nk=150, hkv=4, dtype=torch.bfloat16):
     return dout, q, k, v
 
 
-def _backward(dout, q, k, v, causal=False):
-    return ops.backward_impl(dout, q, k, v, None, "silu", q.shape[-1] ** -0.5, 1.0, causal, 0.01, False)
+def _backward(dout, q, k, v, causal=False, bias=None, bias_grad=False):
+    return ops.backward_impl(dout, q, k, v, bias, "silu", q.shape[-1] ** -0.5, 1.0, causal, 0.01, bias_grad)
 
 
-def _select(dout, q, k, v, activation="silu", causal=False):
-    return select_backward_impl(q, k, v, None, causal, activation, False, dout)
+def _select(dout, q, k, v, activation="silu", causal=False, bias=None, bias_grad=False):
+    return select_backward_impl(q, k, v, bias, causal, activation, bias_grad, dout)
 
 
-def _assert_expected(grads, dout, q, k, v, causal=False):
-    """``grads`` (dq, dk, dv, then anything) are the backward's at ``_backward``'s parameters, as Triton rounds them."""
-    want = _rounded_grads(dout, q, k, v, "silu", q.shape[-1] ** -0.5, 1.0, 0.01, causal)
+def _assert_expected(grads, dout, q, k, v, causal=False, bias=None, bias_grad=False):
+    """``grads`` (dq, dk, dv, then dbias or anything) are the backward's at ``_backward``'s parameters, as Triton
+    rounds them."""
+    want = _rounded_grads(dout, q, k, v, "silu", q.shape[-1] ** -0.5, 1.0, 0.01, causal, bias, bias_grad)
     assert all(torch.equal(got, w) for got, w in zip(grads[:3], want))
+    if bias_grad:
+        assert torch.equal(grads[3], want[3])
 
 
 @pytest.mark.parametrize("nq, mask_queries", [(100, True), (256, False)])
@@ -179,6 +192,47 @@ def test_a_build_that_ignores_the_causal_mask_is_caught(sm100, gen, caplog):
     assert len(warnings) == 1 and "causal" in warnings[0] and "relative error" in warnings[0]
     # the unmasked build is checked on its own and serves
     assert _select(dout, q, k, v) == "cute" and len(checks) == 2
+
+
+BIASES = {
+    "per head, its gradient": (lambda gen, nq, nk: torch.randn(4, nq, nk, generator=gen).bfloat16(), True),
+    "fp32 per sample and head": (lambda gen, nq, nk: torch.randn(2, 4, nq, nk, generator=gen), False),
+    "fp32 shared, its gradient": (lambda gen, nq, nk: torch.randn(nq, nk, generator=gen), True),
+    "one element": (lambda gen, nq, nk: torch.randn((), generator=gen), False),
+    "one row, its gradient": (lambda gen, nq, nk: torch.randn(1, nk, generator=gen).bfloat16(), True),
+}
+
+
+@pytest.mark.parametrize("case", BIASES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_biased_call_runs_its_bias_build_after_its_own_check(sm100, gen, case, causal):
+    """A call with a bias (and its gradient) is checked and run on the build of its bias's element type, causal or
+    not, and gets the reference's gradients, dbias in the bias's shape and dtype."""
+    make, bias_grad = BIASES[case]
+    install, _, checks = sm100
+    kernel = install("none")
+    dout, q, k, v = _operands(gen)
+    bias = make(gen, q.shape[-2], k.shape[-2])
+    assert _select(dout, q, k, v, causal=causal, bias=bias, bias_grad=bias_grad) == "cute"
+    grads = _backward(dout, q, k, v, causal, bias, bias_grad)
+    _assert_expected(grads, dout, q, k, v, causal, bias, bias_grad)
+    assert (grads[3] is None) != bias_grad and (not bias_grad or grads[3].shape == bias.shape)
+    plan = kernel.plans[-1]
+    assert plan.bias == ("float32" if bias.dtype == torch.float32 else "bfloat16") and plan.bias_grad == bias_grad
+    assert plan.causal == causal and len(checks) == 1 and "bias" in checks[0]
+
+
+@pytest.mark.parametrize("fault", ["ignores the bias", "dbias times 1.02"])
+def test_a_build_wrong_in_its_bias_is_caught(sm100, gen, caplog, fault):
+    install, _, checks = sm100
+    install(fault)
+    dout, q, k, v = _operands(gen)
+    bias = torch.randn(4, q.shape[-2], k.shape[-2], generator=gen).bfloat16()
+    with caplog.at_level(logging.WARNING, logger="gdpa_inductor"):
+        assert _select(dout, q, k, v, bias=bias, bias_grad=True) == "triton"
+        _assert_expected(_backward(dout, q, k, v, False, bias, True), dout, q, k, v, False, bias, True)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "bias" in warnings[0] and "relative error" in warnings[0]
 
 
 def test_each_build_is_checked_once(sm100, gen):
@@ -254,8 +308,9 @@ def test_forced_cute_runs_a_build_that_passed(sm100, gen, backend):
 
 # calls the Blackwell backward does not cover: what differs from a covered call, and the support check's reason
 UNCOVERED = {
-    "bias": (dict(bias=True), "takes no bias"),
-    "bias and its gradient": (dict(bias=True, bias_grad=True), "takes no bias"),
+    "bias of keys not contiguous": (dict(bias="columns"), "keys contiguous"),
+    "bias of another dtype": (dict(bias="float16"), "operands' dtype or float32"),
+    "one element's gradient": (dict(bias="one", bias_grad=True), "a tensor only"),
     "D=96": (dict(d=96), "head dims (D=96, Dv=96) must each be one of (64, 128)"),
     "Dv=128": (dict(dv=128), "needs D = Dv"),
     "fp32": (dict(dtype=torch.float32), "fp16/bf16"),
@@ -270,7 +325,9 @@ def test_calls_the_blackwell_backward_does_not_cover_keep_triton(sm100, gen, bac
     kernel = install("none")
     dout, q, k, v = _operands(gen, d=change.get("d", 64), dv=change.get("dv"),
                               dtype=change.get("dtype", torch.bfloat16))
-    bias = torch.randn(q.shape[-2], k.shape[-2], generator=gen).to(q.dtype) if change.get("bias") else None
+    bias = {None: None, "columns": torch.randn(k.shape[-2], q.shape[-2], generator=gen).to(q.dtype).T,
+            "float16": torch.randn(q.shape[-2], k.shape[-2], generator=gen).half(),
+            "one": torch.randn((), generator=gen)}[change.get("bias")]
     call = (q, k, v, bias, change.get("causal", False), "silu", change.get("bias_grad", False), dout)
     assert select_backward_impl(*call) == "triton"
     backend("cute")

@@ -243,7 +243,9 @@ class Sm100BwdPlan:
     (every field). ``mask_queries``: queries past Nq give P = dS = 0 (Nq not a multiple of the 128-row query tile);
     ``q_stages``: ``sm100_bwd_q_stages``; ``causal``: the bottom-right aligned causal mask; ``window``: a band
     (left, right bounds passed at launch) in its place; ``varlen``: per-sample rows (``ragged_rows``), every query
-    tile masked past its sample's end. dQ is summed unscaled in fp32 (``bwd_results.dq_of_sums`` scales it)."""
+    tile masked past its sample's end; ``bias``: the bias tensor's element type by torch's name ("" for none; a
+    16-bit one is the operands'); ``bias_grad``: its gradient's dS buffer written. dQ is summed unscaled in fp32
+    (``bwd_results.dq_of_sums`` scales it)."""
 
     dtype: torch.dtype
     head_dim: int
@@ -253,6 +255,8 @@ class Sm100BwdPlan:
     causal: bool = False
     window: bool = False
     varlen: bool = False
+    bias: str = ""
+    bias_grad: bool = False
     target: str = "sm_100a"
 
     def __post_init__(self):
@@ -262,6 +266,10 @@ class Sm100BwdPlan:
                              f"got {self.head_dim}")
         if self.q_stages not in (1, 2):
             raise ValueError(f"Q/dO stages of 1 or 2; got {self.q_stages}")
+        if self.bias not in ("", "float32", str(self.dtype).removeprefix("torch.")):
+            raise ValueError(f"a bias tensor in the operands' dtype or float32; got {self.bias!r}")
+        if self.bias_grad and not self.bias:
+            raise ValueError("a bias gradient needs a bias tensor")
 
     @property
     def head_dim_v(self) -> int:
@@ -270,9 +278,10 @@ class Sm100BwdPlan:
 
 @functools.lru_cache(maxsize=256)
 def plan_bwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, mask_queries: bool = True,
-                   causal: bool = False, window: bool = False, varlen: bool = False) -> Sm100BwdPlan:
+                   causal: bool = False, window: bool = False, varlen: bool = False, bias: str = "",
+                   bias_grad: bool = False) -> Sm100BwdPlan:
     """The Blackwell backward's plan for D = Dv = ``head_dim``: its Q/dO stages from ``sm100_bwd_q_stages``; a window
     takes the causal mask's place; a varlen sample's last query tile is ragged wherever its length falls."""
     return Sm100BwdPlan(dtype, head_dim, activation, q_stages=sm100_bwd_q_stages(head_dim),
                         mask_queries=mask_queries or varlen, causal=causal and not window, window=window,
-                        varlen=varlen)
+                        varlen=varlen, bias=bias, bias_grad=bias_grad)

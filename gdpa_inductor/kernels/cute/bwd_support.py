@@ -76,7 +76,8 @@ def cute_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, ca
 def sm100_bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, bias, causal: bool,
                         activation: ActivationName, bias_grad: bool = False) -> tuple[bool, str]:
     """(ok, reason) for the Blackwell backward (``GdpaBwdSm100``, launched by ``gdpa_bwd.gdpa_bwd_cute_sm100``) on
-    [Z, H, N, D] operands: an sm_100 GPU, no bias (the kernel has none; the causal mask it has), D = Dv in
+    [Z, H, N, D] operands: an sm_100 GPU, a bias ``sm100_bwd_bias_support`` takes (the 4-D view of the op's,
+    ``operand_views.bias_4d``), D = Dv in
     ``SM100_BWD_HEAD_DIMS``, grad_out of q's shape and dtype, and ``operand_support``'s dtypes and TMA layouts (grad_out
     is copied where TMA cannot read it). Empty query or key ranges take no kernel (zero gradients). The dispatch asks
     it on sm_100 (``lowering/sm100_backward.py``), then the self-check of the call's build: no Blackwell GPU in this
@@ -88,8 +89,9 @@ def sm100_bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm100(q.device):
         return False, f"{kernel} is built for sm_100"
-    if bias is not None or bias_grad:
-        return False, f"{kernel} takes no bias"
+    ok, reason = sm100_bwd_bias_support(bias, bias_grad, q, k, kernel)
+    if not ok:
+        return ok, reason
     if q.shape[-1] != v.shape[-1]:
         return False, f"{kernel} needs D = Dv (got D={q.shape[-1]}, Dv={v.shape[-1]})"
     if k.shape[:-1] != v.shape[:-1] or q.shape[0] != k.shape[0] or q.shape[1] % k.shape[1]:
@@ -99,3 +101,32 @@ def sm100_bwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
         return False, (f"{kernel} needs grad_out of shape {(*q.shape[:-1], v.shape[-1])} and dtype {q.dtype} (got "
                        f"{tuple(grad_out.shape)}, {grad_out.dtype})")
     return operand_support(q, k, v, activation, SM100_BWD_HEAD_DIMS, kernel=kernel)
+
+
+def sm100_bwd_bias_support(bias, bias_grad: bool, q: torch.Tensor, k: torch.Tensor,
+                           kernel: str = "the CuTe Blackwell backward") -> tuple[bool, str]:
+    """(ok, reason) for the Blackwell backward's bias: one element of a float dtype (no gradient), or a [Zb, Hb, Nq, Nk]
+    tensor (Zb 1 or Z, Hb 1 or H) in q's dtype or fp32 with its keys contiguous; its gradient a tensor's, summed
+    from a [Z, H, Nq, Nk] dS buffer that must fit in half the memory the device can still allocate."""
+    from .dbias_plan import dbias_sums_for
+
+    if bias is None:
+        return (False, "bias_grad=True needs a bias tensor") if bias_grad else (True, "")
+    if bias.numel() == 1:
+        if bias_grad:
+            return False, f"{kernel} takes a bias gradient of a tensor only (got one element)"
+        return (True, "") if bias.dtype.is_floating_point else (False, f"a bias of a float dtype (got {bias.dtype})")
+    z, h, nq = q.shape[:3]
+    nk = k.shape[2]
+    if bias.dim() != 4 or tuple(bias.shape[2:]) != (nq, nk) or bias.shape[0] not in (1, z) or bias.shape[1] not in (
+            1, h):
+        return False, f"{kernel} takes a bias of shape [1 or {z}, 1 or {h}, {nq}, {nk}] (got {tuple(bias.shape)})"
+    if bias.dtype not in (q.dtype, torch.float32):
+        return False, f"{kernel} takes a bias in the operands' dtype or float32 (got {bias.dtype})"
+    if bias.stride(-1) != 1:
+        return False, f"{kernel} reads a bias with its keys contiguous (got strides {bias.stride()})"
+    if bias_grad:
+        way, reason = dbias_sums_for(z, h, bias)
+        if way != "buffer":
+            return False, reason or f"{kernel} sums dbias in a buffer of every (sample, head)'s dS, which does not fit"
+    return True, ""

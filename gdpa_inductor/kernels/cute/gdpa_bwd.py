@@ -14,7 +14,7 @@ from .bwd_plan import KEY_TILE, QUERY_TILE, SM100_BWD_TILE, BwdPlan, Sm100BwdPla
 from .bwd_results import dbias_of, dq_of_fragments, dq_of_sums
 from .dbias_plan import bias_leading_dims, dbias_way
 from .dq_workspace import zeroed_dq_sums
-from .gdpa_fwd import sm100_band
+from .gdpa_fwd import sm100_band, sm100_bias_name
 from .kernel_args import BWD_SM100_ARGS, TMA_COLUMNS, bias_tile_modes, dense_modes, offset_arg, padded
 from .kernel_build import bwd_args, compile_bwd, compile_bwd_sm100
 from .operand_views import bias_4d, flatten_batch, is_tensor_bias
@@ -137,25 +137,34 @@ def gdpa_bwd_cute_op(grad_out, q, k, v, activation: ActivationName, scale: float
 def gdpa_bwd_cute_sm100(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, activation: ActivationName,
     scale: float, post_scale: float, negative_slope: float, plan: Sm100BwdPlan | None = None, causal: bool = False,
-    window: tuple[int, int] = (-1, -1),
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    window: tuple[int, int] = (-1, -1), bias: torch.Tensor | None = None, bias_grad: bool = False,
+    one_row_bias: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The Blackwell backward (``GdpaBwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D], grad_out
     [Z, H, Nq, D] (checked by ``bwd_support.sm100_bwd_supported``) -> (dq, dk, dv): one CTA per 128-key tile, head and
     sample; dQ summed unscaled in fp32 by the kernel, scaled and rounded here (``dq_of_sums``). Grouped heads run per
     query head on K and V repeated, dK and dV summed over each group after. ``causal``: the bottom-right aligned
-    causal mask; ``window``: (left, right) around that diagonal, -1 unbounded. ``plan``: the build to run (None:
-    ``plan_bwd_sm100``'s, the mask of queries past Nq where Nq is not a multiple of the 128-row query tile). Not yet
-    run on a Blackwell GPU: the dispatch checks each build's results on the device first."""
+    causal mask; ``window``: (left, right) around that diagonal, -1 unbounded. ``bias``: one element (no gradient),
+    or a tensor ``sm100_bwd_bias_support`` takes ([Zb, Hb, Nq, Nk], keys contiguous), added to each score;
+    ``bias_grad``: its gradient (dbias in its shape and dtype, summed from a zero-filled [Z, H, Nq, Nk] dS buffer);
+    ``one_row_bias`` as for ``gdpa_bwd_cute``. ``plan``: the build to run (None: ``plan_bwd_sm100``'s, the mask of
+    queries past Nq where Nq is not a multiple of the 128-row query tile). Not yet run on a Blackwell GPU: the
+    dispatch checks each build's results on the device first."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
     dv = torch.empty((z, h, nk, d_v), dtype=q.dtype, device=q.device)
+    tensor_bias = bias if is_tensor_bias(bias) else None
+    if bias_grad and tensor_bias is None:
+        raise ValueError("bias_grad=True needs a bias tensor (the CuTe backward's bias gradient is a tensor's)")
     if dk.numel() == 0 or nq == 0:
         # no key tile to run, or no query to add anything: the gradients are zero
-        return torch.zeros_like(q), k.new_zeros(k.shape), v.new_zeros(v.shape)
+        dbias = None if not bias_grad else dbias_of(dbias_buffer("buffer", z, h, tensor_bias, zeros=True),
+                                                     tensor_bias, "buffer", activation, post_scale, one_row_bias)
+        return torch.zeros_like(q), k.new_zeros(k.shape), v.new_zeros(v.shape), dbias
     causal, bounds = sm100_band(causal, window)
     if plan is None:
-        plan = plan_dense_bwd_sm100(q, activation, causal, bounds is not None)
+        plan = plan_dense_bwd_sm100(q, activation, causal, bounds is not None, sm100_bias_name(bias), bias_grad)
     band_left, band_right = bounds or (None, None)
     group = h // hkv
     if group > 1:
@@ -163,33 +172,56 @@ def gdpa_bwd_cute_sm100(
         v = v.repeat_interleave(group, dim=1)
     grad_out = grad_out if tma_layout(grad_out) else grad_out.contiguous()
     dq_acc = torch.zeros((z, h, nq, d), dtype=torch.float32, device=q.device)
+    # band-skipped tiles and rows past Nq store no dS
+    ds = dbias_buffer("buffer", z, h, tensor_bias, zeros=True) if bias_grad else None
     compile_bwd_sm100(plan)(*BWD_SM100_ARGS.values(
         plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), dout=dense_modes(grad_out),
         dq=dense_modes(dq_acc), dk=dense_modes(dk), dv=dense_modes(dv), scale=scale, post_scale=post_scale,
-        slope=negative_slope, band_left=band_left, band_right=band_right))
+        slope=negative_slope, band_left=band_left, band_right=band_right, bias=sm100_bwd_bias_arg(bias, nq, nk),
+        dbias=None if ds is None else dense_modes(ds)))
     dq = dq_of_sums(dq_acc, q.dtype, activation, scale, post_scale)
     if group > 1:
         dk = dk.view(z, hkv, group, nk, d).sum(2)
         dv = dv.view(z, hkv, group, nk, d_v).sum(2)
-    return dq, dk, dv
+    dbias = None if ds is None else dbias_of(ds, tensor_bias, "buffer", activation, post_scale, one_row_bias)
+    return dq, dk, dv, dbias
 
 
-def plan_dense_bwd_sm100(q: torch.Tensor, activation: ActivationName, causal: bool = False,
-                         window: bool = False) -> Sm100BwdPlan:
+def sm100_bwd_bias_arg(bias: torch.Tensor | None, nq: int, nk: int) -> torch.Tensor | None:
+    """The Blackwell backward's bias argument: a tensor's (Nq, Nk, Hb, Zb) modes, or one element as an fp32 row of
+    Nk keys read by every query (the kernel reads a key's values with the keys contiguous)."""
+    if bias is None:
+        return None
+    if bias.numel() == 1:
+        row = bias.detach().float().reshape(1, 1, 1, 1).expand(1, 1, 1, nk).contiguous()
+        return dense_modes(row.expand(1, 1, nq, nk))
+    return dense_modes(bias.detach())
+
+
+def plan_dense_bwd_sm100(q: torch.Tensor, activation: ActivationName, causal: bool = False, window: bool = False,
+                         bias: str = "", bias_grad: bool = False) -> Sm100BwdPlan:
     """The plan of ``gdpa_bwd_cute_sm100``'s call on this [Z, H, Nq, D] q: the build its self-check keys on (the mask
-    of queries past Nq where Nq is not a multiple of the 128-row query tile, the band's kind)."""
+    of queries past Nq where Nq is not a multiple of the 128-row query tile, the band's kind, the bias's element
+    type by ``sm100_bias_name`` and whether its gradient is wanted)."""
     return plan_bwd_sm100(q.dtype, q.shape[-1], activation, mask_queries=q.shape[2] % SM100_BWD_TILE != 0,
-                          causal=causal, window=window)
+                          causal=causal, window=window, bias=bias, bias_grad=bias_grad)
 
 
 def gdpa_bwd_cute_sm100_op(grad_out, q, k, v, activation: ActivationName, scale: float, post_scale: float,
-                           negative_slope: float, causal: bool = False):
+                           negative_slope: float, causal: bool = False, bias: torch.Tensor | None = None,
+                           bias_grad: bool = False):
     """The op's backward on the Blackwell kernel: operands in the op's [..., H, N, D] layout, batch dims broadcasting
-    (``bwd_support.sm100_bwd_supported`` checked on their 4-D views) -> (dq, dk, dv, None) in the inputs' shapes
-    (the gradient of an operand broadcast over batch dims summed over them)."""
+    (``bwd_support.sm100_bwd_supported`` checked on their 4-D views) -> (dq, dk, dv, dbias or None) in the inputs'
+    shapes (the gradient of an operand broadcast over batch dims summed over them)."""
     (q4, k4, v4), batch = flatten_batch(q, k, v)
     do4 = grad_out.reshape(*q4.shape[:3], v4.shape[-1])
-    grads = gdpa_bwd_cute_sm100(q4, k4, v4, do4, activation, scale, post_scale, negative_slope,
-                                plan=plan_dense_bwd_sm100(q4, activation, causal), causal=causal)
+    bias4 = bias_4d(bias, batch, q4.shape[2])
+    one_row = is_tensor_bias(bias) and (bias.dim() < 2 or bias.shape[-2] == 1) and q4.shape[2] > 1
+    plan = plan_dense_bwd_sm100(q4, activation, causal, False, sm100_bias_name(bias4), bias_grad)
+    *grads, dbias = gdpa_bwd_cute_sm100(q4, k4, v4, do4, activation, scale, post_scale, negative_slope, plan=plan,
+                                        causal=causal, bias=bias4, bias_grad=bias_grad, one_row_bias=one_row)
     dq, dk, dv = (g.reshape(*batch, *g.shape[1:]).sum_to_size(t.shape) for g, t in zip(grads, (q, k, v)))
-    return dq, dk, dv, None
+    if dbias is not None:
+        dbias = dbias.view(bias.shape) if dbias.numel() == bias.numel() else dbias.reshape(
+            *batch, *dbias.shape[1:]).sum_to_size(bias.shape)
+    return dq, dk, dv, dbias

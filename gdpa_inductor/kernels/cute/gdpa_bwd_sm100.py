@@ -91,10 +91,12 @@ def ds_offset(row, col):
 class GdpaBwdSm100:
     """Compile-time parameters: element type, head dims of Q/K and of V (equal, 64 or 128), the activation's fp32
     backward form (``activation_math.backward_form(name, False)``), Q/dO stages, whether queries past Nq are
-    masked (``mask_queries``), the band (``causal``, ``window``) and ``varlen``."""
+    masked (``mask_queries``), the band (``causal``, ``window``), ``varlen``, the bias tensor's element type
+    (``bias``: None, the operands' dtype or Float32) and whether its gradient is written (``bias_grad``)."""
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int, act_form: BackwardForm, q_stages: int = 1,
-                 mask_queries: bool = True, causal: bool = False, window: bool = False, varlen: bool = False):
+                 mask_queries: bool = True, causal: bool = False, window: bool = False, varlen: bool = False,
+                 bias=None, bias_grad: bool = False):
         assert head_dim == head_dim_v and head_dim in (64, 128), "D = Dv of 64 or 128"
         self.dtype = dtype
         self.head_dim = head_dim
@@ -109,9 +111,13 @@ class GdpaBwdSm100:
         self.causal = causal
         self.window = window
         self.band = causal or window
-        # scores per compute step: half as many under a band, whose two step variants and bounds would otherwise
-        # spill at the 168 registers ptxas allows ten warps
-        self.score_chunk = _CHUNK // 2 if self.band else _CHUNK
+        assert bias is None or bias in (dtype, cutlass.Float32), "a bias in the operands' dtype or fp32"
+        assert bias is not None or not bias_grad, "a bias gradient needs a bias"
+        self.bias = bias
+        self.bias_grad = bias_grad
+        # scores per compute step: half as many under a band (two step variants and their bounds) or with a bias (its
+        # values), which would otherwise spill at the 168 registers ptxas allows ten warps
+        self.score_chunk = _CHUNK // 2 if self.band or bias is not None else _CHUNK
         self.threads = (_LOAD_WARP + 1) * _WARP
         self.dv_offset = 2 * _ROWS
         self.dk_offset = self.dv_offset + head_dim_v
@@ -174,13 +180,18 @@ class GdpaBwdSm100:
         band_right: cutlass.Int32 | None = None,
         rows: cute.Tensor | None = None,
         num_n: cutlass.Int32 | None = None,
+        mBias: cute.Tensor | None = None,
+        mdBias: cute.Tensor | None = None,
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, H, Z); mV: (Nk, Dv, H, Z); mdO: (Nq, Dv, H, Z); mdQ: fp32 (Nq, D, H, Z),
         zeroed, summed into unscaled; mdK, mdV: like mK, mV; D, Dv contiguous. One head of K/V per query head (the
         launcher expands grouped heads). ``band_left``, ``band_right``: the band's bounds (``window``).
         Varlen: ``rows`` (5, B) int32, per sample: first query row, query count, first key row, key count, and the
         sample's index z; each side's Z is 1 (jagged rows) or B (a dense side, rows counted within sample z's block).
-        ``num_n``: key tiles of the longest sample. dQ, dK and dV are written only at a sample's rows."""
+        ``num_n``: key tiles of the longest sample. dQ, dK and dV are written only at a sample's rows.
+        ``mBias``: (Nq, Nk, Hb, Zb), keys contiguous, Hb 1 or H, Zb 1 or Z (broadcast dims of stride 0 read as any
+        other); ``mdBias``: (Nq, Nk, H, Z) in the bias's dtype, dS (without act''s constant factor and post_scale) at
+        every computed score, zero-filled by the launcher where none is."""
         q, k, v, do = mQ, mK, mV, mdO
         if cutlass.const_expr(self.varlen):
             q, k, v, do = ragged(q, 0), ragged(k, 0), ragged(v, 0), ragged(do, 0)
@@ -225,7 +236,7 @@ class GdpaBwdSm100:
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             *mmas, tma_k, tk, tma_v, tv, tma_q, tq, tma_do, tdo, mdQ, mdK, mdV, scale, post_scale, slope,
-            mQ.shape[0], mK.shape[0], rows, band_left, band_right,
+            mQ.shape[0], mK.shape[0], rows, band_left, band_right, mBias, mdBias,
             *(lay[name] for name in _LAYOUTS),
         ).launch(
             grid=[num_n, mK.shape[2], samples],
@@ -262,6 +273,8 @@ class GdpaBwdSm100:
         rows: cute.Tensor | None,
         band_left: cutlass.Int32 | None,
         band_right: cutlass.Int32 | None,
+        mBias: cute.Tensor | None,
+        mdBias: cute.Tensor | None,
         k_smem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
         q_smem: cute.ComposedLayout,
@@ -430,13 +443,18 @@ class GdpaBwdSm100:
                 tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
                 copies = self._score_copies(s_thr, tmem_ptr, tidx)
                 ds_base = storage.sdS.data_ptr().toint()
+                bias_rows, dbias_rows = None, None
+                if cutlass.const_expr(self.bias is not None):
+                    bias_rows = self._rows_of(mBias, h % mBias.shape[2], z % mBias.shape[3], q0, broadcast=True)
+                if cutlass.const_expr(self.bias_grad):
+                    dbias_rows = self._rows_of(mdBias, h, z, q0, broadcast=True)
                 for j in cutlass.range(count, unroll=1):
                     m_blk = first + j
                     s_handle = s_consumer.wait_and_advance()
                     dp_handle = dp_consumer.wait_and_advance()
                     p_handle = p_producer.acquire_and_advance()
                     ds_handle = ds_producer.acquire_and_advance()
-                    tile = (ds_base, m_blk, n_blk, nq, nk, band, scale, slope, tidx)
+                    tile = (ds_base, m_blk, n_blk, nq, nk, band, bias_rows, dbias_rows, scale, slope, tidx)
                     if cutlass.const_expr(self.band):
                         if (m_blk < whole[0]) | (m_blk >= whole[1]):
                             self._scores_to_grads(copies, tile, True)
@@ -489,10 +507,11 @@ class GdpaBwdSm100:
         return cute.domain_offset((RAGGED_ROWS - length, 0), rows)
 
     @cute.jit
-    def _rows_of(self, m: cute.Tensor, h, z, start):
+    def _rows_of(self, m: cute.Tensor, h, z, start, broadcast: cutlass.Constexpr[bool] = False):
         """The (rows, D) global tensor of head ``h`` and sample ``z`` written by the dQ, dK and dV warps: the dense
-        tensor's, or a varlen sample's from row ``start`` (a side of one block has Z = 1)."""
-        if cutlass.const_expr(not self.varlen):
+        tensor's, or a varlen sample's from row ``start`` (a side of one block has Z = 1). ``broadcast``: a bias's
+        (rows, keys), its samples' rows each from row 0 of sample ``z``'s block."""
+        if cutlass.const_expr(not self.varlen or broadcast):
             return m[None, None, h, z]
         return cute.domain_offset((start, 0), m[None, None, h, z % m.shape[3]])
 
@@ -599,7 +618,12 @@ class GdpaBwdSm100:
         factor) into shared memory, 16 bytes a store; ``masked``: scores of queries past Nq, and under a band those
         outside it, give P = dS = 0."""
         s_load, tLtS, tLtdP, p_store, tLtP, tLcS, tLcP = copies
-        ds_base, m_blk, n_blk, nq, nk, band, scale, slope, tidx = tile
+        ds_base, m_blk, n_blk, nq, nk, band, bias_rows, dbias_rows, scale, slope, tidx = tile
+        # the bias of this thread's key (a key past Nk reads the last one's: its gradients are never stored) and the
+        # tile's queries (those past Nq read the last row: their P and dS are masked)
+        key = n_blk * self.tile_n + tidx
+        key_in = cutlass.min(key, nk - 1)
+        q0 = m_blk * self.tile_m
         # this thread's key row keeps the queries [first, last]: below Nq, and within the band
         first, last = 0, nq - m_blk * self.tile_m - 1
         if cutlass.const_expr(self.band):
@@ -613,8 +637,16 @@ class GdpaBwdSm100:
             cute.copy(s_load, tLtS[None, 0, 0, c], rS)
             cute.copy(s_load, tLtdP[None, 0, 0, c], rdP)
             cute.arch.fence_view_async_tmem_load()
+            rB = None
+            if cutlass.const_expr(self.bias is not None):
+                rB = cute.make_rmem_tensor(cute.make_layout(self.score_chunk), cutlass.Float32)
+                for i in cutlass.range_constexpr(self.score_chunk):
+                    rB[i] = cutlass.Float32(bias_rows[cutlass.min(q0 + c * self.score_chunk + i, nq - 1), key_in])
             for i in cutlass.range_constexpr(self.score_chunk):
-                p, m = self.act_form.fn(rS[i], scale, slope, None)
+                bias = None
+                if cutlass.const_expr(self.bias is not None):
+                    bias = rB[i]
+                p, m = self.act_form.fn(rS[i], scale, slope, bias)
                 if cutlass.const_expr(self.act_form.grad_offset == 1.0):
                     ds = cute.math.fma(rdP[i], m, rdP[i])
                 else:
@@ -626,6 +658,12 @@ class GdpaBwdSm100:
                     ds = ds if keep else cutlass.Float32(0.0)
                 rS[i] = p
                 rdP[i] = ds
+            if cutlass.const_expr(self.bias_grad):
+                # dS at this thread's key and each query below Nq: consecutive threads write consecutive keys
+                for i in cutlass.range_constexpr(self.score_chunk):
+                    query = q0 + c * self.score_chunk + i
+                    if (query < nq) & (key < nk):
+                        dbias_rows[query, key] = self.bias(rdP[i])
             rP = cute.make_rmem_tensor(tLcP[None, 0, 0, c].shape, cutlass.Float32)
             cute.make_tensor(cute.recast_ptr(rP.iterator, dtype=self.dtype), rS.layout).store(rS.load().to(self.dtype))
             cute.copy(p_store, rP, tLtP[None, 0, 0, c])

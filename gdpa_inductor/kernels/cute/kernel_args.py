@@ -275,6 +275,19 @@ def sm100_bias_words(bias: torch.Tensor) -> torch.Tensor:
     return dense_modes(b)
 
 
+def fake_scores(dtype_name: str):
+    """A fake (Nq, Nk, H, Z) tensor of scores' values in dtype ``dtype_name`` (torch's name): the Blackwell
+    backward's bias (broadcast dims of stride 0) and its gradient's dS buffer, every size and stride dynamic but the
+    keys' unit stride."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    dtype = getattr(torch, dtype_name)
+    # aligned to an element: a 4-byte value read or written as two 16-bit halves otherwise
+    return make_fake_tensor(element(dtype), tuple(cute.sym_int() for _ in range(4)),
+                            stride=(cute.sym_int(), 1, cute.sym_int(), cute.sym_int()), assumed_align=dtype.itemsize)
+
+
 # GdpaFwdSm100.__call__
 FWD_SM100_ARGS = KernelArgs(
     *_operands("q", "k", "v", "out"), *_scalars("scale", "post_scale", "slope"), _STREAM,
@@ -288,6 +301,8 @@ BWD_SM100_ARGS = KernelArgs(
     *_scalars("scale", "post_scale", "slope"), _STREAM,
     Arg("band_left", _int32, lambda plan: plan.window), Arg("band_right", _int32, lambda plan: plan.window),
     Arg("rows", lambda plan: fake_rows(), _varlen), Arg("num_n", _int32, _varlen),
+    Arg("bias", lambda plan: fake_scores(plan.bias), lambda plan: bool(plan.bias)),
+    Arg("dbias", lambda plan: fake_scores(plan.bias), lambda plan: plan.bias_grad),
 )
 
 _BWD_HEAD = (

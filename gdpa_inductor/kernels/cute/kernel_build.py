@@ -72,7 +72,8 @@ def compile_bwd_sm100(plan: Sm100BwdPlan, keep_ptx: bool = False):
         kernel = GdpaBwdSm100(
             element(plan.dtype), plan.head_dim, plan.head_dim_v, activation_math.backward_form(plan.activation, False),
             q_stages=plan.q_stages, mask_queries=plan.mask_queries, causal=plan.causal, window=plan.window,
-            varlen=plan.varlen,
+            varlen=plan.varlen, bias=element(getattr(torch, plan.bias)) if plan.bias else None,
+            bias_grad=plan.bias_grad,
         )
         return cute.compile(kernel, *BWD_SM100_ARGS.fakes(plan), options=compile_options(keep_ptx, plan.target))
 
