@@ -142,8 +142,8 @@ def _cases(plan) -> list[tuple]:
     return list(forward_check(plan, torch.device("cpu")).cases())
 
 
-@pytest.mark.parametrize("feature", FEATURES)
-@pytest.mark.parametrize("nk, mask_keys", [(150, True), (256, False)])
+@pytest.mark.parametrize("feature, nk, mask_keys", [*((f, 150, True) for f in FEATURES), ("plain", 256, False),
+                                                    ("causal, a key-padding bias", 256, False)])
 def test_a_correct_build_serves_after_one_check(sm100, gen, nk, mask_keys, feature):
     install, triton, checks = sm100
     kernel = install("none")
