@@ -60,7 +60,7 @@ def may_take(direction: str, q: torch.Tensor, v: torch.Tensor, bias, causal: boo
     fail)."""
     from ..kernels.cute.fwd_support import SUPPORTED_ACTIVATIONS, cute_dsl_available, on_sm100
 
-    if not (cute_dsl_available() and on_sm100(q.device)) or (causal or bias is not None) and not masks:
+    if not (cute_dsl_available() and on_sm100(q.device)) or ((causal or bias is not None) and not masks):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or v.dtype != q.dtype or activation not in SUPPORTED_ACTIVATIONS:
         return False
