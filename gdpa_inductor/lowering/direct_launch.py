@@ -8,10 +8,10 @@ op's dispatch, support checks and launcher (``benchmarks/host.py overhead``).
 
 That path is taken where every choice the op makes can be made when the graph compiles: CUDA tensors of static
 shapes, Triton chosen, and no gradient added by atomics into a broadcast input's shared buffer (tracing would copy
-that buffer). Where the machine has the CuTe kernels (sm_90; on sm_100 the dense forward's and backward's Blackwell
-kernels), a call they may take goes through the opaque op when the GPU time they save (estimated from the call's FLOPs)
-outweighs that op's host time, or under CUDA graphs; smaller calls are launched by the graph on Triton. Every other
-call is one call of the opaque op (``ops.py``, ``varlen_ops.py``) that chooses, and falls back, per call. If
+that buffer). Where the machine has the CuTe kernels (sm_90; on sm_100 the Blackwell forward, dense or varlen, and
+the dense backward), a call they may take goes through the opaque op when the GPU time they save (estimated from the
+call's FLOPs) outweighs that op's host time, or under CUDA graphs; smaller calls are launched by the graph on Triton.
+Every other call is one call of the opaque op (``ops.py``, ``varlen_ops.py``) that chooses, and falls back, per call. If
 Inductor cannot compile the direct launches, the backend compiles the graph again with this path off (``disabled``).
 
 The direct ops are registered by ``register()``, which the rewrite calls: registering a triton_op imports Triton and
@@ -104,16 +104,16 @@ def cute_worth_opaque_call(flops: float, backward: bool) -> tuple[bool, str]:
 
 def triton_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
                   *others: torch.Tensor | None, flops: float, backward: bool,
-                  dense: tuple[bool, str] | None = None) -> bool:
+                  dense: tuple[bool, str] | None = None, varlen: tuple | None = None) -> bool:
     """Whether this call launches the Triton kernels from the compiled graph (``others``: its other tensors;
-    ``flops``: its forward's, ``forward_flops``; ``dense``: the (causal, activation) of a dense call, the calls
-    sm_100's CuTe kernels may take)."""
+    ``flops``: its forward's, ``forward_flops``; ``dense``: the (causal, activation) of a dense call, ``varlen``: the
+    (causal, window, activation) of a varlen forward, the calls sm_100's CuTe kernels may take)."""
     if _disabled or q.device.type != "cuda" or interpreting() or config.backend not in ("auto", "triton"):
         return False
     if not _static(q, k, v, bias, *others):
         return False
     if config.backend == "auto":
-        if cute_machine(q, v, bias, dense, backward):
+        if cute_machine(q, v, bias, dense, backward, varlen):
             worth, why = cute_worth_opaque_call(flops, backward)
             log.debug("gdpa: %s", why)
             if worth:
@@ -126,15 +126,20 @@ def triton_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
 
 
 def cute_machine(q: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dense: tuple[bool, str] | None,
-                 backward: bool = False) -> bool:
+                 backward: bool = False, varlen: tuple | None = None) -> bool:
     """Whether the opaque op may run this call on CuTe: on sm_90 any call (the op checks the rest), on sm_100 a dense
-    forward or backward (``dense``: its (causal, activation); ``backward``: which) the Blackwell kernel may take
-    (``sm100_forward.may_take``, ``sm100_backward.may_take``; the estimate of the time saved is Hopper's, as nothing
-    has been measured there)."""
+    forward or backward (``dense``: its (causal, activation); ``backward``: which) or a varlen forward (``varlen``:
+    its (causal, window, activation)) the Blackwell kernel may take (``sm100_forward.may_take``,
+    ``sm100_backward.may_take``, ``sm100_varlen_forward.may_take``; the estimate of the time saved is Hopper's, as
+    nothing has been measured there)."""
     from ..kernels.cute.fwd_support import machine_support
 
     if machine_support(q.device)[0]:
         return True
+    if varlen is not None and not backward:
+        from . import sm100_varlen_forward
+
+        return sm100_varlen_forward.may_take(q, v, bias, *varlen)
     if dense is None:
         return False
     from . import sm100_backward, sm100_forward
@@ -222,7 +227,7 @@ def register() -> None:
     ) -> torch.Tensor:
         rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
         if _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, causal, (window_left, window_right),
-                          False):
+                          activation, False):
             params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
             return varlen_ops._forward_on("triton", True, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params)
         return varlen_ops.varlen_fwd(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, activation, scale, post_scale,
@@ -252,7 +257,7 @@ def register() -> None:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
         if _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, causal, (window_left, window_right),
-                          True, dout):
+                          activation, True, dout):
             params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
             dq, dk, dv, dbias = varlen_ops._backward_on("triton", True, dout, q, k, v, bias, rows, max_seqlen_q,
                                                         max_seqlen_k, params, bias_requires_grad)
@@ -264,8 +269,10 @@ def register() -> None:
     _registered = True
 
 
-def _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, causal, window, backward, *others) -> bool:
+def _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, causal, window, activation, backward,
+                   *others) -> bool:
     if not (isinstance(max_seqlen_q, int) and isinstance(max_seqlen_k, int)):
         return False
     flops = varlen_flops(q, k, v, rows[0], rows[1], max_seqlen_k, causal, window)
-    return triton_direct(q, k, v, bias, *rows, *others, flops=flops, backward=backward)
+    return triton_direct(q, k, v, bias, *rows, *others, flops=flops, backward=backward,
+                         varlen=(causal, window, activation))

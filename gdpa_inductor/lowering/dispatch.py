@@ -1,6 +1,6 @@
 """Which implementation runs a GDPA call, and why: the CuTe-DSL Hopper kernels where they support the case (on
-sm_100 the Blackwell dense forward and backward, each build once self-checked on the device), Triton where it
-supports the case, else the reference.
+sm_100 the Blackwell forward, dense or varlen, and dense backward, each build once self-checked on the device),
+Triton where it supports the case, else the reference.
 
 Every decision returns (name, reason) and is logged at debug level on the ``gdpa_inductor`` logger, so
 "why did this not use the fused kernel?" always has an answer.
@@ -81,12 +81,19 @@ def select_varlen_forward_impl(q, k, v, bias, causal: bool, window: tuple[int, i
                                rows: tuple) -> str:
     """The varlen forward's path: "cute" where the CuTe varlen forward covers the call (under "auto" where it is
     also preferred, and under "cute"; a case it does not cover runs as under "auto"), otherwise as
-    ``select_impl``. ``rows``: the call's (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)."""
+    ``select_impl``. ``rows``: the call's (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k). On sm_100 "cute" is
+    the Blackwell forward, where it covers the call and its build passed its first-use self-check
+    (``sm100_varlen_forward``)."""
 
     def support(q, k, v, bias, causal, window, activation, rows):
+        from ..kernels.cute.fwd_support import on_sm100
         from ..kernels.cute.varlen_support import cute_varlen_fwd_preferred, cute_varlen_fwd_support
 
         ok, reason = cute_varlen_fwd_support(q, k, v, bias, causal, window, activation, rows)
+        if not ok and on_sm100(q.device):
+            from .sm100_varlen_forward import sm100_varlen_forward_support
+
+            return sm100_varlen_forward_support(q, k, v, bias, causal, window, activation, rows)
         if ok and config.backend == "auto":
             ok, reason = cute_varlen_fwd_preferred(q, v)
         return ok, reason

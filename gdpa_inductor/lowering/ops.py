@@ -34,7 +34,7 @@ def forward_impl(q, k, v, bias, activation, scale, post_scale, causal, negative_
             if on_sm100(q.device):
                 from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_sm100_op
 
-                return gdpa_fwd_cute_sm100_op(q, k, v, activation, scale, post_scale, negative_slope)
+                return gdpa_fwd_cute_sm100_op(q, k, v, activation, scale, post_scale, negative_slope, causal, bias)
             from ..kernels.cute.gdpa_fwd import gdpa_fwd_cute_op
 
             return gdpa_fwd_cute_op(q, k, v, activation, scale, post_scale, negative_slope, causal, bias)

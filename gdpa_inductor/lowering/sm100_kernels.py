@@ -1,7 +1,8 @@
-"""What the dispatch of the CuTe Blackwell kernels shares between the dense forward (``sm100_forward``) and the
-dense backward (``sm100_backward``): on an sm_100 GPU a kernel takes a call its support check covers, once the build
-the call would run has passed its first-use self-check against Triton on the device (``self_check``). No Blackwell
-GPU has run these kernels in this project's tests, so no build serves a call unchecked."""
+"""What the dispatch of the CuTe Blackwell kernels shares between the forwards (``sm100_forward``,
+``sm100_varlen_forward``) and the dense backward (``sm100_backward``): on an sm_100 GPU a kernel takes a call its
+support check covers, once the build the call would run has passed its first-use self-check against Triton on the
+device (``self_check``). No Blackwell GPU has run these kernels in this project's tests, so no build serves a call
+unchecked."""
 
 from __future__ import annotations
 
@@ -51,14 +52,15 @@ def checked_support(direction: str, covered: tuple[bool, str], plan: Callable[[]
 
 
 def may_take(direction: str, q: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName,
-             head_dims: tuple[int, ...], plan_of: Callable[[bool], object]) -> bool:
+             head_dims: tuple[int, ...], plan_of: Callable[[bool], object], masks: bool = False) -> bool:
     """Whether the opaque op could run this call on the Blackwell ``direction`` kernel, from what a compiled graph
     knows of it (its tensors may be fake: no data pointers): the machine, dtype, head dims (``head_dims``), no mask
-    or bias, and no failed verdict (``plan_of(masked)``: the build with or without its tile mask). Layouts and the
-    verdict yet to come are the op's to check at run time (Triton where they fail)."""
+    or bias unless the kernel takes them (``masks``), and no failed verdict (``plan_of(masked)``: the build with or
+    without its tile mask). Layouts and the verdict yet to come are the op's to check at run time (Triton where they
+    fail)."""
     from ..kernels.cute.fwd_support import SUPPORTED_ACTIVATIONS, cute_dsl_available, on_sm100
 
-    if not (cute_dsl_available() and on_sm100(q.device)) or causal or bias is not None:
+    if not (cute_dsl_available() and on_sm100(q.device)) or ((causal or bias is not None) and not masks):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or v.dtype != q.dtype or activation not in SUPPORTED_ACTIVATIONS:
         return False

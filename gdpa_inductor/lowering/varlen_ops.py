@@ -32,8 +32,9 @@ def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
                                 max_seqlen_k, batch, traced)
 
 
-def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params) -> torch.Tensor:
-    """The forward on ``impl``; ``traced``: its Triton launches go into a compiled graph."""
+def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params, plan=None) -> torch.Tensor:
+    """The forward on ``impl`` ("cute": on sm_100 the Blackwell forward, its build ``plan`` where one is given);
+    ``traced``: its Triton launches go into a compiled graph."""
     if impl == "reference":
         return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
     from ..kernels.common.varlen_rows import with_tensor
@@ -44,6 +45,15 @@ def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, p
     out = alloc(varlen_out_shape(q, v, rows[0], batch), dtype=v.dtype, device=v.device)
     activation, scale, post_scale, causal, window, negative_slope = params
     if impl == "cute":
+        from ..kernels.cute.fwd_support import on_sm100
+
+        if plan is not None or on_sm100(q.device):
+            from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute_sm100, plan_varlen_fwd_sm100
+
+            # the build the dispatch's self-check passed, named here as the dense op's launcher names its own
+            plan = plan or plan_varlen_fwd_sm100(q.dtype, q.shape[-1], activation, causal, window, bias)
+            return gdpa_varlen_fwd_cute_sm100(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
+                                              negative_slope, causal, window, bias, plan=plan)
         from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute
         from ..kernels.cute.varlen_plan import varlen_band
 

@@ -376,8 +376,8 @@ def test_hopper_takes_its_cute_backward_with_no_blackwell_check(sm100, gen, monk
 @pytest.mark.parametrize("change, backward, forward", [
     (dict(), True, True),
     (dict(d=128), True, True),
-    (dict(causal=True), False, False),
-    (dict(bias=True), False, False),
+    (dict(causal=True), False, True),
+    (dict(bias=True), False, True),
     (dict(d=96), False, False),
     (dict(dtype=torch.float32), False, False),
     (dict(failed="backward"), False, True),
@@ -386,7 +386,7 @@ def test_hopper_takes_its_cute_backward_with_no_blackwell_check(sm100, gen, monk
 def test_the_compiled_graph_sends_a_covered_backward_to_the_opaque_op(sm100, change, backward, forward):
     """``direct_launch.cute_machine`` on fake-like (meta) tensors: sm_100 dense backwards the Blackwell backward may
     take go through the opaque op (which checks the build at run time), not one whose build failed its check; the
-    forward's verdict is its own."""
+    forward's verdict is its own, and the forward takes the causal mask and a bias."""
     d = change.get("d", 64)
     dtype = change.get("dtype", torch.bfloat16)
     q, v = (torch.empty(2, 4, 256, d, device="meta", dtype=dtype) for _ in range(2))

@@ -173,8 +173,8 @@ def sm100_fwd_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias,
     [Z, H, N, D] operands: an sm_100 GPU, D = Dv in ``SM100_HEAD_DIMS``, at least one key (the kernel has no path for
     an empty key range), a bias ``sm100_bias_support`` takes, a ``window`` of bounds >= -1, and ``operand_support``'s
     dtypes and TMA layouts. The causal mask and windows take any Nq and Nk (rows without keys give O = 0). The
-    dispatch asks it on sm_100 for calls with no causal mask, window or bias (``lowering/sm100_forward.py``), then
-    the self-check of the call's build: no Blackwell GPU in this project's tests has run the kernel."""
+    dispatch asks it on sm_100 for dense calls, the causal mask and a bias included (``lowering/sm100_forward.py``),
+    then the self-check of the call's build: no Blackwell GPU in this project's tests has run the kernel."""
     from .fwd_plan import SM100_HEAD_DIMS
 
     if not cute_dsl_available():

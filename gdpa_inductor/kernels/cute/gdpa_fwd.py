@@ -1,8 +1,7 @@
 """Launchers of the CuTe-DSL forwards on a dense batch: plan the call (``fwd_plan``), take its build (``kernel_build``)
 and launch it with the arguments of its schema (``kernel_args``). Which calls they take is ``fwd_support``'s. The
-Hopper forward and, on sm_100 after its self-check (``lowering/sm100_forward.py``), the Blackwell one
-(``gdpa_fwd_cute_sm100``) for calls with no mask or bias are the dispatch's; the Blackwell varlen forward
-(``varlen_fwd``'s ``gdpa_varlen_fwd_cute_sm100``) is called by no dispatch yet."""
+Hopper forward and, on sm_100 once the call's build has passed its self-check (``lowering/sm100_forward.py``), the
+Blackwell one (``gdpa_fwd_cute_sm100``, with the causal mask and a bias too) are the dispatch's."""
 
 from __future__ import annotations
 
@@ -120,16 +119,22 @@ def gdpa_fwd_cute_sm100(
     return out
 
 
-def plan_dense_fwd_sm100(q: torch.Tensor, k: torch.Tensor, activation: ActivationName) -> Sm100FwdPlan:
-    """The plan of ``gdpa_fwd_cute_sm100``'s call on these [Z, H, N, D] operands: the build its self-check keys on."""
-    return plan_fwd_sm100(q.dtype, q.shape[-1], activation, mask_keys=k.shape[2] % SM100_KEY_TILE != 0)
+def plan_dense_fwd_sm100(q: torch.Tensor, k: torch.Tensor, activation: ActivationName, causal: bool = False,
+                         bias: torch.Tensor | None = None) -> Sm100FwdPlan:
+    """The plan of ``gdpa_fwd_cute_sm100``'s call on these [Z, H, N, D] operands, with ``causal`` and ``bias``: the
+    build its self-check keys on."""
+    return plan_fwd_sm100(q.dtype, q.shape[-1], activation, mask_keys=k.shape[2] % SM100_KEY_TILE != 0,
+                          causal=causal, bias=sm100_bias_name(bias))
 
 
 def gdpa_fwd_cute_sm100_op(q, k, v, activation: ActivationName, scale: float, post_scale: float,
-                           negative_slope: float):
-    """The op's forward on the Blackwell kernel: operands in the op's [..., H, N, D] layout, batch dims broadcasting
-    (``fwd_support.sm100_fwd_supported`` checked on their 4-D views) -> [*batch, H, Nq, D]."""
+                           negative_slope: float, causal: bool = False, bias: torch.Tensor | None = None,
+                           plan: Sm100FwdPlan | None = None):
+    """The op's forward on the Blackwell kernel: operands in the op's [..., H, N, D] layout, batch dims broadcasting,
+    and the op's bias (``fwd_support.sm100_fwd_supported`` checked on their 4-D views) -> [*batch, H, Nq, D].
+    ``plan``: the build to run (None: ``plan_dense_fwd_sm100``'s, the one the self-check passed)."""
     (q4, k4, v4), batch = flatten_batch(q, k, v)
-    out = gdpa_fwd_cute_sm100(q4, k4, v4, activation, scale, post_scale, negative_slope,
-                              plan=plan_dense_fwd_sm100(q4, k4, activation))
+    bias4 = bias_4d(bias, batch, q4.shape[2])
+    out = gdpa_fwd_cute_sm100(q4, k4, v4, activation, scale, post_scale, negative_slope, causal=causal, bias=bias4,
+                              plan=plan or plan_dense_fwd_sm100(q4, k4, activation, causal, bias4))
     return out.view(*batch, *out.shape[1:])

@@ -39,8 +39,8 @@ def compile_fwd(plan: FwdPlan, keep_ptx: bool = False):
 def compile_fwd_sm100(plan: Sm100FwdPlan, keep_ptx: bool = False):
     """The compiled Blackwell forward (``GdpaFwdSm100``) of ``plan``, for ``plan.target``, called with
     ``FWD_SM100_ARGS.values(plan, ...)`` on [Z, H, N, D] operands in ``dense_modes`` with Nk >= 1, or a varlen
-    batch's sides in ``row_modes``. No Blackwell GPU in this project's tests has run it: the
-    dispatch self-checks each build first (``lowering/sm100_forward.py``). ``keep_ptx`` as for
+    batch's sides in ``row_modes``. No Blackwell GPU in this project's tests has run it: the dispatch self-checks
+    each build first (``lowering/sm100_forward.py``, ``sm100_varlen_forward.py``). ``keep_ptx`` as for
     ``compile_fwd``."""
     def build():
         import cutlass.cute as cute

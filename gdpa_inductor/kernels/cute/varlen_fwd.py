@@ -13,7 +13,8 @@ bounds the kernels take at run time. Which calls it takes is ``varlen_support``'
 
 ``gdpa_varlen_fwd_cute_sm100`` launches the Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the same rows:
 one CTA per (query tile, head, sample), the causal mask and windows as a band at any per-sample Nk - Nq. Which calls
-it takes is ``varlen_support.sm100_varlen_fwd_support``'s; no dispatch calls it yet.
+it takes is ``varlen_support.sm100_varlen_fwd_support``'s; on sm_100 the dispatch runs it once the call's build
+(``plan_varlen_fwd_sm100``) has passed its self-check (``lowering/sm100_varlen_forward.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from ..activations import ActivationName
 from ..common.varlen_rows import VarlenSide
-from .fwd_plan import persistent_grid, plan_fwd, plan_fwd_sm100
+from .fwd_plan import Sm100FwdPlan, persistent_grid, plan_fwd, plan_fwd_sm100
 from .gdpa_fwd import sm100_band, sm100_bias_arg, sm100_bias_name
 from .kernel_args import FWD_ARGS, FWD_SM100_ARGS, offset_arg, row_modes, score_bias_modes
 from .kernel_build import compile_fwd, compile_fwd_sm100
@@ -67,13 +68,14 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
 def gdpa_varlen_fwd_cute_sm100(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
                                activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
                                causal: bool = False, window: tuple[int, int] = (-1, -1),
-                               bias: torch.Tensor | None = None) -> torch.Tensor:
+                               bias: torch.Tensor | None = None, plan: Sm100FwdPlan | None = None) -> torch.Tensor:
     """The Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the sides of a
     ``varlen_support.sm100_varlen_fwd_support``-checked call: writes ``out.tensor`` (rows past each sample's length
     untouched) and returns it. One CTA per (query tile, head, sample), the grid sized by the longest sample.
     ``causal``, ``window``: the bottom-right aligned mask and the band around it in each sample, at any Nk - Nq;
     ``bias``: one element, or a tensor ``sm100_varlen_fwd_support`` takes, sample z's query i and key j adding
-    ``bias[z, h, i, j]``. Not yet run on a Blackwell GPU."""
+    ``bias[z, h, i, j]``. ``plan``: the build to run (None: ``plan_varlen_fwd_sm100``'s). Not yet run on a Blackwell
+    GPU: the dispatch checks each build's results on the device first."""
     q, k, o = qs.tensor, ks.tensor, out.tensor
     num_m = -(-qs.max_len // _TILE_M)
     if o.numel() == 0 or num_m * qs.batch == 0:
@@ -81,12 +83,20 @@ def gdpa_varlen_fwd_cute_sm100(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, 
     if k.numel() == 0 or v.numel() == 0:
         return o.zero_()
     rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
+    plan = plan or plan_varlen_fwd_sm100(q.dtype, q.shape[-1], activation, causal, window, bias)
     causal, bounds = sm100_band(causal, window)
-    plan = plan_fwd_sm100(q.dtype, q.shape[-1], activation, causal=causal, window=bounds is not None,
-                          bias=sm100_bias_name(bias), varlen=True)
     band_left, band_right = bounds or (None, None)
     compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
         plan, q=row_modes(q), k=row_modes(k), v=row_modes(v), out=row_modes(o), scale=scale, post_scale=post_scale,
         slope=negative_slope, rows=rows, num_m=num_m, band_left=band_left, band_right=band_right,
         bias=sm100_bias_arg(bias, qs.max_len, ks.max_len)))
     return o
+
+
+def plan_varlen_fwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, causal: bool,
+                          window: tuple[int, int], bias: torch.Tensor | None) -> Sm100FwdPlan:
+    """The build ``gdpa_varlen_fwd_cute_sm100`` runs for a call of this dtype, head dim, masks and bias: the one its
+    self-check keys on."""
+    causal, bounds = sm100_band(causal, window)
+    return plan_fwd_sm100(dtype, head_dim, activation, causal=causal, window=bounds is not None,
+                          bias=sm100_bias_name(bias), varlen=True)

@@ -116,7 +116,8 @@ def sm100_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     each) and ``rows`` (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k), launched by
     ``varlen_fwd.gdpa_varlen_fwd_cute_sm100``: an sm_100 GPU, D = Dv in ``SM100_HEAD_DIMS``, k and v of one layout
     but the last dim, a bias ``varlen_bias_support`` takes (or the same in fp32: its last dim contiguous), a window
-    of bounds >= -1; the causal mask and windows at any per-sample Nk - Nq. No dispatch asks it yet."""
+    of bounds >= -1; the causal mask and windows at any per-sample Nk - Nq. The dispatch asks it on sm_100, then the
+    self-check of the call's build (``lowering/sm100_varlen_forward.py``)."""
     from .fwd_plan import SM100_HEAD_DIMS
 
     kernel = "the CuTe Blackwell varlen forward"
