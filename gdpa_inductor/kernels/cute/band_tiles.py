@@ -51,3 +51,12 @@ def score_kept(col, row, limits, lower: bool = True):
     valid, least, greatest = limits
     kept = (col < valid) & (col - row <= greatest)
     return kept & (col - row >= least) if lower else kept
+
+
+def kept_columns(limits, row, smaller=min):
+    """(first, last): the columns ``score_kept`` keeps in tile row ``row`` under ``tile_limits``' ``limits``, a
+    contiguous run (empty where first > last; causal alone keeps from column 0, ``first`` then unused). Per row, so
+    that a kernel compares each score's constant column with two values of the tile instead of holding a
+    column - row per score."""
+    valid, least, greatest = limits
+    return least + row, smaller(valid - 1, greatest + row)
