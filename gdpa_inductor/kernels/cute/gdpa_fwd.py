@@ -96,7 +96,8 @@ def gdpa_fwd_cute_sm100(
     plan: Sm100FwdPlan | None = None, window: tuple[int, int] = (-1, -1),
 ) -> torch.Tensor:
     """The Blackwell forward (``GdpaFwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D] (checked
-    by ``fwd_support.sm100_fwd_supported``) -> out [Z, H, Nq, D]: one CTA per 128-row query tile, head and sample.
+    by ``fwd_support.sm100_fwd_supported``) -> out [Z, H, Nq, D]: the (128-row query tile, head, sample) tiles
+    walked by a persistent grid of at most one CTA per SM (``Sm100FwdPlan.grid``).
     ``causal``: the bottom-right aligned causal mask; ``window``: (left, right) around that diagonal, -1 unbounded
     (the varlen op's windows); ``bias``: one element, or a tensor ``sm100_bias_support`` takes in its 4-D form
     (leading dims of 1 or Z and of 1 or H), added to each score. ``plan``: the build to run (None:
@@ -113,9 +114,12 @@ def gdpa_fwd_cute_sm100(
         plan = plan_fwd_sm100(q.dtype, q.shape[-1], activation, mask_keys=k.shape[2] % SM100_KEY_TILE != 0,
                               causal=causal, window=bounds is not None, bias=sm100_bias_name(bias))
     band_left, band_right = bounds or (None, None)
+    num_m = -(-q.shape[2] // 128)
+    num_ctas = plan.grid(num_m * q.shape[1] * q.shape[0], num_m,
+                         torch.cuda.get_device_properties(q.device).multi_processor_count)
     compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
         plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), out=dense_modes(out), scale=scale,
-        post_scale=post_scale, slope=negative_slope, band_left=band_left, band_right=band_right,
+        post_scale=post_scale, slope=negative_slope, num_ctas=num_ctas, band_left=band_left, band_right=band_right,
         bias=sm100_bias_arg(bias, q.shape[2], k.shape[2])))
     return out
 

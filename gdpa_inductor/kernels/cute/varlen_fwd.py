@@ -11,8 +11,9 @@ every sample's diagonal is known to align with the tiles (``varlen_causal_suppor
 sample's diagonal (``varlen_band``: the causal mask at any Nk - Nq, sliding windows, HSTU's ``max_attn_len``) whose
 bounds the kernels take at run time. Which calls it takes is ``varlen_support``'s; the mask is ``varlen_plan``'s.
 
-``gdpa_varlen_fwd_cute_sm100`` launches the Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the same rows:
-one CTA per (query tile, head, sample), the causal mask and windows as a band at any per-sample Nk - Nq. Which calls
+``gdpa_varlen_fwd_cute_sm100`` launches the Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the same rows
+and order: persistent CTAs walk the (query tile, head, sample) tiles, longest samples first, the causal mask and
+windows as a band at any per-sample Nk - Nq. Which calls
 it takes is ``varlen_support.sm100_varlen_fwd_support``'s; no dispatch calls it yet.
 """
 
@@ -70,7 +71,8 @@ def gdpa_varlen_fwd_cute_sm100(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, 
                                bias: torch.Tensor | None = None) -> torch.Tensor:
     """The Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the sides of a
     ``varlen_support.sm100_varlen_fwd_support``-checked call: writes ``out.tensor`` (rows past each sample's length
-    untouched) and returns it. One CTA per (query tile, head, sample), the grid sized by the longest sample.
+    untouched) and returns it. A persistent grid (``Sm100FwdPlan.grid``) walks the (query tile, head, sample) tiles,
+    the samples in ``order`` (longest first), skipping the query tiles past each sample's length.
     ``causal``, ``window``: the bottom-right aligned mask and the band around it in each sample, at any Nk - Nq;
     ``bias``: one element, or a tensor ``sm100_varlen_fwd_support`` takes, sample z's query i and key j adding
     ``bias[z, h, i, j]``. Not yet run on a Blackwell GPU."""
@@ -85,8 +87,10 @@ def gdpa_varlen_fwd_cute_sm100(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, 
     plan = plan_fwd_sm100(q.dtype, q.shape[-1], activation, causal=causal, window=bounds is not None,
                           bias=sm100_bias_name(bias), varlen=True)
     band_left, band_right = bounds or (None, None)
+    num_ctas = plan.grid(num_m * q.shape[-2] * qs.batch, num_m,
+                         torch.cuda.get_device_properties(q.device).multi_processor_count)
     compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
         plan, q=row_modes(q), k=row_modes(k), v=row_modes(v), out=row_modes(o), scale=scale, post_scale=post_scale,
-        slope=negative_slope, rows=rows, num_m=num_m, band_left=band_left, band_right=band_right,
+        slope=negative_slope, num_ctas=num_ctas, rows=rows, num_m=num_m, band_left=band_left, band_right=band_right,
         bias=sm100_bias_arg(bias, qs.max_len, ks.max_len)))
     return o
