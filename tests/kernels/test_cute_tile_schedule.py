@@ -7,6 +7,7 @@ tiles (``band_key_tiles``) come first."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -103,7 +104,7 @@ def test_a_dense_batch_is_every_tile():
 def test_the_non_persistent_plan_runs_a_cta_per_tile():
     plan = plan_fwd_sm100(torch.bfloat16, 128, "silu")
     assert plan.persistent and plan.q_stages == 2 and plan.grid(1000, 8, 148) == 148
-    single = type(plan)(**{**plan.__dict__, "persistent": False})
+    single = dataclasses.replace(plan, persistent=False)
     assert single != plan and single.q_stages == 1 and single.grid(1000, 8, 148) == 1000
 
 

@@ -13,8 +13,8 @@ bounds the kernels take at run time. Which calls it takes is ``varlen_support``'
 
 ``gdpa_varlen_fwd_cute_sm100`` launches the Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the same rows
 and order: persistent CTAs walk the (query tile, head, sample) tiles, longest samples first, the causal mask and
-windows as a band at any per-sample Nk - Nq. Which calls
-it takes is ``varlen_support.sm100_varlen_fwd_support``'s; no dispatch calls it yet.
+windows as a band at any per-sample Nk - Nq. Which calls it takes is ``varlen_support.sm100_varlen_fwd_support``'s;
+no dispatch calls it yet.
 """
 
 from __future__ import annotations
