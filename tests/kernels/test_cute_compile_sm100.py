@@ -183,6 +183,8 @@ def test_plans_and_stages():
     assert plan_fwd_sm100(torch.bfloat16, 64, "silu", causal=True, window=True) == \
         plan_fwd_sm100(torch.bfloat16, 64, "silu", window=True)
     assert plan_fwd_sm100(torch.bfloat16, 64, "silu", mask_keys=False, varlen=True).mask_keys
+    # the persistent grid counts the CTAs an SM holds: two of the 64-key build at D = 64 (tensor memory allows it)
+    assert plan_fwd_sm100(torch.bfloat16, 64, "silu", tile_n=64).ctas_per_sm == 512 // tmem_columns(64, 64) == 2
 
 
 def test_the_cache_key_names_the_target(tmp_path, monkeypatch):

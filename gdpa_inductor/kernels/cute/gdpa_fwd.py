@@ -97,7 +97,7 @@ def gdpa_fwd_cute_sm100(
 ) -> torch.Tensor:
     """The Blackwell forward (``GdpaFwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D] (checked
     by ``fwd_support.sm100_fwd_supported``) -> out [Z, H, Nq, D]: the (128-row query tile, head, sample) tiles
-    walked by a persistent grid of at most one CTA per SM (``Sm100FwdPlan.grid``).
+    walked by a persistent grid of at most the CTAs the SMs hold at once (``Sm100FwdPlan.grid``).
     ``causal``: the bottom-right aligned causal mask; ``window``: (left, right) around that diagonal, -1 unbounded
     (the varlen op's windows); ``bias``: one element, or a tensor ``sm100_bias_support`` takes in its 4-D form
     (leading dims of 1 or Z and of 1 or H), added to each score. ``plan``: the build to run (None:

@@ -1,11 +1,12 @@
 """CuTe-DSL GDPA forward for Blackwell (sm_100a): O = act(scale · Q Kᵀ + bias) · post_scale · V.
 
-Persistent: a grid of at most one CTA per SM (``num_ctas``, the launcher's from the device's SM count; the build does
-not depend on it) walks the work tiles, (128-row query tile, head, sample), in the static order of ``tile_schedule``:
-query tiles fastest, CTA c taking tiles c, c + num_ctas, ...; under a band a head's query tiles last-first (the
-causal mask's longest first), in a varlen batch the samples in ``rows``' order (the most work first) and the query
-tiles past a sample's queries skipped by every warp without work. Six warps, each with one role, walk the same
-sequence, every pipeline's position and phase carried from tile to tile:
+Persistent: a grid of at most the CTAs the SMs hold at once (``num_ctas``, the launcher's from the device's SM count:
+one an SM, two for 64-key tiles at D = 64; the build does not depend on it) walks the work tiles, (128-row query
+tile, head, sample), in the static order of ``tile_schedule``: query tiles fastest, CTA c taking tiles c,
+c + num_ctas, ...; under a band a head's query tiles last-first (the causal mask's longest first), in a varlen batch
+the samples in ``rows``' order (the most work first) and the query tiles past a sample's queries skipped by every
+warp without work. Six warps, each with one role, walk the same sequence, every pipeline's position and phase
+carried from tile to tile:
 - warps 0-3, the activation warps (one query row a thread): per key tile they load S from tensor memory
   (tcgen05.ld), apply the activation's fp32 form (``activation_math``, the scale folded into its first product),
   write P in the operands' dtype back over the first half of S's own columns (tcgen05.st) for the P·V matmul to
