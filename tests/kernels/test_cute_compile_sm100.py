@@ -4,11 +4,12 @@ of keys past Nk and one of 64-key tiles; and its variants: the causal mask, wind
 and varlen batches, alone and together. Each is checked for Blackwell's instructions and none of Hopper's (every
 matmul a tcgen05.mma from shared memory or, for P, from tensor memory; S and O read from tensor memory by tcgen05.ld
 after its wait, P written by tcgen05.st; one tensor-memory allocation of the columns the plan needs and its release;
-no wgmma), TMA loads, 16-byte O stores, and no register spills in ptxas's report. The compile cache keys on the
-target: the same key names another file for sm_90a than for sm_100a, and the Blackwell build lands under the sm_100a
-fingerprint. The support checks take each variant and refuse what the kernel lacks (Dv != D, a bias of another
-dtype or shape), each with its reason; the launchers pass each variant's arguments. No Blackwell GPU has run the
-kernel: these are the checks a CPU can make.
+no wgmma), TMA loads, 16-byte O stores, the persistent tile loop (each CTA steps by the grid's size), and no
+register spills in ptxas's report. The compile cache keys on the target: the same key names another file for sm_90a
+than for sm_100a, and the Blackwell build lands under the sm_100a fingerprint. The support checks take each variant
+and refuse what the kernel lacks (Dv != D, a bias of another dtype or shape), each with its reason; the launchers
+pass each variant's arguments and the persistent grid. No Blackwell GPU has run the kernel: these are the checks a
+CPU can make.
 
 The compiles go through the worker and report store of the sm_90a checks (``cute_compile_reports``), the spec
 naming its target.
@@ -121,6 +122,7 @@ def test_cute_fwd_compiles_for_sm100a(case, reports):
     assert r["tmem_alloc_columns"] == tmem_columns(plan.tile_n, d) == (512 if plan.tile_n == 128 else 256), r
     assert r["tcgen05_alloc"] == 1 and r["tcgen05_dealloc"] == 1, r
     assert r["tcgen05_commit"] > 0, "the MMA warp signals through tcgen05.commit"
+    assert r["grid_size_reads"] > 0, "persistent: each CTA steps through the tiles by the grid's size"
     assert r["tma_loads"] > 0, "Q/K/V loads go through TMA"
     # full and empty barriers: Q and K and V rings, two S and two P buffers, O (full, and empty for the next tile)
     assert plan.persistent and plan.q_stages == 2
@@ -142,6 +144,7 @@ def test_cute_fwd_variants_compile_for_sm100a(case, reports):
     assert r["target"] == "sm_100a" and r["wgmma_any"] == 0, r
     assert r["tcgen05_mma"] == 2 * (d // 16) + 2 * (plan.tile_n // 16), r
     assert r["tcgen05_alloc"] == 1 and r["tcgen05_dealloc"] == 1 and r["tcgen05_commit"] > 0, r
+    assert r["grid_size_reads"] > 0, r
     assert r["tmem_alloc_columns"] == tmem_columns(plan.tile_n, d), r
     assert r["tma_loads"] > 0, "Q/K/V loads go through TMA"
     # a band runs each key tile on one of two paths, the per-score mask or none: S's loads twice
