@@ -385,6 +385,17 @@ def test_the_varlen_launcher_passes_the_rows(monkeypatch):
     assert args[9:12] == (3, 40, 0) and args[12] is None
 
 
+def test_the_launcher_takes_a_grid(monkeypatch):
+    """A grid smaller than the tiles (a check on small inputs whose CTAs each walk several tiles), at most the tiles."""
+    from gdpa_inductor.kernels.cute import gdpa_fwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_fwd, "compile_fwd_sm100", build)
+    for ctas, grid in [(3, 3), (100, 16), (0, 1)]:
+        gdpa_fwd.gdpa_fwd_cute_sm100(*_operands(), "silu", 1.0, 1.0, 0.01, ctas=ctas)
+        assert build.calls[-1][7] == grid
+
+
 def test_the_launcher_compiles_nothing_without_keys(monkeypatch):
     from gdpa_inductor.kernels.cute import gdpa_fwd
 

@@ -93,7 +93,7 @@ def sm100_band(causal: bool, window: tuple[int, int]) -> tuple[bool, tuple[int, 
 def gdpa_fwd_cute_sm100(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
     negative_slope: float, causal: bool = False, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-    plan: Sm100FwdPlan | None = None, window: tuple[int, int] = (-1, -1),
+    plan: Sm100FwdPlan | None = None, window: tuple[int, int] = (-1, -1), ctas: int | None = None,
 ) -> torch.Tensor:
     """The Blackwell forward (``GdpaFwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D] (checked
     by ``fwd_support.sm100_fwd_supported``) -> out [Z, H, Nq, D]: the (128-row query tile, head, sample) tiles
@@ -101,8 +101,9 @@ def gdpa_fwd_cute_sm100(
     ``causal``: the bottom-right aligned causal mask; ``window``: (left, right) around that diagonal, -1 unbounded
     (the varlen op's windows); ``bias``: one element, or a tensor ``sm100_bias_support`` takes in its 4-D form
     (leading dims of 1 or Z and of 1 or H), added to each score. ``plan``: the build to run (None:
-    ``plan_fwd_sm100``'s, 128-key tiles, the mask of keys past Nk where Nk is not a multiple of them). Not yet run on
-    a Blackwell GPU: the dispatch checks each build's results on the device first."""
+    ``plan_fwd_sm100``'s, 128-key tiles, the mask of keys past Nk where Nk is not a multiple of them). ``ctas``: the
+    grid (at most the tiles; None: ``Sm100FwdPlan.grid``'s), so that a check on small inputs can still have each CTA
+    walk several tiles. Not yet run on a Blackwell GPU: the dispatch checks each build's results on the device first."""
     if out is None:
         out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
@@ -115,8 +116,11 @@ def gdpa_fwd_cute_sm100(
                               causal=causal, window=bounds is not None, bias=sm100_bias_name(bias))
     band_left, band_right = bounds or (None, None)
     num_m = -(-q.shape[2] // 128)
-    num_ctas = plan.grid(num_m * q.shape[1] * q.shape[0], num_m,
-                         torch.cuda.get_device_properties(q.device).multi_processor_count)
+    tiles = num_m * q.shape[1] * q.shape[0]
+    if ctas is None:
+        num_ctas = plan.grid(tiles, num_m, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    else:
+        num_ctas = max(1, min(ctas, tiles))
     compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
         plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), out=dense_modes(out), scale=scale,
         post_scale=post_scale, slope=negative_slope, num_ctas=num_ctas, band_left=band_left, band_right=band_right,
