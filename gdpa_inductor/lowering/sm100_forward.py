@@ -66,7 +66,7 @@ def forward_check(plan, device: torch.device) -> self_check.Check:
         from ..kernels.cute import gdpa_fwd
 
         return gdpa_fwd.gdpa_fwd_cute_sm100_op(q, k, v, activation, scale, post_scale, slope, causal, bias,
-                                               plan=plan)
+                                               plan=plan, ctas=sm100_kernels.CHECK_CTAS)
 
     def trusted(*args):
         from ..kernels.triton import gdpa_fwd

@@ -50,7 +50,8 @@ def varlen_forward_check(plan, device: torch.device) -> self_check.Check:
         from . import varlen_ops
 
         return varlen_ops._forward_on(impl, False, q, k, v, bias, (cu_q, cu_k, used_q, used_k), max_q, max_k,
-                                      params, plan=plan if impl == "cute" else None)
+                                      params, plan=plan if impl == "cute" else None,
+                                      ctas=sm100_kernels.CHECK_CTAS if impl == "cute" else None)
 
     def exact(q, k, v, bias, *rest):
         from ..kernels.reference_varlen import gdpa_varlen_reference

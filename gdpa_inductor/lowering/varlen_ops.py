@@ -32,9 +32,10 @@ def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
                                 max_seqlen_k, batch, traced)
 
 
-def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params, plan=None) -> torch.Tensor:
-    """The forward on ``impl`` ("cute": on sm_100 the Blackwell forward, its build ``plan`` where one is given);
-    ``traced``: its Triton launches go into a compiled graph."""
+def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params, plan=None,
+                ctas=None) -> torch.Tensor:
+    """The forward on ``impl`` ("cute": on sm_100 the Blackwell forward, its build ``plan`` and grid ``ctas`` where
+    given); ``traced``: its Triton launches go into a compiled graph."""
     if impl == "reference":
         return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
     from ..kernels.common.varlen_rows import with_tensor
@@ -53,7 +54,7 @@ def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, p
             # the build the dispatch's self-check passed, named here as the dense op's launcher names its own
             plan = plan or plan_varlen_fwd_sm100(q.dtype, q.shape[-1], activation, causal, window, bias)
             return gdpa_varlen_fwd_cute_sm100(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
-                                              negative_slope, causal, window, bias, plan=plan)
+                                              negative_slope, causal, window, bias, plan=plan, ctas=ctas)
         from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute
         from ..kernels.cute.varlen_plan import varlen_band
 

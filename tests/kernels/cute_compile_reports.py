@@ -147,6 +147,7 @@ def extract_report(ptx: str, log: str, sass: str | None) -> dict:
         st_async=len(re.findall(r"\bst\.async\.shared::cluster\.mbarrier::complete_tx::bytes", ptx)),
         cluster_arrives=len(re.findall(r"\bmbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)),
         named_barrier_arrives=len(re.findall(r"\bbarrier\.(?:cta\.)?arrive|\bbar\.arrive", ptx)),
+        grid_size_reads=ptx.count("%nctaid.x"),
         sass_r2ur=None if sass is None else len(re.findall(r"\bR2UR\b", sass)),
         sass_sts128=None if sass is None else len(re.findall(r"\bSTS\.128\b", sass)),
     )

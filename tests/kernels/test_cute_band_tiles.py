@@ -17,6 +17,7 @@ from gdpa_inductor.kernels.common.window_bounds import UNBOUNDED, band_limits
 from gdpa_inductor.kernels.cute.band_tiles import (
     band_key_tiles,
     band_query_tiles,
+    kept_columns,
     kept_queries,
     score_kept,
     tile_limits,
@@ -79,6 +80,22 @@ def test_the_causal_diagonal_tile_is_the_only_masked_one_when_aligned():
     for m in range(4):
         assert band_key_tiles(m, 512, 768, UNBOUNDED, 0, 128, 128) == (0, m + 3)
         assert unmasked_key_tiles(m, 512, 768, UNBOUNDED, 0, 128, 128) == (0, m + 2)
+
+
+@pytest.mark.parametrize("causal, window", BANDS, ids=[f"{'c' if c else ''}{w}" for c, w in BANDS])
+def test_each_row_keeps_one_run_of_columns(causal, window):
+    """``kept_columns``, what the kernel compares each score's column with, keeps what ``score_kept`` keeps: per
+    row, the columns in [first, last] (from column 0 under the causal mask alone)."""
+    left, right = band_limits(causal, window)
+    lower = left != UNBOUNDED
+    cols = torch.arange(128)
+    for nq, nk in [(200, 256), (300, 129), (128, 512), (7, 1)]:
+        for m, n in itertools.product(range(-(-nq // 128)), range(-(-nk // 128))):
+            limits = tile_limits(m, n, nq, nk, left, right, 128, 128)
+            for row in (0, 1, 63, 127):
+                first, last = kept_columns(limits, row)
+                span = (cols <= last) & ((cols >= first) if lower else True)
+                assert torch.equal(span, score_kept(cols, row, limits, lower)), (nq, nk, m, n, row)
 
 
 def test_the_check_can_fail():

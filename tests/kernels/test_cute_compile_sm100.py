@@ -4,17 +4,20 @@ of keys past Nk and one of 64-key tiles; and its variants: the causal mask, wind
 and varlen batches, alone and together. Each is checked for Blackwell's instructions and none of Hopper's (every
 matmul a tcgen05.mma from shared memory or, for P, from tensor memory; S and O read from tensor memory by tcgen05.ld
 after its wait, P written by tcgen05.st; one tensor-memory allocation of the columns the plan needs and its release;
-no wgmma), TMA loads, 16-byte O stores, and no register spills in ptxas's report. The compile cache keys on the
-target: the same key names another file for sm_90a than for sm_100a, and the Blackwell build lands under the sm_100a
-fingerprint. The support checks take each variant and refuse what the kernel lacks (Dv != D, a bias of another
-dtype or shape), each with its reason; the launchers pass each variant's arguments. No Blackwell GPU has run the
-kernel: these are the checks a CPU can make.
+no wgmma), TMA loads, 16-byte O stores, the persistent tile loop (each CTA steps by the grid's size), and no
+register spills in ptxas's report. The compile cache keys on the target: the same key names another file for sm_90a
+than for sm_100a, and the Blackwell build lands under the sm_100a fingerprint. The support checks take each variant
+and refuse what the kernel lacks (Dv != D, a bias of another dtype or shape), each with its reason; the launchers
+pass each variant's arguments and the persistent grid. No Blackwell GPU has run the kernel: these are the checks a
+CPU can make.
 
 The compiles go through the worker and report store of the sm_90a checks (``cute_compile_reports``), the spec
 naming its target.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,7 +35,7 @@ import cutlass.cute as cute  # noqa: E402
 from gdpa_inductor.kernels.common.window_bounds import UNBOUNDED  # noqa: E402
 from gdpa_inductor.kernels.cute import compile_cache, fwd_support, varlen_support  # noqa: E402
 from gdpa_inductor.kernels.cute.fwd_plan import Sm100FwdPlan, plan_fwd_sm100, sm100_kv_stages  # noqa: E402
-from gdpa_inductor.kernels.cute.gdpa_fwd_sm100 import tmem_columns  # noqa: E402
+from gdpa_inductor.kernels.cute.gdpa_fwd_sm100 import _SCORE_CHUNK, tmem_columns  # noqa: E402
 from gdpa_inductor.kernels.cute.kernel_args import SM100_TARGET_ARCH, TARGET_ARCH  # noqa: E402
 
 # (dtype, D, activation, mask_keys, key tile): both dtypes at both head dims, an activation through tanh.approx and one
@@ -108,18 +111,22 @@ def test_cute_fwd_compiles_for_sm100a(case, reports):
     # Q Kᵀ (D / 16 k-blocks) and P V (tile_n / 16), each issued at two places: the first key tile's Q Kᵀ and the last
     # P V outside the loop, one of each in it
     assert r["tcgen05_mma"] == 2 * (d // 16) + 2 * (plan.tile_n // 16), r
-    # S: tile_n columns in 32-column loads; O: Dv columns, 32 at a time; each followed by its wait before use
+    # S: tile_n columns in 32-column loads, one wait per step of ``_SCORE_CHUNK`` columns; O: Dv columns, 32 at a
+    # time, each load followed by its wait before use
+    steps = plan.tile_n // min(_SCORE_CHUNK, plan.tile_n)
     assert r["tcgen05_ld"] == plan.tile_n // 32 + d // 32, r
-    assert r["tcgen05_wait_ld"] == 1 + d // 32, r
-    # P: tile_n 16-bit values a row in tile_n / 2 columns, stored in two halves, then one wait before its commit
-    assert r["tcgen05_st"] == 2 and r["tcgen05_wait_st"] == 1, r
+    assert r["tcgen05_wait_ld"] == steps + d // 32, r
+    # P: a step's 16-bit values in half its columns, stored in two halves, then one wait before its commit
+    assert r["tcgen05_st"] == 2 * steps and r["tcgen05_wait_st"] == 1, r
     # two S buffers and O, in a power of two of columns
     assert r["tmem_alloc_columns"] == tmem_columns(plan.tile_n, d) == (512 if plan.tile_n == 128 else 256), r
     assert r["tcgen05_alloc"] == 1 and r["tcgen05_dealloc"] == 1, r
     assert r["tcgen05_commit"] > 0, "the MMA warp signals through tcgen05.commit"
+    assert r["grid_size_reads"] > 0, "persistent: each CTA steps through the tiles by the grid's size"
     assert r["tma_loads"] > 0, "Q/K/V loads go through TMA"
-    # full and empty barriers: Q (one stage), K and V rings, two S and two P buffers, O
-    assert r["mbarrier_init"] == 2 + 4 * plan.kv_stages + 4 + 4 + 2, r
+    # full and empty barriers: Q and K and V rings, two S and two P buffers, O (full, and empty for the next tile)
+    assert plan.persistent and plan.q_stages == 2
+    assert r["mbarrier_init"] == 2 * plan.q_stages + 4 * plan.kv_stages + 4 + 4 + 2, r
     assert r["st_global_v4"] == d * 2 // 16, "each thread stores its row of O in 16-byte pieces"
     assert (r["tanh_approx"] > 0) == (act in TANH_BASED), r
     if act == "gelu_tanh":
@@ -137,6 +144,7 @@ def test_cute_fwd_variants_compile_for_sm100a(case, reports):
     assert r["target"] == "sm_100a" and r["wgmma_any"] == 0, r
     assert r["tcgen05_mma"] == 2 * (d // 16) + 2 * (plan.tile_n // 16), r
     assert r["tcgen05_alloc"] == 1 and r["tcgen05_dealloc"] == 1 and r["tcgen05_commit"] > 0, r
+    assert r["grid_size_reads"] > 0, r
     assert r["tmem_alloc_columns"] == tmem_columns(plan.tile_n, d), r
     assert r["tma_loads"] > 0, "Q/K/V loads go through TMA"
     # a band runs each key tile on one of two paths, the per-score mask or none: S's loads twice
@@ -178,6 +186,8 @@ def test_plans_and_stages():
     assert plan_fwd_sm100(torch.bfloat16, 64, "silu", causal=True, window=True) == \
         plan_fwd_sm100(torch.bfloat16, 64, "silu", window=True)
     assert plan_fwd_sm100(torch.bfloat16, 64, "silu", mask_keys=False, varlen=True).mask_keys
+    # the persistent grid counts the CTAs an SM holds: two of the 64-key build at D = 64 (tensor memory allows it)
+    assert plan_fwd_sm100(torch.bfloat16, 64, "silu", tile_n=64).ctas_per_sm == 512 // tmem_columns(64, 64) == 2
 
 
 def test_the_cache_key_names_the_target(tmp_path, monkeypatch):
@@ -265,6 +275,12 @@ def test_the_support_check_wants_an_sm100_gpu():
     assert not ok and why
 
 
+@pytest.fixture(autouse=True)
+def blackwell_sm_count(monkeypatch):
+    """The launchers size the persistent grid by the device's SM count: a B200's 148 here, on CPU tensors."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=148))
+
+
 class RecordedBuild:
     """Stands in for ``compile_fwd_sm100``: records the plan it is asked for and the arguments of the launch."""
 
@@ -292,8 +308,10 @@ def test_the_launcher_passes_the_schema_arguments(monkeypatch, nk, masked):
     (args,) = build.calls
     assert [tuple(a.shape) for a in args[:4]] == [(200, 128, 4, 2), (nk, 128, 4, 2), (nk, 128, 4, 2), (200, 128, 4, 2)]
     assert args[3].data_ptr() == out.data_ptr() and args[4:7] == (0.125, 0.5, 0.01)
+    # the grid: 2 query tiles x 4 heads x 2 samples, fewer than the SMs
+    assert args[7] == 16
     # rows, num_m (varlen), the window's bounds, the bias: none in a plain build
-    assert args[7:] == (None,) * 5
+    assert args[8:] == (None,) * 5
 
 
 @pytest.mark.parametrize("causal, window, plan_causal, bounds", [
@@ -312,7 +330,7 @@ def test_the_launcher_passes_the_band(monkeypatch, causal, window, plan_causal, 
     gdpa_fwd.gdpa_fwd_cute_sm100(*_operands(), "silu", 1.0, 1.0, 0.01, causal=causal, window=window)
     (plan,), (args,) = build.plans, build.calls
     assert (plan.causal, plan.window) == (plan_causal, bounds != (None, None))
-    assert args[9:11] == bounds and args[11] is None
+    assert args[10:12] == bounds and args[12] is None
 
 
 @pytest.mark.parametrize("bias, name, words", [
@@ -330,7 +348,7 @@ def test_the_launcher_passes_the_bias_words(monkeypatch, bias, name, words):
     monkeypatch.setattr(gdpa_fwd, "compile_fwd_sm100", build)
     gdpa_fwd.gdpa_fwd_cute_sm100(*_operands(), "silu", 1.0, 1.0, 0.01, bias=bias)
     (plan,), (args,) = build.plans, build.calls
-    given = args[11]
+    given = args[12]
     assert plan.bias == name and tuple(given.shape) == words and given.stride(1) == 1
     assert given.dtype == (torch.float32 if name == "float32" else torch.int32)
     if bias.numel() == 1:
@@ -361,8 +379,21 @@ def test_the_varlen_launcher_passes_the_rows(monkeypatch):
     (plan,), (args,) = build.plans, build.calls
     assert plan.varlen and plan.window and not plan.causal and plan.mask_keys
     assert [tuple(a.shape) for a in args[:4]] == [(310, 128, 4, 1)] * 4 and args[3].data_ptr() == out.data_ptr()
-    assert args[7].tolist() == [[0, 300], [300, 10], [0, 300], [300, 10], [0, 1]]
-    assert args[8:11] == (3, 40, 0) and args[11] is None
+    # 3 query tiles x 4 heads x 2 samples, the grid coprime with the 3 query tiles: jagged samples
+    assert args[7] == 24
+    assert args[8].tolist() == [[0, 300], [300, 10], [0, 300], [300, 10], [0, 1]]
+    assert args[9:12] == (3, 40, 0) and args[12] is None
+
+
+def test_the_launcher_takes_a_grid(monkeypatch):
+    """A grid smaller than the tiles (a check on small inputs whose CTAs each walk several tiles), at most the tiles."""
+    from gdpa_inductor.kernels.cute import gdpa_fwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_fwd, "compile_fwd_sm100", build)
+    for ctas, grid in [(3, 3), (100, 16), (0, 1)]:
+        gdpa_fwd.gdpa_fwd_cute_sm100(*_operands(), "silu", 1.0, 1.0, 0.01, ctas=ctas)
+        assert build.calls[-1][7] == grid
 
 
 def test_the_launcher_compiles_nothing_without_keys(monkeypatch):
@@ -401,8 +432,9 @@ def test_each_activation_thread_holds_its_row_in_order(d, tile_n):
 
     for t in (0, 33, 127):
         cute.compile(trace, t, options=f"--gpu-arch {SM100_TARGET_ARCH}")
-        assert found[t]["s"] == [(t, c) for c in range(tile_n)]
-        assert found[t]["p"] == [(t, c) for c in range(tile_n // 2)]
+        # one step's columns: the tile's, or 64 of them (``_SCORE_CHUNK``)
+        assert found[t]["s"] == [(t, c) for c in range(kernel.chunk)] and kernel.chunk == min(tile_n, _SCORE_CHUNK)
+        assert found[t]["p"] == [(t, c) for c in range(kernel.chunk // 2)]
         assert found[t]["o"] == [[(t, c * _EPI_COLUMNS + i) for i in range(_EPI_COLUMNS)] for c in range(d // 32)]
 
 

@@ -17,7 +17,7 @@ import torch
 from gdpa_inductor.kernels.cute import fwd_support
 from gdpa_inductor.kernels.cute.fwd_plan import plan_fwd_sm100
 from gdpa_inductor.kernels.reference import gdpa_reference
-from gdpa_inductor.lowering import direct_launch, dispatch, fallback, ops, self_check, sm100_forward
+from gdpa_inductor.lowering import direct_launch, dispatch, fallback, ops, self_check, sm100_forward, sm100_kernels
 from gdpa_inductor.lowering.dispatch import select_forward_impl
 from gdpa_inductor.lowering.sm100_forward import forward_check
 
@@ -28,11 +28,12 @@ class Sm100StandIn:
     """Stands in for ``gdpa_fwd_cute_sm100``: the forward's math, spoiled by ``fault``; records the plans it ran."""
 
     def __init__(self, fault: str):
-        self.fault, self.plans = fault, []
+        self.fault, self.plans, self.grids = fault, [], []
 
     def __call__(self, q, k, v, activation, scale, post_scale, negative_slope, causal=False, bias=None, out=None,
-                 plan=None, window=(-1, -1)):
+                 plan=None, window=(-1, -1), ctas=None):
         self.plans.append(plan)
+        self.grids.append(ctas)
         if self.fault == "raises on compile":
             raise RuntimeError("DSLRuntimeError: the kernel did not compile (stand-in)")
         multiplier = None
@@ -160,6 +161,9 @@ def test_a_correct_build_serves_after_one_check(sm100, gen, nk, mask_keys, featu
     torch.testing.assert_close(out, _expected(q, k, v, bias, causal), atol=2e-2, rtol=2e-2)
     assert "D=64, silu" in checks[0] and ("keys masked past Nk" in checks[0]) == mask_keys
     assert (", causal" in checks[0]) == causal and ("bias" in checks[0]) == (bias is not None)
+    # the check runs few CTAs, each walking several tiles; the served calls take the device's grid
+    checked = len(_cases(plan))
+    assert kernel.grids == [sm100_kernels.CHECK_CTAS] * checked + [None] * 3
 
 
 @pytest.mark.parametrize("causal", [False, True])

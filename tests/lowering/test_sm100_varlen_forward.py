@@ -18,7 +18,15 @@ from gdpa_inductor.kernels.cute.varlen_fwd import plan_varlen_fwd_sm100
 from gdpa_inductor.kernels.reference import gdpa_reference
 from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference
 from gdpa_inductor.kernels.triton import varlen_schedule
-from gdpa_inductor.lowering import direct_launch, dispatch, fallback, self_check, sm100_varlen_forward, varlen_ops
+from gdpa_inductor.lowering import (
+    direct_launch,
+    dispatch,
+    fallback,
+    self_check,
+    sm100_kernels,
+    sm100_varlen_forward,
+    varlen_ops,
+)
 from gdpa_inductor.lowering.dispatch import select_varlen_forward_impl
 from gdpa_inductor.lowering.sm100_forward_cases import WINDOWS
 from gdpa_inductor.lowering.sm100_varlen_forward import varlen_forward_check
@@ -61,11 +69,12 @@ class VarlenStandIn:
     """Stands in for ``gdpa_varlen_fwd_cute_sm100``: the forward's math, spoiled by ``fault``; records the plans."""
 
     def __init__(self, fault: str):
-        self.fault, self.plans = fault, []
+        self.fault, self.plans, self.grids = fault, [], []
 
     def __call__(self, qs, ks, v, out, order, activation, scale, post_scale, negative_slope, causal=False,
-                 window=(-1, -1), bias=None, plan=None):
+                 window=(-1, -1), bias=None, plan=None, ctas=None):
         self.plans.append(plan)
+        self.grids.append(ctas)
         if self.fault == "raises on compile":
             raise RuntimeError("DSLRuntimeError: the kernel did not compile (stand-in)")
         last = qs.batch - 1
@@ -184,6 +193,8 @@ def test_a_correct_build_serves_after_one_check(sm100, gen, feature):
     assert len(kernel.plans) == len(_cases(plan)) + 3 and triton.calls == len(_cases(plan))
     torch.testing.assert_close(out, _expected(args), atol=2e-2, rtol=2e-2)
     assert "the CuTe Blackwell forward (bfloat16, D=64, silu" in checks[0] and "varlen" in checks[0]
+    # the check runs few CTAs, each walking several tiles; the served calls take the device's grid
+    assert kernel.grids == [sm100_kernels.CHECK_CTAS] * len(_cases(plan)) + [None] * 3
 
 
 @pytest.mark.parametrize("causal, window, bias", [(False, (-1, -1), ""), (True, (-1, -1), "float32"),

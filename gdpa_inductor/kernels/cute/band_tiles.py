@@ -91,3 +91,12 @@ def kept_queries(key, limits, lower: bool, limit, smaller=min, larger=max):
     if lower:
         last = smaller(last, key - least)
     return first, last
+
+
+def kept_columns(limits, row, smaller=min):
+    """(first, last): the columns ``score_kept`` keeps in tile row ``row`` under ``tile_limits``' ``limits``, a
+    contiguous run (empty where first > last; causal alone keeps from column 0, ``first`` then unused). Per row, so
+    that a kernel compares each score's constant column with two values of the tile instead of holding a
+    column - row per score."""
+    valid, least, greatest = limits
+    return least + row, smaller(valid - 1, greatest + row)

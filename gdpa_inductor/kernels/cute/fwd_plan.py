@@ -151,15 +151,17 @@ def plan_fwd(dtype: torch.dtype, head_dim: int, activation: ActivationName, head
 # shared memory the forward's Q tile and K/V stages may take: below sm_100's 227 KB a block, leaving room for the
 # barriers and the allocator's reserve
 SM100_SMEM_BUDGET = 200 * 1024
+# shared memory of one sm_100 SM; each CTA also takes 1 KB of it
+SM100_SMEM_PER_SM = 228 * 1024
 SM100_HEAD_DIMS = (64, 128)
 # keys per step of the Blackwell forward by default (``plan_fwd_sm100``): 64 also builds
 SM100_KEY_TILE = 128
 
 
 def sm100_kv_stages(head_dim: int, tile_n: int = SM100_KEY_TILE, element_bytes: int = 2) -> int:
-    """K/V stages of the Blackwell forward: as many (K, V) tile pairs as fit beside the Q tile, at most three (two at
-    D = 128: 32 KB of Q and 64 KB a pair; three at D = 64)."""
-    q_bytes = 128 * head_dim * element_bytes
+    """K/V stages of the Blackwell forward: as many (K, V) tile pairs as fit beside two Q tiles (the persistent
+    schedule's Q stages), at most three (two at D = 128: 64 KB of Q and 64 KB a pair; three at D = 64)."""
+    q_bytes = 2 * 128 * head_dim * element_bytes
     pair_bytes = 2 * tile_n * head_dim * element_bytes
     return max(1, min(3, (SM100_SMEM_BUDGET - q_bytes) // pair_bytes))
 
@@ -175,7 +177,9 @@ class Sm100FwdPlan:
     batch); ``kv_stages``: ``sm100_kv_stages``; ``causal``: the bottom-right aligned causal mask; ``window``: a band
     around the diagonal, its bounds run-time arguments (with ``causal`` the launcher folds the causal bound into
     them); ``bias``: the bias tensor's element type by torch's name ("" for none; a 16-bit one is the operands');
-    ``varlen``: jagged samples (``cu_seqlens``)."""
+    ``varlen``: jagged samples (``cu_seqlens``); ``persistent``: each CTA walks work tiles of a grid the launcher
+    sizes by the SM count (``persistent_grid``), two Q stages so that the next tile's Q loads under this one's
+    matmuls; False: one CTA per tile and one Q stage, the schedule to measure the persistent one against."""
 
     dtype: torch.dtype
     head_dim: int
@@ -187,6 +191,7 @@ class Sm100FwdPlan:
     window: bool = False
     bias: str = ""
     varlen: bool = False
+    persistent: bool = True
     target: str = "sm_100a"
 
     def __post_init__(self):
@@ -202,6 +207,27 @@ class Sm100FwdPlan:
     @property
     def head_dim_v(self) -> int:
         return self.head_dim
+
+    @property
+    def q_stages(self) -> int:
+        return 2 if self.persistent else 1
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """CTAs of this build one SM holds at once: by tensor memory (512 columns; each CTA's two S buffers and O
+        rounded up to a power of two, ``gdpa_fwd_sm100.tmem_columns``) and by shared memory (Q and K/V stages,
+        barriers and the 1 KB reserve). Two for 64-key tiles at D = 64, else one."""
+        columns = 1 << (2 * self.tile_n + self.head_dim - 1).bit_length()
+        smem = 2 * self.head_dim * (128 * self.q_stages + 2 * self.tile_n * self.kv_stages) + 2048
+        return max(1, min(512 // columns, SM100_SMEM_PER_SM // smem))
+
+    def grid(self, tiles: int, num_m: int, sms: int) -> int:
+        """CTAs of a launch over ``tiles`` work tiles of ``num_m`` query tiles a head and sample on ``sms`` SMs:
+        ``persistent_grid``'s over the CTAs the SMs hold at once (``ctas_per_sm``; coprime with ``num_m`` where
+        tiles differ in work: a band or jagged samples), or one per tile."""
+        if not self.persistent:
+            return tiles
+        return persistent_grid(tiles, sms * self.ctas_per_sm, num_m, self.causal or self.window or self.varlen)
 
 
 @functools.lru_cache(maxsize=256)

@@ -92,15 +92,17 @@ def sm100_band(causal: bool, window: tuple[int, int]) -> tuple[bool, tuple[int, 
 def gdpa_fwd_cute_sm100(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
     negative_slope: float, causal: bool = False, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-    plan: Sm100FwdPlan | None = None, window: tuple[int, int] = (-1, -1),
+    plan: Sm100FwdPlan | None = None, window: tuple[int, int] = (-1, -1), ctas: int | None = None,
 ) -> torch.Tensor:
     """The Blackwell forward (``GdpaFwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D] (checked
-    by ``fwd_support.sm100_fwd_supported``) -> out [Z, H, Nq, D]: one CTA per 128-row query tile, head and sample.
+    by ``fwd_support.sm100_fwd_supported``) -> out [Z, H, Nq, D]: the (128-row query tile, head, sample) tiles
+    walked by a persistent grid of at most the CTAs the SMs hold at once (``Sm100FwdPlan.grid``).
     ``causal``: the bottom-right aligned causal mask; ``window``: (left, right) around that diagonal, -1 unbounded
     (the varlen op's windows); ``bias``: one element, or a tensor ``sm100_bias_support`` takes in its 4-D form
     (leading dims of 1 or Z and of 1 or H), added to each score. ``plan``: the build to run (None:
-    ``plan_fwd_sm100``'s, 128-key tiles, the mask of keys past Nk where Nk is not a multiple of them). Not yet run on
-    a Blackwell GPU: the dispatch checks each build's results on the device first."""
+    ``plan_fwd_sm100``'s, 128-key tiles, the mask of keys past Nk where Nk is not a multiple of them). ``ctas``: the
+    grid (at most the tiles; None: ``Sm100FwdPlan.grid``'s), so that a check on small inputs can still have each CTA
+    walk several tiles. Not yet run on a Blackwell GPU: the dispatch checks each build's results on the device first."""
     if out is None:
         out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
@@ -112,9 +114,15 @@ def gdpa_fwd_cute_sm100(
         plan = plan_fwd_sm100(q.dtype, q.shape[-1], activation, mask_keys=k.shape[2] % SM100_KEY_TILE != 0,
                               causal=causal, window=bounds is not None, bias=sm100_bias_name(bias))
     band_left, band_right = bounds or (None, None)
+    num_m = -(-q.shape[2] // 128)
+    tiles = num_m * q.shape[1] * q.shape[0]
+    if ctas is None:
+        num_ctas = plan.grid(tiles, num_m, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    else:
+        num_ctas = max(1, min(ctas, tiles))
     compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
         plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), out=dense_modes(out), scale=scale,
-        post_scale=post_scale, slope=negative_slope, band_left=band_left, band_right=band_right,
+        post_scale=post_scale, slope=negative_slope, num_ctas=num_ctas, band_left=band_left, band_right=band_right,
         bias=sm100_bias_arg(bias, q.shape[2], k.shape[2])))
     return out
 
@@ -129,12 +137,13 @@ def plan_dense_fwd_sm100(q: torch.Tensor, k: torch.Tensor, activation: Activatio
 
 def gdpa_fwd_cute_sm100_op(q, k, v, activation: ActivationName, scale: float, post_scale: float,
                            negative_slope: float, causal: bool = False, bias: torch.Tensor | None = None,
-                           plan: Sm100FwdPlan | None = None):
+                           plan: Sm100FwdPlan | None = None, ctas: int | None = None):
     """The op's forward on the Blackwell kernel: operands in the op's [..., H, N, D] layout, batch dims broadcasting,
     and the op's bias (``fwd_support.sm100_fwd_supported`` checked on their 4-D views) -> [*batch, H, Nq, D].
-    ``plan``: the build to run (None: ``plan_dense_fwd_sm100``'s, the one the self-check passed)."""
+    ``plan``: the build to run (None: ``plan_dense_fwd_sm100``'s, the one the self-check passed); ``ctas`` as for
+    ``gdpa_fwd_cute_sm100``."""
     (q4, k4, v4), batch = flatten_batch(q, k, v)
     bias4 = bias_4d(bias, batch, q4.shape[2])
     out = gdpa_fwd_cute_sm100(q4, k4, v4, activation, scale, post_scale, negative_slope, causal=causal, bias=bias4,
-                              plan=plan or plan_dense_fwd_sm100(q4, k4, activation, causal, bias4))
+                              plan=plan or plan_dense_fwd_sm100(q4, k4, activation, causal, bias4), ctas=ctas)
     return out.view(*batch, *out.shape[1:])

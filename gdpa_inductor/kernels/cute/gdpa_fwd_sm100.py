@@ -1,14 +1,21 @@
 """CuTe-DSL GDPA forward for Blackwell (sm_100a): O = act(scale · Q Kᵀ + bias) · post_scale · V.
 
-One CTA per (128-row query tile, head, sample); six warps, each with one role:
+Persistent: a grid of at most the CTAs the SMs hold at once (``num_ctas``, the launcher's from the device's SM count:
+one an SM, two for 64-key tiles at D = 64; the build does not depend on it) walks the work tiles, (128-row query
+tile, head, sample), in the static order of ``tile_schedule``: query tiles fastest, CTA c taking tiles c,
+c + num_ctas, ...; under a band a head's query tiles last-first (the causal mask's longest first), in a varlen batch
+the samples in ``rows``' order (the most work first) and the query tiles past a sample's queries skipped by every
+warp without work. Six warps, each with one role, walk the same sequence, every pipeline's position and phase
+carried from tile to tile:
 - warps 0-3, the activation warps (one query row a thread): per key tile they load S from tensor memory
   (tcgen05.ld), apply the activation's fp32 form (``activation_math``, the scale folded into its first product),
   write P in the operands' dtype back over the first half of S's own columns (tcgen05.st) for the P·V matmul to
-  read from tensor memory, and at the end load O from tensor memory, scale it by ``post_scale`` and store it to
-  global memory from the registers (rows past Nq predicated off);
-- warp 4, the MMA warp: S_j = Q K_jᵀ into one of two S buffers in tensor memory, so that S_{j+1} is computed
-  while the activation warps work on S_j, then O += P_j V_j with P from tensor memory (tcgen05 "TS" form);
-- warp 5, the load warp: Q once, then K_j and V_j by TMA into two rings of ``kv_stages`` shared-memory stages.
+  read from tensor memory, ``_SCORE_CHUNK`` columns a step; at a tile's end they load O from tensor memory, scale
+  it by ``post_scale``, store it to global memory from the registers (rows past Nq predicated off) and release O;
+- warp 4, the MMA warp: per tile S_j = Q K_jᵀ into one of two S buffers in tensor memory, so that S_{j+1} is
+  computed while the activation warps work on S_j, then O += P_j V_j with P from tensor memory (tcgen05 "TS" form);
+- warp 5, the load warp: per tile Q into a ring of two stages (the next tile's Q loads while this one's matmuls
+  read its own), then K_j and V_j by TMA into two rings of ``kv_stages`` shared-memory stages.
 No softmax: no running max, no correction of O, no row sums, so no correction warps. Keys past Nk read as zeros
 (TMA fills them); with ``mask_keys`` (Nk not a multiple of the key tile) the padded columns also give P = 0 by a
 select per score, so a non-finite query cannot leak NaN through them (with finite queries their scores are 0 and
@@ -17,27 +24,34 @@ their values 0, so act(0) · 0 adds nothing even without the mask).
 Tensor memory (``tmem_columns``: 512 columns with 128-key tiles, a power of two): S_0 at columns [0, tile_n), S_1 at
 [tile_n, 2 tile_n), each holding its P in its first tile_n / 2 columns (16-bit pairs), O at [2 tile_n, 2 tile_n + Dv).
 Synchronisation (mbarriers, ``cutlass.pipeline``): Q, K, V full/empty (TMA -> MMA), S full/empty (MMA ->
-activation), P full/empty (activation -> MMA), O full (MMA -> epilogue). The MMA warp issues QK_{j+2} into the
-buffer of P_j only after PV_j, and tcgen05.mma instructions of one thread run in issue order, so S never
-overwrites a P the tensor cores still read.
+activation), P full/empty (activation -> MMA), O full (MMA -> epilogue) and O empty (epilogue -> MMA). The MMA warp
+issues QK_{j+2} into the buffer of P_j only after PV_j, and tcgen05.mma instructions of one thread run in issue
+order, so S never overwrites a P the tensor cores still read; this holds across tiles, the S and P rings running on.
+A tile's first P·V (which overwrites O) waits for O empty, released by the activation warps once they have read the
+previous tile's O; its first Q Kᵀ does not, so S_0 of tile t + 1 is computed while the epilogue of tile t runs (one O
+buffer: the activation warps run both, so a second would not start the next tile's activation sooner).
 
 Compile-time options:
 - ``causal`` (bottom-right aligned: key j kept for query i iff j <= i + Nk - Nq) and ``window`` (a band around that
   diagonal, key j kept iff -left <= j - i - (Nk - Nq) <= right, the bounds run-time values from
   ``window_bounds.band_limits``): a query tile computes only the key tiles its band reaches (``band_tiles``), in
   order; the tiles wholly inside the band run unmasked, the edge ones select P = 0 per score (which also drops keys
-  past Nk), a warp-uniform branch per tile choosing the path. A query tile whose band misses every key runs one
-  wholly masked tile (O = 0).
+  past Nk; each row keeps one run of columns, ``kept_columns``), a warp-uniform branch per tile choosing the path. A
+  query tile whose band misses every key runs one wholly masked tile (O = 0).
 - ``bias`` (the bias tensor's element type, the operands' 16-bit one or fp32): act(scale · S + bias), the bias
   broadcast to [Z, H, Nq, Nk] over its dims of one (stride 0) and read from global memory by the activation warps,
   32-bit words (two 16-bit values or one fp32) of their own row; S is then processed ``_BIAS_CHUNK`` columns at a
   time (S load, bias, activation, P store), so the bias adds no registers per score of the whole tile.
-- ``varlen``: the tiles are (query tile, head, sample) of a varlen batch, the grid sized by its longest sample; each
-  side's rows of a sample read through a TMA descriptor bounded at the sample's end (``ragged_rows``: ragged tiles
-  read zeros), O stored from the registers with the rows past the sample's end predicated off. CTAs past a sample's
-  queries do nothing; those of a sample without keys store O = 0.
-"""
+- ``varlen``: the tiles are (query tile, head, sample) of a varlen batch, the query tiles per head and sample those of
+  its longest; each side's rows of a sample read through a TMA descriptor bounded at the sample's end
+  (``ragged_rows``: ragged tiles read zeros), O stored from the registers with the rows past the sample's end
+  predicated off. Tiles past a sample's queries are skipped; those of a sample without keys store O = 0 and run no
+  matmul.
+- ``q_stages``: two for the persistent schedule; one where the launcher runs one tile per CTA (``Sm100FwdPlan``'s
+  ``persistent`` False: the grid is every tile, each CTA's walk one tile long).
 
+Compiled for sm_100a and checked on CPU (PTX, ptxas's report: no spills); it has not run on a Blackwell GPU.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -51,8 +65,9 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator, TmemAllocator
 
 from ..common.window_bounds import UNBOUNDED
-from .band_tiles import band_key_tiles, score_kept, tile_limits, unmasked_key_tiles
+from .band_tiles import band_key_tiles, kept_columns, tile_limits, unmasked_key_tiles
 from .ragged_rows import RAGGED_ROWS, ragged
+from .tile_schedule import has_rows, tile_coords, tile_count
 
 _ROWS = 128
 _WARP = 32
@@ -69,6 +84,9 @@ _ACT_BARRIER = 2
 _EPI_COLUMNS = 32
 # columns of S a bias-reading activation step takes at a time: 32 scores, 16 words of bias and 16 of P a thread
 _BIAS_CHUNK = 32
+# columns of S an activation step without a bias takes at a time: 64 scores and 32 words of P a thread, so that the
+# tile loop's values fit beside them in registers
+_SCORE_CHUNK = 64
 
 
 def tmem_columns(tile_n: int, head_dim_v: int) -> int:
@@ -94,11 +112,12 @@ class GdpaFwdSm100:
     """Compile-time parameters: element type, head dims of Q/K and of V/O (equal, 64 or 128), the activation's fp32
     forward form (``activation_math.forward_form(name, False)``), key tile, K/V stages, whether keys past Nk
     are masked (``mask_keys``), the band (``causal``, ``window``), the bias tensor's element type (``bias``: None,
-    the operands' dtype or Float32) and ``varlen``."""
+    the operands' dtype or Float32), ``varlen`` and the Q stages (``q_stages``: two let the next tile's Q load
+    early)."""
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int, activation: Callable, tile_n: int = 128,
                  kv_stages: int = 2, mask_keys: bool = True, causal: bool = False, window: bool = False,
-                 bias=None, varlen: bool = False):
+                 bias=None, varlen: bool = False, q_stages: int = 2):
         assert head_dim == head_dim_v and head_dim in (64, 128), "D = Dv of 64 or 128"
         assert tile_n in (64, 128), "key tiles of 64 or 128"
         assert bias is None or bias in (dtype, cutlass.Float32), "a bias in the operands' dtype or fp32"
@@ -109,6 +128,7 @@ class GdpaFwdSm100:
         self.tile_m = _ROWS
         self.tile_n = tile_n
         self.kv_stages = kv_stages
+        self.q_stages = q_stages
         # a varlen sample's last key tile is ragged wherever its length falls
         self.mask_keys = mask_keys or varlen
         self.causal = causal
@@ -117,7 +137,7 @@ class GdpaFwdSm100:
         self.bias = bias
         self.varlen = varlen
         # columns of S per activation step: the whole tile, or with a bias chunks of it (registers)
-        self.chunk = _BIAS_CHUNK if bias is not None else tile_n
+        self.chunk = _BIAS_CHUNK if bias is not None else min(_SCORE_CHUNK, tile_n)
         # 16-bit bias values two to a 32-bit word
         self.bias_per_word = 1 if bias is None else 32 // bias.width
         self.threads = (_LOAD_WARP + 1) * _WARP
@@ -150,6 +170,7 @@ class GdpaFwdSm100:
         scale: cutlass.Float32,
         post_scale: cutlass.Float32,
         slope: cutlass.Float32,
+        num_ctas: cutlass.Int32,
         stream: cuda.CUstream,
         rows: cute.Tensor | None = None,
         num_m: cutlass.Int32 | None = None,
@@ -158,9 +179,11 @@ class GdpaFwdSm100:
         mBias: cute.Tensor | None = None,
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, Hkv, Z); mV: (Nk, Dv, Hkv, Z); mO: (Nq, Dv, H, Z); D, Dv contiguous; H a
-        multiple of Hkv (query head h reads kv head h // (H / Hkv)).
-        Varlen: ``rows`` (5, B) int32, per sample: first query row, query count, first key row, key count, and the
-        sample's index z; each side's Z is 1 (jagged rows) or B (a dense side, rows counted within sample z's block).
+        multiple of Hkv (query head h reads kv head h // (H / Hkv)). ``num_ctas``: the grid, at most the work tiles
+        (the host's choice from the device's SM count, ``fwd_plan.persistent_grid``; the build does not depend on it).
+        Varlen: ``rows`` (5, B) int32, per sample in the order the tiles visit them (longest first): first query row,
+        query count, first key row, key count, and the sample's index z; each side's Z is 1 (jagged rows) or B (a
+        dense side, rows counted within sample z's block).
         ``num_m``: query tiles of the longest sample. ``band_left``, ``band_right``: the band's bounds (``window``).
         ``mBias``: the bias as 32-bit words (two 16-bit values, or one fp32), (Nq, words a row, Hb, Zb), the words
         contiguous, Hb 1 or H, Zb 1 or Z (broadcast dims of stride 0 read as any other)."""
@@ -172,7 +195,7 @@ class GdpaFwdSm100:
         # V as (Dv, N, (Hkv, Z)): the B operand of P·V, contiguous along its N mode (Dv)
         v = _batched(v, swap=True)
         qk_mma, pv_mma = self._tiled_mmas()
-        q_smem = sm100_utils.make_smem_layout_a(qk_mma, self.qk_tiler, self.dtype, 1)
+        q_smem = sm100_utils.make_smem_layout_a(qk_mma, self.qk_tiler, self.dtype, self.q_stages)
         k_smem = sm100_utils.make_smem_layout_b(qk_mma, self.qk_tiler, self.dtype, self.kv_stages)
         p_tmem = sm100_utils.make_smem_layout_a(pv_mma, self.pv_tiler, self.dtype, 1)
         v_smem = sm100_utils.make_smem_layout_b(pv_mma, self.pv_tiler, self.dtype, self.kv_stages)
@@ -189,7 +212,7 @@ class GdpaFwdSm100:
 
         @cute.struct
         class SharedStorage:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            q_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
             k_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             v_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             s_mbar: cute.struct.MemRange[cutlass.Int64, 2 * 2]
@@ -208,10 +231,10 @@ class GdpaFwdSm100:
             num_m = cute.ceil_div(mQ.shape[0], self.tile_m)
         self.kernel(
             qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, scale, post_scale, slope,
-            q_smem, k_smem, p_tmem, v_smem, mQ.shape[2] // mK.shape[2], mQ.shape[0], mK.shape[0], rows,
-            band_left, band_right, mBias,
+            q_smem, k_smem, p_tmem, v_smem, (num_m, mQ.shape[2], samples), mQ.shape[2] // mK.shape[2], mQ.shape[0],
+            mK.shape[0], rows, band_left, band_right, mBias,
         ).launch(
-            grid=[num_m, mQ.shape[2], samples],
+            grid=[num_ctas, 1, 1],
             block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
@@ -237,6 +260,7 @@ class GdpaFwdSm100:
         k_smem: cute.ComposedLayout,
         p_tmem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
+        tiles: tuple,
         group: cutlass.Int32,
         nq_all: cutlass.Int32,
         nk_all: cutlass.Int32,
@@ -246,30 +270,21 @@ class GdpaFwdSm100:
         mBias: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        m_blk, h, zb = cute.arch.block_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        num_ctas, _, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        hk = h // group
-        # the sample's rows: the whole tensors', or a varlen sample's from ``rows``
-        q0, nq, k0, nk, z = 0, nq_all, 0, nk_all, zb
-        if cutlass.const_expr(self.varlen):
-            q0, nq, k0, nk, z = rows[0, zb], rows[1, zb], rows[2, zb], rows[3, zb], rows[4, zb]
         band = (UNBOUNDED, 0)
         if cutlass.const_expr(self.window):
             band = (band_left, band_right)
-        # the key tiles this query tile computes, and the whole ones among them (no per-score mask)
-        first, count = 0, cute.ceil_div(nk, self.tile_n)
-        whole = (0, 0)
-        if cutlass.const_expr(self.band):
-            first, count = band_key_tiles(m_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
-                                          cutlass.min, cutlass.max)
-            whole = unmasked_key_tiles(m_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
-                                       cutlass.min, cutlass.max)
+        work = (tiles, group, nq_all, nk_all, rows, band)
+        num_tiles = tile_count(*tiles)
 
         storage = SmemAllocator().allocate(self.shared_storage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         act_threads = pipeline.CooperativeGroup(pipeline.Agent.Thread, _ACT_THREADS)
+        # Q of the next tile loads into the other stage while this tile's matmuls still read its own
         q_producer, q_consumer = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
             consumer_group=one_thread, tx_count=self.q_bytes, defer_sync=True,
         ).make_participants()
         # K and V in rings of their own: the MMA warp takes K_{j+1} before V_j
@@ -291,6 +306,8 @@ class GdpaFwdSm100:
             barrier_storage=storage.p_mbar.data_ptr(), num_stages=2, producer_group=act_threads,
             consumer_group=one_thread, defer_sync=True,
         ).make_participants()
+        # O full: a tile's last P·V complete -> epilogue; O empty: the epilogue has read O -> the next tile's first
+        # P·V may overwrite it
         o_producer, o_consumer = pipeline.PipelineUmmaAsync.create(
             barrier_storage=storage.o_mbar.data_ptr(), num_stages=1, producer_group=one_thread,
             consumer_group=act_threads, defer_sync=True,
@@ -309,103 +326,143 @@ class GdpaFwdSm100:
         pv_thr = pv_mma.get_slice(0)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
 
-        # varlen: a query tile past its sample's queries has nothing to do; one of a sample without keys stores O = 0
-        has_rows, runs = True, True
-        if cutlass.const_expr(self.varlen):
-            has_rows = m_blk * self.tile_m < nq
-            runs = has_rows & (nk > 0)
-        if runs:
-            if warp_idx == _LOAD_WARP:
-                # ---- LOAD: Q once, then K_j and V_j of the key tiles first, first + 1, ... ----
-                cpasync.prefetch_descriptor(tma_q)
-                cpasync.prefetch_descriptor(tma_k)
-                cpasync.prefetch_descriptor(tma_v)
-                d, dv = self.head_dim, self.head_dim_v
-                # (TMA, RestM, RestK) and the like: the tiles of this head and sample
-                tQsQ, tQgQ = self._tma_part(tma_q, sQ, qk_thr.partition_A(
-                    cute.flat_divide(self._sample(mQ, h, z, q0, nq, 0), (self.tile_m, d))))
-                tKsK, tKgK = self._tma_part(tma_k, sK, qk_thr.partition_B(
-                    cute.flat_divide(self._sample(mK, hk, z, k0, nk, 0), (self.tile_n, d))))
-                tVsV, tVgV = self._tma_part(tma_v, sV, pv_thr.partition_B(
-                    cute.flat_divide(self._sample(mV, hk, z, k0, nk, 1), (dv, self.tile_n))))
-                handle = q_producer.acquire_and_advance()
-                cute.copy(tma_q, tQgQ[None, m_blk, 0], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
-                for j in cutlass.range(count, unroll=1):
-                    handle = k_producer.acquire_and_advance()
-                    cute.copy(tma_k, tKgK[None, first + j, 0], tKsK[None, handle.index], tma_bar_ptr=handle.barrier)
-                    handle = v_producer.acquire_and_advance()
-                    cute.copy(tma_v, tVgV[None, 0, first + j], tVsV[None, handle.index], tma_bar_ptr=handle.barrier)
-                # the MMA warp's last releases land before the CTA exits
-                k_producer.tail()
-                v_producer.tail()
+        if warp_idx == _LOAD_WARP:
+            # ---- LOAD: per tile Q, then K_j and V_j of the key tiles first, first + 1, ... ----
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+            d, dv = self.head_dim, self.head_dim_v
+            for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                m_blk, h, z, q0, nq, k0, nk, _, runs, first, count, _ = self._tile(tile, work)
+                if runs:
+                    hk = h // group
+                    # (TMA, RestM, RestK) and the like: the tiles of this head and sample
+                    tQsQ, tQgQ = self._tma_part(tma_q, sQ, qk_thr.partition_A(
+                        cute.flat_divide(self._sample(mQ, h, z, q0, nq, 0), (self.tile_m, d))))
+                    tKsK, tKgK = self._tma_part(tma_k, sK, qk_thr.partition_B(
+                        cute.flat_divide(self._sample(mK, hk, z, k0, nk, 0), (self.tile_n, d))))
+                    tVsV, tVgV = self._tma_part(tma_v, sV, pv_thr.partition_B(
+                        cute.flat_divide(self._sample(mV, hk, z, k0, nk, 1), (dv, self.tile_n))))
+                    handle = q_producer.acquire_and_advance()
+                    cute.copy(tma_q, tQgQ[None, m_blk, 0], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
+                    for j in cutlass.range(count, unroll=1):
+                        handle = k_producer.acquire_and_advance()
+                        cute.copy(tma_k, tKgK[None, first + j, 0], tKsK[None, handle.index],
+                                  tma_bar_ptr=handle.barrier)
+                        handle = v_producer.acquire_and_advance()
+                        cute.copy(tma_v, tVgV[None, 0, first + j], tVsV[None, handle.index],
+                                  tma_bar_ptr=handle.barrier)
+            # the MMA warp's last releases land before the CTA exits
+            q_producer.tail()
+            k_producer.tail()
+            v_producer.tail()
 
-            if warp_idx == _MMA_WARP:
-                # ---- MMA: S_j = Q K_jᵀ, then O += P_{j-1} V_{j-1} ----
-                tmem.wait_for_alloc()
-                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-                tSrQ = qk_thr.make_fragment_A(sQ)
-                tSrK = qk_thr.make_fragment_B(sK)
-                tOrV = pv_thr.make_fragment_B(sV)
-                s_layout = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2])).layout
-                tOtO = cute.make_tensor(
-                    tmem_ptr + self.o_offset,
-                    pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2])).layout,
-                )
-                p_layout = pv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, p_tmem.outer))[None, None, None, 0].layout
-                # Q stays for the whole CTA: never released
-                rQ = tSrQ[None, None, None, q_consumer.wait_and_advance().index]
-                qk = (qk_mma, tSrK, s_layout, tmem_ptr)
-                pv = (pv_mma, tOrV, tOtO, p_layout, tmem_ptr)
-                # the pipelines' positions and the MMAs' accumulate flag change in the helpers: rebound here, as
-                # loop-carried locals
-                qk_mma, k_consumer, s_producer = self._mma_qk(qk, rQ, k_consumer, s_producer)
-                for j in cutlass.range(1, count, unroll=1):
+        if warp_idx == _MMA_WARP:
+            # ---- MMA: per tile S_j = Q K_jᵀ, then O += P_{j-1} V_{j-1} ----
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            tSrQ = qk_thr.make_fragment_A(sQ)
+            tSrK = qk_thr.make_fragment_B(sK)
+            tOrV = pv_thr.make_fragment_B(sV)
+            s_layout = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2])).layout
+            tOtO = cute.make_tensor(
+                tmem_ptr + self.o_offset,
+                pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2])).layout,
+            )
+            p_layout = pv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, p_tmem.outer))[None, None, None, 0].layout
+            qk = (qk_mma, tSrK, s_layout, tmem_ptr)
+            pv = (pv_mma, tOrV, tOtO, p_layout, tmem_ptr)
+            for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                _, _, _, _, _, _, _, _, runs, _, count, _ = self._tile(tile, work)
+                if runs:
+                    q_handle = q_consumer.wait_and_advance()
+                    rQ = tSrQ[None, None, None, q_handle.index]
+                    # the pipelines' positions and the MMAs' accumulate flag change in the helpers: rebound here, as
+                    # loop-carried locals
                     qk_mma, k_consumer, s_producer = self._mma_qk((qk_mma, *qk[1:]), rQ, k_consumer, s_producer)
-                    pv_mma, p_consumer, v_consumer = self._mma_pv((pv_mma, *pv[1:]), j > 1, p_consumer, v_consumer)
-                pv_mma, p_consumer, v_consumer = self._mma_pv((pv_mma, *pv[1:]), count > 1, p_consumer, v_consumer)
-                # O complete once every matmul issued so far is (tcgen05.commit tracks them all)
-                o_producer.acquire_and_advance().commit()
+                    # S_0 is computed while the epilogue still reads the last tile's O; its first P·V waits for it
+                    o_handle = o_producer.acquire_and_advance()
+                    for j in cutlass.range(1, count, unroll=1):
+                        qk_mma, k_consumer, s_producer = self._mma_qk((qk_mma, *qk[1:]), rQ, k_consumer, s_producer)
+                        pv_mma, p_consumer, v_consumer = self._mma_pv((pv_mma, *pv[1:]), j > 1, p_consumer,
+                                                                      v_consumer)
+                    # Q's stage is free once the tile's last Q Kᵀ is done (tcgen05.commit)
+                    q_handle.release()
+                    pv_mma, p_consumer, v_consumer = self._mma_pv((pv_mma, *pv[1:]), count > 1, p_consumer,
+                                                                  v_consumer)
+                    # O complete once every matmul issued so far is (tcgen05.commit tracks them all)
+                    o_handle.commit()
 
-            if warp_idx < _ACT_WARPS:
-                # ---- ACTIVATION: P_j = act(scale · S_j + bias) into tensor memory; then the epilogue ----
-                tmem.allocate(self.tmem_columns)
-                tmem.relinquish_alloc_permit()
-                tmem.wait_for_alloc()
-                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-                copies = self._score_copies(qk_thr, tmem_ptr, tidx)
-                bias_rows = None
-                if cutlass.const_expr(self.bias is not None):
-                    bias_rows = mBias[None, None, h % mBias.shape[2], z % mBias.shape[3]]
-                for j in cutlass.range(count, unroll=1):
-                    n_blk = first + j
-                    s_handle = s_consumer.wait_and_advance()
-                    base = tmem_ptr + s_handle.index * self.tile_n
-                    tile = (base, n_blk, m_blk, nq, nk, band, bias_rows, scale, slope, tidx)
-                    if cutlass.const_expr(self.band):
-                        if (n_blk < whole[0]) | (n_blk >= whole[1]):
-                            self._activate_tile(copies, tile, True)
+        if warp_idx < _ACT_WARPS:
+            # ---- ACTIVATION: per tile P_j = act(scale · S_j + bias) into tensor memory; then the epilogue ----
+            tmem.allocate(self.tmem_columns)
+            tmem.relinquish_alloc_permit()
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            copies = self._score_copies(qk_thr, tmem_ptr, tidx)
+            for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                m_blk, h, z, q0, nq, _, nk, rows_here, runs, first, count, whole = self._tile(tile, work)
+                if runs:
+                    bias_rows = None
+                    if cutlass.const_expr(self.bias is not None):
+                        bias_rows = mBias[None, None, h % mBias.shape[2], z % mBias.shape[3]]
+                    for j in cutlass.range(count, unroll=1):
+                        n_blk = first + j
+                        s_handle = s_consumer.wait_and_advance()
+                        base = tmem_ptr + s_handle.index * self.tile_n
+                        step = (base, n_blk, m_blk, nq, nk, band, bias_rows, scale, slope, tidx)
+                        if cutlass.const_expr(self.band):
+                            if (n_blk < whole[0]) | (n_blk >= whole[1]):
+                                self._activate_tile(copies, step, True)
+                            else:
+                                self._activate_tile(copies, step, False)
                         else:
-                            self._activate_tile(copies, tile, False)
-                    else:
-                        self._activate_tile(copies, tile, self.mask_keys)
-                    # P_j's columns were free before it was written: S_j's commit tracks every matmul the MMA warp
-                    # issued before Q K_jᵀ, the P·V that read P_{j-2} there among them; the wait keeps the ring's count
-                    p_handle = p_producer.acquire_and_advance()
-                    cute.arch.fence_view_async_tmem_store()
-                    p_handle.commit()
-                    s_handle.release()
-                o_handle = o_consumer.wait_and_advance()
-                self._store_o(pv_thr, tmem_ptr, mO, m_blk, h, z, q0, nq, post_scale, tidx, False)
-                o_handle.release()
-                # the MMA warp's last releases of P (tcgen05.commit) land before the CTA exits
-                p_producer.tail()
-                # every activation warp has read O: the tensor memory may go
-                cute.arch.barrier(barrier_id=_ACT_BARRIER, number_of_threads=_ACT_THREADS)
-                tmem.free(tmem_ptr)
+                            self._activate_tile(copies, step, self.mask_keys)
+                        # P_j's columns were free before it was written: S_j's commit tracks every matmul the MMA
+                        # warp issued before Q K_jᵀ, the P·V that read P_{j-2} there among them; the wait keeps the
+                        # ring's count
+                        p_handle = p_producer.acquire_and_advance()
+                        cute.arch.fence_view_async_tmem_store()
+                        p_handle.commit()
+                        s_handle.release()
+                    o_handle = o_consumer.wait_and_advance()
+                    self._store_o(pv_thr, tmem_ptr, mO, m_blk, h, z, q0, nq, post_scale, tidx, False)
+                    # every O load of this thread waited on (tcgen05.wait::ld): the next tile may overwrite O
+                    o_handle.release()
+                if cutlass.const_expr(self.varlen):
+                    # a sample without keys: O = 0, no matmul
+                    if rows_here & (nk == 0):
+                        self._store_o(pv_thr, None, mO, m_blk, h, z, q0, nq, post_scale, tidx, True)
+            # the MMA warp's last releases of P (tcgen05.commit) land before the CTA exits
+            p_producer.tail()
+            # every activation warp has read O: the tensor memory may go
+            cute.arch.barrier(barrier_id=_ACT_BARRIER, number_of_threads=_ACT_THREADS)
+            tmem.free(tmem_ptr)
+
+    @cute.jit
+    def _tile(self, tile: cutlass.Int32, work: tuple):
+        """What work tile ``tile`` (``tile_schedule``) is: (query tile, head, sample index z, first query row, query
+        count, first key row, key count, whether the query tile holds rows of its sample, whether it runs the
+        matmuls (rows and keys), first key tile and key tile count, the whole key tiles [begin, end) among them).
+        Every warp decodes the same tile to the same values, so all take or skip it together."""
+        tiles, group, nq, nk, rows, band = work
+        m_blk, h, rank = tile_coords(tile, tiles[0], tiles[1], self.band)
+        q0, k0, z = 0, 0, rank
         if cutlass.const_expr(self.varlen):
-            if has_rows & (nk == 0):
-                if warp_idx < _ACT_WARPS:
-                    self._store_o(pv_thr, None, mO, m_blk, h, z, q0, nq, post_scale, tidx, True)
+            q0, nq, k0, nk, z = rows[0, rank], rows[1, rank], rows[2, rank], rows[3, rank], rows[4, rank]
+        rows_here, runs = True, True
+        if cutlass.const_expr(self.varlen):
+            rows_here = has_rows(m_blk, nq, self.tile_m)
+            runs = rows_here & (nk > 0)
+        # the key tiles this query tile computes, and the whole ones among them (no per-score mask)
+        first, count = 0, cute.ceil_div(nk, self.tile_n)
+        whole = (0, 0)
+        if cutlass.const_expr(self.band):
+            first, count = band_key_tiles(m_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
+                                          cutlass.min, cutlass.max)
+            whole = unmasked_key_tiles(m_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
+                                       cutlass.min, cutlass.max)
+        return m_blk, h, z, q0, nq, k0, nk, rows_here, runs, first, count, whole
 
     @cute.jit
     def _sample(self, m: cute.Tensor, h: cutlass.Int32, z: cutlass.Int32, start, length,
@@ -508,7 +565,7 @@ class GdpaFwdSm100:
         s_load, p_store, s_layout, p_layout, tLcS, tLcP = copies
         base, n_blk, m_blk, nq, nk, band, bias_rows, scale, slope, tidx = tile
         p_cols = self.chunk * self.dtype.width // 32
-        # what ``_kept`` compares a score's key column and column - row with, on this tile
+        # the bounds ``_kept`` compares a score's key column with, on this tile
         limits = tile_limits(m_blk, n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n)
         for c in cutlass.range_constexpr(self.tile_n // self.chunk):
             col0 = c * self.chunk
@@ -552,23 +609,29 @@ class GdpaFwdSm100:
         values = None
         if cutlass.const_expr(self.bias is not None):
             values = words if self.bias_per_word == 1 else cute.recast_tensor(words, self.dtype)
+        span = None
+        if cutlass.const_expr(masked and self.band):
+            # the thread's row (tLcS: its row, the chunk's columns in order) keeps one run of columns
+            span = kept_columns(limits, tLcS[0][0], cutlass.min)
         for i in cutlass.range_constexpr(cute.size(rS)):
             bias = None
             if cutlass.const_expr(self.bias is not None):
                 bias = cutlass.Float32(values[i])
             p = self.activation(rS[i], scale, slope, bias)
             if cutlass.const_expr(masked):
-                p = p if self._kept(tLcS[i][1] + col0, tLcS[i][0], limits) else cutlass.Float32(0.0)
+                p = p if self._kept(tLcS[i][1] + col0, limits, span) else cutlass.Float32(0.0)
             rS[i] = p
 
     @cute.jit
-    def _kept(self, col, row, limits):
-        """Whether the score at tile coordinate (``row``, ``col``) is kept: its key within Nk (``limits[0]``: keys of
-        the tile within it) and, under a band, its column - row within [``limits[1]``, ``limits[2]``] (causal alone
-        has no lower bound)."""
+    def _kept(self, col, limits, span):
+        """Whether the score in column ``col`` of the thread's row is kept: its key within Nk (``limits[0]``: keys of
+        the tile within it) and, under a band, its column within the row's ``span`` (``kept_columns``; causal alone
+        has no lower bound). The column is a constant of the unrolled loop, the bounds values of the tile."""
         if cutlass.const_expr(not self.band):
             return col < limits[0]
-        return score_kept(col, row, limits, self.window)
+        if cutlass.const_expr(not self.window):
+            return col <= span[1]
+        return (col >= span[0]) & (col <= span[1])
 
     @cute.jit
     def _store_o(self, pv_thr, tmem_ptr, mO, m_blk, h, z, q0, nq, post_scale, tidx, zeros: cutlass.Constexpr[bool]):

@@ -290,7 +290,7 @@ def fake_scores(dtype_name: str):
 
 # GdpaFwdSm100.__call__
 FWD_SM100_ARGS = KernelArgs(
-    *_operands("q", "k", "v", "out"), *_scalars("scale", "post_scale", "slope"), _STREAM,
+    *_operands("q", "k", "v", "out"), *_scalars("scale", "post_scale", "slope"), Arg("num_ctas", _int32), _STREAM,
     Arg("rows", lambda plan: fake_rows(), _varlen), Arg("num_m", _int32, _varlen),
     Arg("band_left", _int32, lambda plan: plan.window), Arg("band_right", _int32, lambda plan: plan.window),
     Arg("bias", fake_bias_words, lambda plan: bool(plan.bias)),

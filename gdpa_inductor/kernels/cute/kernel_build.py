@@ -52,6 +52,7 @@ def compile_fwd_sm100(plan: Sm100FwdPlan, keep_ptx: bool = False):
             element(plan.dtype), plan.head_dim, plan.head_dim_v, activation_math.forward_form(plan.activation, False),
             tile_n=plan.tile_n, kv_stages=plan.kv_stages, mask_keys=plan.mask_keys, causal=plan.causal,
             window=plan.window, bias=element(getattr(torch, plan.bias)) if plan.bias else None, varlen=plan.varlen,
+            q_stages=plan.q_stages,
         )
         return cute.compile(kernel, *FWD_SM100_ARGS.fakes(plan), options=compile_options(keep_ptx, plan.target))
 

@@ -11,10 +11,11 @@ every sample's diagonal is known to align with the tiles (``varlen_causal_suppor
 sample's diagonal (``varlen_band``: the causal mask at any Nk - Nq, sliding windows, HSTU's ``max_attn_len``) whose
 bounds the kernels take at run time. Which calls it takes is ``varlen_support``'s; the mask is ``varlen_plan``'s.
 
-``gdpa_varlen_fwd_cute_sm100`` launches the Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the same rows:
-one CTA per (query tile, head, sample), the causal mask and windows as a band at any per-sample Nk - Nq. Which calls
-it takes is ``varlen_support.sm100_varlen_fwd_support``'s; on sm_100 the dispatch runs it once the call's build
-(``plan_varlen_fwd_sm100``) has passed its self-check (``lowering/sm100_varlen_forward.py``).
+``gdpa_varlen_fwd_cute_sm100`` launches the Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the same rows
+and order: persistent CTAs walk the (query tile, head, sample) tiles, longest samples first, the causal mask and
+windows as a band at any per-sample Nk - Nq. Which calls it takes is ``varlen_support.sm100_varlen_fwd_support``'s;
+on sm_100 the dispatch runs it once the call's build (``plan_varlen_fwd_sm100``) has passed its self-check
+(``lowering/sm100_varlen_forward.py``).
 """
 
 from __future__ import annotations
@@ -68,14 +69,17 @@ def gdpa_varlen_fwd_cute(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: V
 def gdpa_varlen_fwd_cute_sm100(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, out: VarlenSide, order: torch.Tensor,
                                activation: ActivationName, scale: float, post_scale: float, negative_slope: float,
                                causal: bool = False, window: tuple[int, int] = (-1, -1),
-                               bias: torch.Tensor | None = None, plan: Sm100FwdPlan | None = None) -> torch.Tensor:
+                               bias: torch.Tensor | None = None, plan: Sm100FwdPlan | None = None,
+                               ctas: int | None = None) -> torch.Tensor:
     """The Blackwell forward (``GdpaFwdSm100`` with ``varlen``) on the sides of a
     ``varlen_support.sm100_varlen_fwd_support``-checked call: writes ``out.tensor`` (rows past each sample's length
-    untouched) and returns it. One CTA per (query tile, head, sample), the grid sized by the longest sample.
+    untouched) and returns it. A persistent grid (``Sm100FwdPlan.grid``) walks the (query tile, head, sample) tiles,
+    the samples in ``order`` (longest first), skipping the query tiles past each sample's length.
     ``causal``, ``window``: the bottom-right aligned mask and the band around it in each sample, at any Nk - Nq;
     ``bias``: one element, or a tensor ``sm100_varlen_fwd_support`` takes, sample z's query i and key j adding
-    ``bias[z, h, i, j]``. ``plan``: the build to run (None: ``plan_varlen_fwd_sm100``'s). Not yet run on a Blackwell
-    GPU: the dispatch checks each build's results on the device first."""
+    ``bias[z, h, i, j]``. ``plan``: the build to run (None: ``plan_varlen_fwd_sm100``'s). ``ctas``: the grid (None:
+    the plan's for the device; a few make each CTA walk several tiles, as the self-check wants). Not yet run on a
+    Blackwell GPU: the dispatch checks each build's results on the device first."""
     q, k, o = qs.tensor, ks.tensor, out.tensor
     num_m = -(-qs.max_len // _TILE_M)
     if o.numel() == 0 or num_m * qs.batch == 0:
@@ -86,9 +90,14 @@ def gdpa_varlen_fwd_cute_sm100(qs: VarlenSide, ks: VarlenSide, v: torch.Tensor, 
     plan = plan or plan_varlen_fwd_sm100(q.dtype, q.shape[-1], activation, causal, window, bias)
     causal, bounds = sm100_band(causal, window)
     band_left, band_right = bounds or (None, None)
+    tiles = num_m * q.shape[-2] * qs.batch
+    if ctas is None:
+        num_ctas = plan.grid(tiles, num_m, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    else:
+        num_ctas = max(1, min(ctas, tiles))
     compile_fwd_sm100(plan)(*FWD_SM100_ARGS.values(
         plan, q=row_modes(q), k=row_modes(k), v=row_modes(v), out=row_modes(o), scale=scale, post_scale=post_scale,
-        slope=negative_slope, rows=rows, num_m=num_m, band_left=band_left, band_right=band_right,
+        slope=negative_slope, num_ctas=num_ctas, rows=rows, num_m=num_m, band_left=band_left, band_right=band_right,
         bias=sm100_bias_arg(bias, qs.max_len, ks.max_len)))
     return o
 
