@@ -113,9 +113,15 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
     backward alone ran 1.13-1.94x as fast as Triton's varlen backward, 1.20-2.22x under the causal mask."""
 
     def support(q, k, v, bias, causal, window, activation, rows):
+        from ..kernels.cute.fwd_support import on_sm100
         from ..kernels.cute.varlen_support import cute_varlen_bwd_support
 
-        return cute_varlen_bwd_support(q, k, v, bias, causal, window, activation, rows, bias_grad)
+        ok, reason = cute_varlen_bwd_support(q, k, v, bias, causal, window, activation, rows, bias_grad)
+        if not ok and on_sm100(q.device):
+            from .sm100_varlen_backward import sm100_varlen_backward_support
+
+            return sm100_varlen_backward_support(q, k, v, bias, causal, window, activation, bias_grad)
+        return ok, reason
 
     return _varlen_cute_else_select(support, q, k, v, bias, causal, window, activation, rows, "varlen backward")
 

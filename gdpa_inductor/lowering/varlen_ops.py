@@ -66,14 +66,25 @@ def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, p
     return out
 
 
-def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params, bias_requires_grad):
-    """(dq, dk, dv, dbias or None) on ``impl``; ``traced`` as for ``_forward_on``."""
+def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params, bias_requires_grad,
+                 plan=None):
+    """(dq, dk, dv, dbias or None) on ``impl`` ("cute": on sm_100 the Blackwell backward, its build ``plan`` where
+    one is given); ``traced`` as for ``_forward_on``."""
     if impl == "reference":
         return gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params,
                                               bias_requires_grad)
     _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k, traced)
     activation, scale, post_scale, causal, window, negative_slope = params
     if impl == "cute":
+        from ..kernels.cute.fwd_support import on_sm100
+
+        if plan is not None or on_sm100(q.device):
+            from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute_sm100, plan_varlen_bwd_sm100
+
+            # the build the dispatch's self-check passed, named as the forward's is
+            plan = plan or plan_varlen_bwd_sm100(q.dtype, q.shape[-1], activation, causal, window)
+            return (*gdpa_varlen_bwd_cute_sm100(dout, qs, ks, v, order, activation, scale, post_scale,
+                                                negative_slope, causal, window, plan=plan), None)
         from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
         from ..kernels.cute.varlen_plan import varlen_band
 

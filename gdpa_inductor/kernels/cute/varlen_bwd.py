@@ -19,7 +19,7 @@ import torch
 from ..activations import ActivationName
 from ..common.layout import tma_layout
 from ..common.varlen_rows import VarlenSide
-from .bwd_plan import SM100_BWD_TILE, bwd_key_tile, plan_bwd, plan_bwd_sm100
+from .bwd_plan import SM100_BWD_TILE, Sm100BwdPlan, bwd_key_tile, plan_bwd, plan_bwd_sm100
 from .bwd_results import dbias_of, dq_of_sums
 from .dbias_plan import dbias_way
 from .gdpa_bwd import dbias_buffer
@@ -101,13 +101,15 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
 
 def gdpa_varlen_bwd_cute_sm100(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor,
                                order: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
-                               negative_slope: float, causal: bool = False, window: tuple[int, int] = (-1, -1)):
+                               negative_slope: float, causal: bool = False, window: tuple[int, int] = (-1, -1),
+                               plan: Sm100BwdPlan | None = None):
     """(dq, dk, dv) of the Blackwell backward (``GdpaBwdSm100`` with ``varlen``) on a varlen call's sides; ``dout``
     in the output's layout (the queries' rows, Dv wide). One CTA per (128-key tile, head, sample), the grid sized by
     the longest sample; dQ summed unscaled in fp32 and scaled here (``dq_of_sums``); gradients zero at rows no
     sample reaches. ``causal``, ``window``: the bottom-right aligned mask and the band around it in each sample, at
-    any Nk - Nq. Shared dense sides and grouped heads as in ``gdpa_varlen_bwd_cute``. Not yet run on a Blackwell
-    GPU: the dispatch checks each build's results on the device first."""
+    any Nk - Nq. Shared dense sides and grouped heads as in ``gdpa_varlen_bwd_cute``. ``plan``: the build to run
+    (None: ``plan_varlen_bwd_sm100``'s). Not yet run on a Blackwell GPU: the dispatch checks each build's results on
+    the device first."""
     q, k = qs.tensor, ks.tensor
     h, d = q.shape[-2:]
     hkv = v.shape[-2]
@@ -115,8 +117,8 @@ def gdpa_varlen_bwd_cute_sm100(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSid
     if group > 1:
         k, v = k.repeat_interleave(group, dim=-2), v.repeat_interleave(group, dim=-2)
     dout = dout if tma_layout(dout) else dout.contiguous()
+    plan = plan or plan_varlen_bwd_sm100(q.dtype, d, activation, causal, window)
     causal, bounds = sm100_band(causal, window)
-    plan = plan_bwd_sm100(q.dtype, d, activation, causal=causal, window=bounds is not None, varlen=True)
     dq_buf = _grad_buffer(qs, q, torch.float32)
     dk_buf, dv_buf = _grad_buffer(ks, k, k.dtype), _grad_buffer(ks, v, v.dtype)
     num_n = -(-ks.max_len // SM100_BWD_TILE)
@@ -133,3 +135,11 @@ def gdpa_varlen_bwd_cute_sm100(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSid
         dk = dk.unflatten(-2, (hkv, group)).sum(-2)
         dv = dv.unflatten(-2, (hkv, group)).sum(-2)
     return dq, dk, dv
+
+
+def plan_varlen_bwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, causal: bool,
+                          window: tuple[int, int]) -> Sm100BwdPlan:
+    """The build ``gdpa_varlen_bwd_cute_sm100`` runs for a call of this dtype, head dim and masks: the one its
+    self-check keys on."""
+    causal, bounds = sm100_band(causal, window)
+    return plan_bwd_sm100(dtype, head_dim, activation, causal=causal, window=bounds is not None, varlen=True)

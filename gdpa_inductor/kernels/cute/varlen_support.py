@@ -142,12 +142,12 @@ def sm100_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return operand_support(q, k, v, activation, SM100_HEAD_DIMS, kernel)
 
 
-def sm100_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, bias,
-                             window: tuple[int, int], activation: ActivationName) -> tuple[bool, str]:
+def sm100_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, window: tuple[int, int],
+                             activation: ActivationName) -> tuple[bool, str]:
     """(ok, reason) for the Blackwell backward on the varlen op's operands (``[total, H, D]`` or ``[B, N, H, D]``
-    each), launched by ``varlen_bwd.gdpa_varlen_bwd_cute_sm100``: an sm_100 GPU, no bias (the kernel has none),
-    D = Dv in ``SM100_BWD_HEAD_DIMS``, k and v of one layout but the last dim, dout of q's rows and dtype, a window of
-    bounds >= -1; the causal mask and windows at any per-sample Nk - Nq."""
+    each), launched by ``varlen_bwd.gdpa_varlen_bwd_cute_sm100``: an sm_100 GPU, no bias (its varlen build reads
+    none), D = Dv in ``SM100_BWD_HEAD_DIMS``, k and v of one layout but the last dim, a window of bounds >= -1; the
+    causal mask and windows at any per-sample Nk - Nq. The output's gradient is copied where TMA cannot read it."""
     from .bwd_plan import SM100_BWD_HEAD_DIMS
 
     kernel = "the CuTe Blackwell varlen backward"
@@ -164,7 +164,4 @@ def sm100_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if k.shape[:-1] != v.shape[:-1] or q.shape[-2] % k.shape[-2]:
         return False, (f"{kernel} needs k and v of one shape but the last dim, and q's heads a multiple of k's "
                        f"(got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
-    if dout.shape != (*q.shape[:-1], v.shape[-1]) or dout.dtype != q.dtype:
-        return False, (f"{kernel} needs dout of shape {(*q.shape[:-1], v.shape[-1])} and dtype {q.dtype} (got "
-                       f"{tuple(dout.shape)}, {dout.dtype})")
     return operand_support(q, k, v, activation, SM100_BWD_HEAD_DIMS, kernel)

@@ -1,0 +1,213 @@
+"""The varlen backward on sm_100 (``lowering/sm100_varlen_backward.py``), taken as the varlen forward is: the CuTe
+Blackwell backward serves a call only once the build it would run (its causal mask or window) has passed its
+first-use self-check against Triton's varlen backward (dq, dk and dv each); a build that mismatches, raises or fails
+to compile is disabled with one warning and its calls run on Triton. Here CPU tensors stand in for an sm_100 GPU's,
+a stand-in for the Blackwell varlen launcher is right or wrong on purpose (everywhere, only where the mask acts, or
+only in the last sample), and autograd of the reference, sample by sample over the launchers' sides, stands in for
+Triton's varlen backward."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from gdpa_inductor.kernels.cute import fwd_support, varlen_support
+from gdpa_inductor.kernels.cute.varlen_bwd import plan_varlen_bwd_sm100
+from gdpa_inductor.kernels.reference import gdpa_reference
+from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference_backward
+from gdpa_inductor.kernels.triton import varlen_schedule
+from gdpa_inductor.lowering import dispatch, fallback, self_check, varlen_ops
+from gdpa_inductor.lowering.dispatch import select_varlen_backward_impl
+
+pytestmark = pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+
+
+def _rows(side, rank: int, z: int):
+    start, n = int(side.starts[rank]), int(side.lengths[rank])
+    if side.jagged:
+        return (slice(start, start + n),)
+    return z if side.tensor.shape[0] > 1 else 0, slice(start, start + n)
+
+
+def _grads_on_sides(dout, qs, ks, v, order, activation, scale, post_scale, slope, causal, window, spoil=None):
+    """(dq, dk, dv): autograd of the float64 reference, sample by sample over the sides, rounded to the operands'
+    dtype; ``spoil(z)``: (causal, window, scale dk by) for sample z."""
+    grads = [torch.zeros(t.shape, dtype=torch.float64) for t in (qs.tensor, ks.tensor, v)]
+    for rank in range(qs.batch):
+        z = int(order[rank])
+        if not (int(qs.lengths[rank]) and int(ks.lengths[rank])):
+            continue
+        qi, ki = _rows(qs, rank, z), _rows(ks, rank, z)
+        leaves = [x[i].transpose(0, 1).double().requires_grad_() for x, i in ((qs.tensor, qi), (ks.tensor, ki),
+                                                                               (v, ki))]
+        c, w, factor = spoil(z) if spoil else (causal, window, 1.0)
+        out = gdpa_reference(*leaves, None, activation, scale, post_scale, c, slope, window=w)
+        dq, dk, dv = torch.autograd.grad(out, leaves, dout[qi].transpose(0, 1).double())
+        for g, part, i in zip(grads, (dq, dk * factor, dv), (qi, ki, ki)):
+            g[i] += part.transpose(0, 1)
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (qs.tensor, ks.tensor, v)))
+
+
+class VarlenBwdStandIn:
+    """Stands in for ``gdpa_varlen_bwd_cute_sm100``: the backward's math, spoiled by ``fault``; records the plans."""
+
+    def __init__(self, fault: str):
+        self.fault, self.plans = fault, []
+
+    def __call__(self, dout, qs, ks, v, order, activation, scale, post_scale, negative_slope, causal=False,
+                 window=(-1, -1), plan=None):
+        self.plans.append(plan)
+        if self.fault == "raises on compile":
+            raise RuntimeError("DSLRuntimeError: the kernel did not compile (stand-in)")
+        last = int(order[qs.batch - 1])
+
+        def spoil(z):
+            return {"mask ignored": (False, (-1, -1), 1.0),
+                    "last sample's dk times 1.02": (causal, window, 1.02 if z == last else 1.0),
+                    }.get(self.fault, (causal, window, 1.0))
+
+        dq, dk, dv = _grads_on_sides(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope, causal,
+                                     window, spoil)
+        if self.fault == "one NaN in dv":
+            dv.view(-1)[0] = float("nan")
+        return dq, dk, dv
+
+
+class Triton:
+    """Stands in for ``gdpa_varlen_bwd_triton``: the reference's gradients; counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, dout, qs, ks, v, bias, order, activation, scale, post_scale, causal, window, negative_slope,
+                 bias_requires_grad, traced=False):
+        self.calls += 1
+        assert bias is None
+        return (*_grads_on_sides(dout.tensor, qs, ks, v, order, activation, scale, post_scale, negative_slope,
+                                 causal, window), None)
+
+
+@pytest.fixture
+def sm100(monkeypatch):
+    """CPU tensors as an sm_100 GPU's with the CuTe stack and Triton (the sides scheduled by PyTorch); returns
+    ``install(fault)``, which puts a Blackwell varlen backward stand-in in place, the Triton stand-in, and the
+    variants checked."""
+    monkeypatch.setattr(self_check, "_verdicts", {})
+    monkeypatch.setattr(fallback, "_failed", {})
+    for module in (fwd_support, varlen_support):
+        monkeypatch.setattr(module, "cute_dsl_available", lambda: True)
+        monkeypatch.setattr(module, "on_sm100", lambda device: True)
+    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
+    monkeypatch.setattr(varlen_schedule, "interpreting", lambda: False)
+    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)
+    monkeypatch.setattr(dispatch, "triton_support", lambda *a: (True, "supported"))
+    triton = Triton()
+    monkeypatch.setattr("gdpa_inductor.kernels.triton.varlen_bwd.gdpa_varlen_bwd_triton", triton)
+    checks = []
+    run_check = self_check.run_check
+    monkeypatch.setattr(self_check, "run_check", lambda check: checks.append(check.variant) or run_check(check))
+
+    def install(fault: str) -> VarlenBwdStandIn:
+        kernel = VarlenBwdStandIn(fault)
+        monkeypatch.setattr("gdpa_inductor.kernels.cute.varlen_bwd.gdpa_varlen_bwd_cute_sm100", kernel)
+        return kernel
+
+    return install, triton, checks
+
+
+# the calls' masks: (causal, window)
+MASKS = {"plain": (False, (-1, -1)), "causal": (True, (-1, -1)), "a window": (False, (20, 5)),
+         "causal in a window": (True, (30, -1))}
+
+
+def _call(gen, mask, d=64, dtype=torch.bfloat16, bias=None):
+    """The varlen backward's arguments of a jagged call: three samples, one empty, grouped heads."""
+    causal, window = MASKS[mask]
+    cu_q = torch.tensor([0, 90, 90, 150], dtype=torch.int32)
+    cu_k = torch.tensor([0, 120, 120, 170], dtype=torch.int32)
+    q, dout = (torch.randn(150, 4, d, generator=gen).to(dtype) for _ in range(2))
+    k, v = (torch.randn(170, 2, d, generator=gen).to(dtype) for _ in range(2))
+    return (dout, q, k, v, bias, cu_q, cu_k, None, None, 90, 120, "silu", d**-0.5, 0.5, causal, window[0], window[1],
+            0.01, False)
+
+
+def _select(args):
+    dout, q, k, v, bias, cu_q, cu_k, used_q, used_k, _, _, activation, _, _, causal, left, right, _, grad = args
+    return select_varlen_backward_impl(q, k, v, bias, causal, (left, right), activation,
+                                       (cu_q, cu_k, used_q, used_k), grad)
+
+
+def _expected(args):
+    grads = gdpa_varlen_reference_backward(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                                             else a for a in args[:15]), (args[15], args[16]), args[17], args[18])
+    return grads[:3]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_a_correct_build_serves_after_one_check(sm100, gen, mask):
+    install, triton, checks = sm100
+    kernel = install("none")
+    args = _call(gen, mask)
+    for _ in range(3):
+        assert _select(args) == "cute"
+        grads = varlen_ops.backward_impl(*args)
+        assert len(checks) == 1
+    plan = kernel.plans[-1]
+    causal, window = MASKS[mask]
+    assert set(kernel.plans) == {plan} and plan.varlen and plan.mask_queries
+    assert plan.window == (window != (-1, -1)) and plan.causal == (causal and window == (-1, -1))
+    assert plan == plan_varlen_bwd_sm100(torch.bfloat16, 64, "silu", causal, window)
+    checked = len(kernel.plans) - 3
+    assert checked >= 2 and triton.calls == checked
+    assert grads[3] is None
+    for got, want in zip(grads[:3], _expected(args)):
+        torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
+    assert "the CuTe Blackwell backward (bfloat16, D=64, silu" in checks[0] and "varlen" in checks[0]
+    assert ("causal" in checks[0]) == plan.causal and ("window" in checks[0]) == plan.window
+
+
+@pytest.mark.parametrize("fault, why", [("mask ignored", "relative error"),
+                                        ("last sample's dk times 1.02", "dk's relative error"),
+                                        ("one NaN in dv", "dv has NaN or Inf"), ("raises on compile", "raised")])
+def test_a_wrong_build_is_disabled_and_its_calls_run_triton(sm100, gen, caplog, fault, why):
+    install, triton, checks = sm100
+    install(fault)
+    args = _call(gen, "causal")
+    with caplog.at_level(logging.WARNING, logger="gdpa_inductor"):
+        for _ in range(2):
+            selected = _select(args)
+            varlen_ops.backward_impl(*args)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert selected == "triton" and len(warnings) == 1 and len(checks) == 1
+    assert why in warnings[0] and "varlen" in warnings[0] and "disabled for this process" in warnings[0]
+
+
+def test_a_call_with_a_bias_keeps_triton_without_a_check(sm100, gen, backend, caplog):
+    """Under "auto" and "cute" alike (a varlen case the CuTe kernels do not cover runs as under "auto"), with the
+    reason in the debug log."""
+    install, _, checks = sm100
+    kernel = install("none")
+    args = _call(gen, "plain", bias=torch.randn(90, 120, generator=gen).bfloat16())
+    with caplog.at_level(logging.DEBUG, logger="gdpa_inductor"):
+        assert _select(args) == "triton"
+        backend("cute")
+        assert _select(args) == "triton"
+    assert sum("the CuTe Blackwell varlen backward takes no bias" in r.getMessage() for r in caplog.records) == 2
+    assert checks == [] and kernel.plans == []
+
+
+def test_the_check_runs_the_varlen_forwards_inputs_with_a_gradient(sm100):
+    """The check's inputs: jagged and padded sides with an empty sample and lengths ending part-way through tiles,
+    each with a random output gradient of the queries' layout; a window build under each of its windows."""
+    from gdpa_inductor.lowering.sm100_varlen_backward import varlen_backward_check
+
+    plan = plan_varlen_bwd_sm100(torch.bfloat16, 64, "silu", False, (20, 5))
+    cases = list(varlen_backward_check(plan, torch.device("cpu")).cases())
+    assert len(cases) >= 2
+    for dout, q, _, _, bias, *_, window, _ in cases:
+        assert dout.shape == q.shape and dout.dtype == q.dtype and bool(dout.abs().sum() > 0)
+        assert bias is None and window != (-1, -1)
+    layouts = {("jagged" if c[5] is not None else "padded") for c in cases}
+    assert layouts == {"jagged", "padded"}
