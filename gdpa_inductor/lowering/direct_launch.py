@@ -107,7 +107,7 @@ def triton_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
                   dense: tuple[bool, str] | None = None, varlen: tuple | None = None) -> bool:
     """Whether this call launches the Triton kernels from the compiled graph (``others``: its other tensors;
     ``flops``: its forward's, ``forward_flops``; ``dense``: the (causal, activation) of a dense call, ``varlen``: the
-    (causal, window, activation) of a varlen forward, the calls sm_100's CuTe kernels may take)."""
+    (causal, window, activation) of a varlen call, the calls sm_100's CuTe kernels may take)."""
     if _disabled or q.device.type != "cuda" or interpreting() or config.backend not in ("auto", "triton"):
         return False
     if not _static(q, k, v, bias, *others):
@@ -128,18 +128,18 @@ def triton_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
 def cute_machine(q: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dense: tuple[bool, str] | None,
                  backward: bool = False, varlen: tuple | None = None) -> bool:
     """Whether the opaque op may run this call on CuTe: on sm_90 any call (the op checks the rest), on sm_100 a dense
-    forward or backward (``dense``: its (causal, activation); ``backward``: which) or a varlen forward (``varlen``:
-    its (causal, window, activation)) the Blackwell kernel may take (``sm100_forward.may_take``,
-    ``sm100_backward.may_take``, ``sm100_varlen_forward.may_take``; the estimate of the time saved is Hopper's, as
-    nothing has been measured there)."""
+    forward or backward (``dense``: its (causal, activation); ``backward``: which) or a varlen one (``varlen``: its
+    (causal, window, activation)) the Blackwell kernels may take (``sm100_forward.may_take``,
+    ``sm100_backward.may_take``, ``sm100_varlen_forward.may_take``, ``sm100_varlen_backward.may_take``; the estimate
+    of the time saved is Hopper's, as nothing has been measured there)."""
     from ..kernels.cute.fwd_support import machine_support
 
     if machine_support(q.device)[0]:
         return True
-    if varlen is not None and not backward:
-        from . import sm100_varlen_forward
+    if varlen is not None:
+        from . import sm100_varlen_backward, sm100_varlen_forward
 
-        return sm100_varlen_forward.may_take(q, v, bias, *varlen)
+        return (sm100_varlen_backward if backward else sm100_varlen_forward).may_take(q, v, bias, *varlen)
     if dense is None:
         return False
     from . import sm100_backward, sm100_forward

@@ -44,13 +44,21 @@ def sm100_backward_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bi
 
 
 def may_take(q: torch.Tensor, v: torch.Tensor, bias, causal: bool, activation: ActivationName) -> bool:
-    """Whether the opaque op could run this backward on the Blackwell kernel (``sm100_kernels.may_take``; the graph
-    may not know Nq's remainder, so a build of either query mask failing sends the call to Triton)."""
+    """Whether the opaque op could run this backward on the Blackwell kernel (``sm100_kernels.may_take``, with its
+    causal mask and bias; the graph may not know Nq's remainder nor whether the bias's gradient is wanted, so a
+    build of either query mask, with or without the gradient, failing sends the call to Triton)."""
     from ..kernels.cute.bwd_plan import SM100_BWD_HEAD_DIMS, plan_bwd_sm100
+    from ..kernels.cute.gdpa_fwd import sm100_bias_name
+    from .sm100_forward import bias_dtype_taken
 
-    return sm100_kernels.may_take(
+    if not bias_dtype_taken(q, bias):
+        return False
+    name = sm100_bias_name(bias)
+    grads = (False, True) if name and bias.numel() != 1 else (False,)
+    return all(sm100_kernels.may_take(
         "backward", q, v, bias, causal, activation, SM100_BWD_HEAD_DIMS,
-        lambda masked: plan_bwd_sm100(q.dtype, q.shape[-1], activation, mask_queries=masked))
+        lambda masked, grad=grad: plan_bwd_sm100(q.dtype, q.shape[-1], activation, mask_queries=masked, causal=causal,
+                                                 bias=name, bias_grad=grad), masks=True) for grad in grads)
 
 
 def backward_check(plan, device: torch.device) -> self_check.Check:

@@ -27,6 +27,20 @@ def sm100_varlen_backward_support(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         varlen_backward_check, q.device)
 
 
+def may_take(q: torch.Tensor, v: torch.Tensor, bias, causal: bool, window: tuple[int, int],
+             activation: ActivationName) -> bool:
+    """Whether the opaque op could run this varlen backward on the Blackwell kernel, from what a compiled graph knows
+    of it (``sm100_kernels.may_take``; no bias, and a varlen build always masks its queries)."""
+    from ..kernels.cute.bwd_plan import SM100_BWD_HEAD_DIMS
+    from ..kernels.cute.varlen_bwd import plan_varlen_bwd_sm100
+
+    if bias is not None:
+        return False
+    return sm100_kernels.may_take(
+        "backward", q, v, bias, causal, activation, SM100_BWD_HEAD_DIMS,
+        lambda masked: plan_varlen_bwd_sm100(q.dtype, q.shape[-1], activation, causal, window), masks=True)
+
+
 def varlen_backward_check(plan, device: torch.device) -> self_check.Check:
     """The self-check of the Blackwell backward's varlen build ``plan``: that build, through the varlen op's glue
     (the sides, shared blocks, grouped heads), against Triton's varlen backward on the inputs of the varlen forward's

@@ -376,23 +376,32 @@ def test_hopper_takes_its_cute_backward_with_no_blackwell_check(sm100, gen, monk
 @pytest.mark.parametrize("change, backward, forward", [
     (dict(), True, True),
     (dict(d=128), True, True),
-    (dict(causal=True), False, True),
-    (dict(bias=True), False, True),
+    (dict(causal=True), True, True),
+    (dict(bias=True), True, True),
+    (dict(bias=torch.float16), False, False),
     (dict(d=96), False, False),
     (dict(dtype=torch.float32), False, False),
     (dict(failed="backward"), False, True),
+    (dict(causal=True, failed="backward"), True, True),
+    (dict(bias=True, failed="bias gradient"), False, True),
     (dict(failed="forward"), True, False),
 ])
 def test_the_compiled_graph_sends_a_covered_backward_to_the_opaque_op(sm100, change, backward, forward):
     """``direct_launch.cute_machine`` on fake-like (meta) tensors: sm_100 dense backwards the Blackwell backward may
-    take go through the opaque op (which checks the build at run time), not one whose build failed its check; the
-    forward's verdict is its own, and the forward takes the causal mask and a bias."""
+    take go through the opaque op (which checks the build at run time), with the causal mask and a bias of a dtype it
+    has builds for, not one whose build failed its check (a bias's with or without its gradient: the graph does not
+    know which the call wants); each build's verdict is its own, and the forward's."""
     d = change.get("d", 64)
     dtype = change.get("dtype", torch.bfloat16)
     q, v = (torch.empty(2, 4, 256, d, device="meta", dtype=dtype) for _ in range(2))
-    bias = torch.empty(256, 256, device="meta", dtype=dtype) if change.get("bias") else None
+    bias = None
+    if change.get("bias"):
+        bias = torch.empty(256, 256, device="meta", dtype=dtype if change["bias"] is True else change["bias"])
     if change.get("failed") == "backward":
         self_check._verdicts[("backward", plan_bwd_sm100(dtype, d, "silu", mask_queries=True))] = (False, "stand-in")
+    if change.get("failed") == "bias gradient":
+        failed = plan_bwd_sm100(dtype, d, "silu", mask_queries=False, bias="bfloat16", bias_grad=True)
+        self_check._verdicts[("backward", failed)] = (False, "stand-in")
     if change.get("failed") == "forward":
         self_check._verdicts[("forward", plan_fwd_sm100(dtype, d, "silu", mask_keys=False))] = (False, "stand-in")
     dense = (change.get("causal", False), "silu")

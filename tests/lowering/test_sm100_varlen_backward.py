@@ -211,3 +211,19 @@ def test_the_check_runs_the_varlen_forwards_inputs_with_a_gradient(sm100):
         assert bias is None and window != (-1, -1)
     layouts = {("jagged" if c[5] is not None else "padded") for c in cases}
     assert layouts == {"jagged", "padded"}
+
+
+@pytest.mark.parametrize("change, taken", [(dict(), True), (dict(causal=True), True), (dict(window=(20, 5)), True),
+                                           (dict(bias=True), False), (dict(d=96), False), (dict(failed=True), False)])
+def test_the_compiled_graph_sends_a_covered_varlen_backward_to_the_opaque_op(sm100, change, taken):
+    """``direct_launch.cute_machine`` on meta tensors: sm_100 varlen backwards the Blackwell backward may take (no
+    bias) go through the opaque op, which checks the build at run time; not one whose build failed its check."""
+    from gdpa_inductor.lowering import direct_launch
+
+    d, causal, window = change.get("d", 64), change.get("causal", False), change.get("window", (-1, -1))
+    q, v = (torch.empty(150, 4, d, device="meta", dtype=torch.bfloat16) for _ in range(2))
+    bias = torch.empty(90, 120, device="meta", dtype=torch.bfloat16) if change.get("bias") else None
+    if change.get("failed"):
+        plan = plan_varlen_bwd_sm100(torch.bfloat16, d, "silu", causal, window)
+        self_check._verdicts[("backward", plan)] = (False, "stand-in")
+    assert direct_launch.cute_machine(q, v, bias, None, backward=True, varlen=(causal, window, "silu")) == taken

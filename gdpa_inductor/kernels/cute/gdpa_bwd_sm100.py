@@ -1,4 +1,5 @@
-"""CuTe-DSL GDPA backward for Blackwell (sm_100a): dQ, dK, dV of O = post_scale · act(scale · Q Kᵀ) · V, dense batches.
+"""CuTe-DSL GDPA backward for Blackwell (sm_100a): dQ, dK, dV (and dbias) of
+O = post_scale · act(scale · Q Kᵀ + bias) · V, dense or varlen batches.
 
 One CTA per (128-key tile, head, sample), looping over 128-row query tiles (under a band only those it reaches); ten
 warps, each with one role:
@@ -20,6 +21,13 @@ warps, each with one role:
   least one, so dK and dV are always written; the tiles wholly inside the band run unmasked, the edge ones select
   P = dS = 0 outside each key row's kept queries (``kept_queries``: two compares a score), 16 scores a step (the two
   step variants at 32 would spill).
+- ``bias`` (the operands' 16-bit dtype or fp32): read per score by the compute warps at their key and each query
+  (consecutive threads, consecutive keys), 16 scores a step; with ``bias_grad`` each score's dS (without act''s
+  constant factor and post_scale, as the Hopper backward's buffer holds it) is stored at (query, key) of a
+  [Z, H, Nq, Nk] buffer that the host sums over the bias's broadcast dims.
+- ``varlen``: (128-key tile, head, sample) CTAs of a varlen batch, each side's rows of a sample read through TMA
+  descriptors bounded at its end (``ragged_rows``), dQ, dK and dV written at the sample's rows; a CTA past its
+  sample's keys, or of a sample without queries, exits (the launcher zeroes the gradients).
 No softmax: no LSE, no rowsum(dO ∘ O). Keys and queries past the ends read as zeros (TMA fills them); with
 ``mask_queries`` (Nq not a multiple of the query tile) the padded query columns also give P = 0 and dS = 0 by a
 select per score, so a non-finite key cannot leak through them; padded keys reach only rows that are not stored.
