@@ -13,12 +13,11 @@ import logging
 import pytest
 import torch
 
-from gdpa_inductor.kernels.cute import fwd_support, varlen_support
+from gdpa_inductor.kernels.cute import fwd_support
 from gdpa_inductor.kernels.cute.varlen_bwd import plan_varlen_bwd_sm100
 from gdpa_inductor.kernels.reference import gdpa_reference
 from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference_backward
-from gdpa_inductor.kernels.triton import varlen_schedule
-from gdpa_inductor.lowering import dispatch, fallback, self_check, varlen_ops
+from gdpa_inductor.lowering import self_check, varlen_ops
 from gdpa_inductor.lowering.dispatch import select_varlen_backward_impl
 
 pytestmark = pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
@@ -90,31 +89,19 @@ class Triton:
 
 
 @pytest.fixture
-def sm100(monkeypatch):
+def sm100(monkeypatch, sm100_varlen_machine):
     """CPU tensors as an sm_100 GPU's with the CuTe stack and Triton (the sides scheduled by PyTorch); returns
     ``install(fault)``, which puts a Blackwell varlen backward stand-in in place, the Triton stand-in, and the
     variants checked."""
-    monkeypatch.setattr(self_check, "_verdicts", {})
-    monkeypatch.setattr(fallback, "_failed", {})
-    for module in (fwd_support, varlen_support):
-        monkeypatch.setattr(module, "cute_dsl_available", lambda: True)
-        monkeypatch.setattr(module, "on_sm100", lambda device: True)
-    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
-    monkeypatch.setattr(varlen_schedule, "interpreting", lambda: False)
-    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)
-    monkeypatch.setattr(dispatch, "triton_support", lambda *a: (True, "supported"))
     triton = Triton()
     monkeypatch.setattr("gdpa_inductor.kernels.triton.varlen_bwd.gdpa_varlen_bwd_triton", triton)
-    checks = []
-    run_check = self_check.run_check
-    monkeypatch.setattr(self_check, "run_check", lambda check: checks.append(check.variant) or run_check(check))
 
     def install(fault: str) -> VarlenBwdStandIn:
         kernel = VarlenBwdStandIn(fault)
         monkeypatch.setattr("gdpa_inductor.kernels.cute.varlen_bwd.gdpa_varlen_bwd_cute_sm100", kernel)
         return kernel
 
-    return install, triton, checks
+    return install, triton, sm100_varlen_machine
 
 
 # the calls' masks: (causal, window)

@@ -17,11 +17,8 @@ from gdpa_inductor.kernels.cute import fwd_support, varlen_support
 from gdpa_inductor.kernels.cute.varlen_fwd import plan_varlen_fwd_sm100
 from gdpa_inductor.kernels.reference import gdpa_reference
 from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference
-from gdpa_inductor.kernels.triton import varlen_schedule
 from gdpa_inductor.lowering import (
     direct_launch,
-    dispatch,
-    fallback,
     self_check,
     sm100_kernels,
     sm100_varlen_forward,
@@ -110,31 +107,19 @@ class Triton:
 
 
 @pytest.fixture
-def sm100(monkeypatch):
+def sm100(monkeypatch, sm100_varlen_machine):
     """CPU tensors as an sm_100 GPU's with the CuTe stack and Triton (the sides scheduled by PyTorch); returns
     ``install(fault)``, which puts a Blackwell varlen stand-in in place, the Triton stand-in, and the variants
     checked."""
-    monkeypatch.setattr(self_check, "_verdicts", {})
-    monkeypatch.setattr(fallback, "_failed", {})
-    for module in (fwd_support, varlen_support):
-        monkeypatch.setattr(module, "cute_dsl_available", lambda: True)
-        monkeypatch.setattr(module, "on_sm100", lambda device: True)
-    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
-    monkeypatch.setattr(varlen_schedule, "interpreting", lambda: False)
-    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)
-    monkeypatch.setattr(dispatch, "triton_support", lambda *a: (True, "supported"))
     triton = Triton()
     monkeypatch.setattr("gdpa_inductor.kernels.triton.varlen_fwd.gdpa_varlen_fwd_triton", triton)
-    checks = []
-    run_check = self_check.run_check
-    monkeypatch.setattr(self_check, "run_check", lambda check: checks.append(check.variant) or run_check(check))
 
     def install(fault: str) -> VarlenStandIn:
         kernel = VarlenStandIn(fault)
         monkeypatch.setattr("gdpa_inductor.kernels.cute.varlen_fwd.gdpa_varlen_fwd_cute_sm100", kernel)
         return kernel
 
-    return install, triton, checks
+    return install, triton, sm100_varlen_machine
 
 
 # the calls' features: (causal, window, kind of bias)
@@ -316,7 +301,8 @@ def test_hopper_keeps_its_varlen_forward_with_no_blackwell_check(sm100, gen, mon
 ])
 def test_the_compiled_graph_sends_a_covered_varlen_forward_to_the_opaque_op(sm100, change, takes):
     """``direct_launch.cute_machine`` on fake-like (meta) tensors: sm_100 varlen forwards the Blackwell forward may
-    take go through the opaque op, not one whose build failed its check, and no varlen backward."""
+    take go through the opaque op, not one whose build failed its check (the backward's are
+    ``test_sm100_varlen_backward``'s)."""
     d = change.get("d", 64)
     causal, window = change.get("causal", False), change.get("window", (-1, -1))
     q, v = (torch.empty(300, 4, d, device="meta", dtype=torch.bfloat16) for _ in range(2))
@@ -325,4 +311,3 @@ def test_the_compiled_graph_sends_a_covered_varlen_forward_to_the_opaque_op(sm10
         plan = plan_varlen_fwd_sm100(torch.bfloat16, d, "silu", causal, window, bias)
         self_check._verdicts[("forward", plan)] = (False, "stand-in failure")
     assert direct_launch.cute_machine(q, v, bias, None, varlen=(causal, window, "silu")) == takes
-    assert not direct_launch.cute_machine(q, v, bias, None, backward=True, varlen=(causal, window, "silu"))
