@@ -120,7 +120,7 @@ def select_varlen_backward_impl(q, k, v, bias, causal: bool, window: tuple[int, 
         if not ok and on_sm100(q.device):
             from .sm100_varlen_backward import sm100_varlen_backward_support
 
-            return sm100_varlen_backward_support(q, k, v, bias, causal, window, activation, bias_grad)
+            return sm100_varlen_backward_support(q, k, v, bias, causal, window, activation, rows, bias_grad)
         return ok, reason
 
     return _varlen_cute_else_select(support, q, k, v, bias, causal, window, activation, rows, "varlen backward")

@@ -82,9 +82,10 @@ def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seql
             from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute_sm100, plan_varlen_bwd_sm100
 
             # the build the dispatch's self-check passed, named as the forward's is
-            plan = plan or plan_varlen_bwd_sm100(q.dtype, q.shape[-1], activation, causal, window)
-            return (*gdpa_varlen_bwd_cute_sm100(dout, qs, ks, v, order, activation, scale, post_scale,
-                                                negative_slope, causal, window, plan=plan), None)
+            plan = plan or plan_varlen_bwd_sm100(q.dtype, q.shape[-1], activation, causal, window, bias,
+                                                 bias_requires_grad)
+            return gdpa_varlen_bwd_cute_sm100(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
+                                              causal, window, bias, bias_requires_grad, plan=plan)
         from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
         from ..kernels.cute.varlen_plan import varlen_band
 

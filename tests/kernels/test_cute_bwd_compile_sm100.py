@@ -48,6 +48,7 @@ CASES = [
     ("fp16", 64, "gelu_tanh", True, "varlen-causal"),
     ("bf16", 128, "silu", True, "bias-grad"),
     ("fp16", 64, "gelu_tanh", True, "causal-bias_fp32-grad"),
+    ("bf16", 128, "silu", True, "varlen-causal-bias-grad"),
 ]
 TANH_BASED = {"gelu", "gelu_tanh", "silu", "sigmoid"}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -431,9 +432,9 @@ def test_the_varlen_launcher_passes_the_rows(monkeypatch, causal, window, kind, 
     cu_k = torch.tensor([0, 200, 330, 340], dtype=torch.int32)
     q, do = torch.ones(310, 4, 128, dtype=torch.bfloat16), torch.ones(310, 4, 128, dtype=torch.bfloat16)
     k, v = torch.ones(340, 2, 128, dtype=torch.bfloat16), torch.ones(340, 2, 128, dtype=torch.bfloat16)
-    dq, dk, dv = varlen_bwd.gdpa_varlen_bwd_cute_sm100(do, _side(q, cu_q, 300), _side(k, cu_k, 200), v,
-                                                       torch.tensor([0, 1, 2]), "silu", 0.125, 0.5, 0.01,
-                                                       causal=causal, window=window)
+    dq, dk, dv, dbias = varlen_bwd.gdpa_varlen_bwd_cute_sm100(do, _side(q, cu_q, 300), _side(k, cu_k, 200), v,
+                                                              torch.tensor([0, 1, 2]), "silu", 0.125, 0.5, 0.01,
+                                                              causal=causal, window=window)
     (plan,), (args,) = build.plans, build.calls
     assert plan == plan_bwd_sm100(torch.bfloat16, 128, "silu", causal=kind == "causal", window=kind == "window",
                                   varlen=True) and plan.mask_queries
@@ -443,7 +444,7 @@ def test_the_varlen_launcher_passes_the_rows(monkeypatch, causal, window, kind, 
     assert args[4].dtype == torch.float32 and not (args[4].any() or args[5].any() or args[6].any())
     assert args[7:10] == (0.125, 0.5, 0.01) and args[10:12] == bounds
     assert args[12].tolist() == [[0, 300, 310], [300, 10, 0], [0, 200, 330], [200, 130, 10], [0, 1, 2]]
-    assert args[13] == 2
+    assert args[13] == 2 and args[14:] == (None, None) and dbias is None
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
     assert dq.dtype == dk.dtype == dv.dtype == torch.bfloat16
 
@@ -454,14 +455,46 @@ def test_the_varlen_support_check(on_blackwell, monkeypatch):
     monkeypatch.setattr(varlen_support, "cute_dsl_available", lambda: True)
     monkeypatch.setattr(varlen_support, "on_sm100", lambda device: True)
     q, k = torch.zeros(310, 4, 128, dtype=torch.bfloat16), torch.zeros(340, 2, 128, dtype=torch.bfloat16)
-    check = varlen_support.sm100_varlen_bwd_support
-    assert check(q, k, k, q, None, (-1, -1), "silu") == (True, "")
-    assert check(q, k, k, q, None, (3, 0), "gelu_tanh") == (True, "")
-    for args, reason in [((q, k, k, q, torch.zeros(1), (-1, -1), "silu"), "no bias"),
-                         ((q, k, k, q, None, (-2, 0), "silu"), "window"),
-                         ((q, k, k[..., :64], q[..., :64], None, (-1, -1), "silu"), "D = Dv"),
-                         ((q, k[:, :1].expand(340, 3, 128), k, q, None, (-1, -1), "silu"), "one shape"),
-                         ((q, k, k, q.half(), None, (-1, -1), "silu"), "dout"),
-                         ((q[..., :96], k[..., :96], k[..., :96], q[..., :96], None, (-1, -1), "silu"), "head dims")]:
+    rows = (torch.tensor([0, 300, 310], dtype=torch.int32), torch.tensor([0, 200, 340], dtype=torch.int32), None, None)
+
+    def check(q, k, v, bias, grad, window, activation):
+        return varlen_support.sm100_varlen_bwd_support(q, k, v, bias, grad, window, activation, rows)
+
+    assert check(q, k, k, None, False, (-1, -1), "silu") == (True, "")
+    assert check(q, k, k, None, False, (3, 0), "gelu_tanh") == (True, "")
+    for bias, grad in [(torch.ones(300, 200, dtype=torch.bfloat16), True), (torch.ones(2, 4, 300, 200), True),
+                       (torch.ones(1), False)]:
+        assert check(q, k, k, bias, grad, (-1, -1), "silu") == (True, "")
+    for args, reason in [((q, k, k, torch.ones(1), True, (-1, -1), "silu"), "a tensor only"),
+                         ((q, k, k, None, True, (-1, -1), "silu"), "needs a bias tensor"),
+                         ((q, k, k, torch.ones(300, 200, dtype=torch.float16), False, (-1, -1), "silu"),
+                          "operands' dtype"),
+                         ((q, k, k, torch.ones(200, 300, dtype=torch.bfloat16).T, False, (-1, -1), "silu"),
+                          "keys contiguous"),
+                         ((q, k, k, None, False, (-2, 0), "silu"), "window"),
+                         ((q, k, k[..., :64], None, False, (-1, -1), "silu"), "D = Dv"),
+                         ((q, k[:, :1].expand(340, 3, 128), k, None, False, (-1, -1), "silu"), "one shape"),
+                         ((q[..., :96], k[..., :96], k[..., :96], None, False, (-1, -1), "silu"), "head dims")]:
         ok, why = check(*args)
         assert not ok and reason in why, why
+
+
+def test_the_varlen_launcher_passes_the_bias_and_its_gradients_buffer(monkeypatch):
+    """A varlen call's bias of fewer dims in its 4-D (Nq, Nk, Hb, Zb) modes, its gradient's zero-filled
+    [B, H, max_seqlen_q, max_seqlen_k] buffer in the last slot, summed back to dbias of the bias's shape."""
+    from gdpa_inductor.kernels.cute import varlen_bwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(varlen_bwd, "compile_bwd_sm100", build)
+    cu = torch.tensor([0, 300, 310], dtype=torch.int32)
+    q = torch.ones(310, 4, 128, dtype=torch.bfloat16)
+    bias = torch.randn(4, 300, 300).bfloat16()
+    *_, dbias = varlen_bwd.gdpa_varlen_bwd_cute_sm100(q, _side(q, cu, 300), _side(q, cu, 300), q, torch.tensor([0, 1]),
+                                                      "silu", 0.125, 0.5, 0.01, causal=True, bias=bias,
+                                                      bias_grad=True)
+    (plan,), (args,) = build.plans, build.calls
+    assert plan.varlen and plan.causal and plan.bias == "bfloat16" and plan.bias_grad
+    given, buffer = args[14:]
+    assert tuple(given.shape) == (300, 300, 4, 1) and torch.equal(given[..., 0].permute(2, 0, 1), bias)
+    assert tuple(buffer.shape) == (300, 300, 4, 2) and buffer.dtype == torch.bfloat16 and not buffer.any()
+    assert dbias.shape == bias.shape and dbias.dtype == bias.dtype and not dbias.any()

@@ -30,23 +30,36 @@ def _rows(side, rank: int, z: int):
     return z if side.tensor.shape[0] > 1 else 0, slice(start, start + n)
 
 
-def _grads_on_sides(dout, qs, ks, v, order, activation, scale, post_scale, slope, causal, window, spoil=None):
-    """(dq, dk, dv): autograd of the float64 reference, sample by sample over the sides, rounded to the operands'
-    dtype; ``spoil(z)``: (causal, window, scale dk by) for sample z."""
+def _grads_on_sides(dout, qs, ks, v, order, activation, scale, post_scale, slope, causal, window, bias=None,
+                    bias_grad=False, spoil=None):
+    """(dq, dk, dv, dbias or None): autograd of the float64 reference, sample by sample over the sides (sample z's
+    query i and key j adding ``bias[z, h, i, j]``), rounded to the operands' and the bias's dtypes; ``spoil(z)``:
+    (causal, window, keep the bias, scale dk by) for sample z."""
     grads = [torch.zeros(t.shape, dtype=torch.float64) for t in (qs.tensor, ks.tensor, v)]
+    leaf = None if bias is None else bias.double().clone().requires_grad_()
+    dbias = None if leaf is None else torch.zeros_like(leaf)
     for rank in range(qs.batch):
         z = int(order[rank])
-        if not (int(qs.lengths[rank]) and int(ks.lengths[rank])):
+        nq, nk = int(qs.lengths[rank]), int(ks.lengths[rank])
+        if not (nq and nk):
             continue
         qi, ki = _rows(qs, rank, z), _rows(ks, rank, z)
         leaves = [x[i].transpose(0, 1).double().requires_grad_() for x, i in ((qs.tensor, qi), (ks.tensor, ki),
                                                                                (v, ki))]
-        c, w, factor = spoil(z) if spoil else (causal, window, 1.0)
-        out = gdpa_reference(*leaves, None, activation, scale, post_scale, c, slope, window=w)
-        dq, dk, dv = torch.autograd.grad(out, leaves, dout[qi].transpose(0, 1).double())
-        for g, part, i in zip(grads, (dq, dk * factor, dv), (qi, ki, ki)):
+        c, w, keep_bias, factor = spoil(z) if spoil else (causal, window, True, 1.0)
+        bz = None
+        if leaf is not None and keep_bias:
+            full = leaf.expand(qs.batch, qs.tensor.shape[-2], qs.max_len, ks.max_len) if leaf.numel() > 1 else leaf
+            bz = full[z, :, :nq, :nk] if leaf.numel() > 1 else full
+        out = gdpa_reference(*leaves, bz, activation, scale, post_scale, c, slope, window=w)
+        wrt = leaves + ([leaf] if bz is not None and bias_grad else [])
+        parts = torch.autograd.grad(out, wrt, dout[qi].transpose(0, 1).double())
+        for g, part, i in zip(grads, (parts[0], parts[1] * factor, parts[2]), (qi, ki, ki)):
             g[i] += part.transpose(0, 1)
-    return tuple(g.to(t.dtype) for g, t in zip(grads, (qs.tensor, ks.tensor, v)))
+        if len(parts) == 4:
+            dbias += parts[3]
+    out = tuple(g.to(t.dtype) for g, t in zip(grads, (qs.tensor, ks.tensor, v)))
+    return (*out, dbias.to(bias.dtype) if bias_grad else None)
 
 
 class VarlenBwdStandIn:
@@ -56,22 +69,24 @@ class VarlenBwdStandIn:
         self.fault, self.plans = fault, []
 
     def __call__(self, dout, qs, ks, v, order, activation, scale, post_scale, negative_slope, causal=False,
-                 window=(-1, -1), plan=None):
+                 window=(-1, -1), bias=None, bias_grad=False, plan=None):
         self.plans.append(plan)
         if self.fault == "raises on compile":
             raise RuntimeError("DSLRuntimeError: the kernel did not compile (stand-in)")
+        assert (bias is not None, bias_grad) == (bool(plan.bias), plan.bias_grad), "the launch's bias is its build's"
         last = int(order[qs.batch - 1])
 
         def spoil(z):
-            return {"mask ignored": (False, (-1, -1), 1.0),
-                    "last sample's dk times 1.02": (causal, window, 1.02 if z == last else 1.0),
-                    }.get(self.fault, (causal, window, 1.0))
+            return {"mask ignored": (False, (-1, -1), True, 1.0),
+                    "bias ignored": (causal, window, False, 1.0),
+                    "last sample's dk times 1.02": (causal, window, True, 1.02 if z == last else 1.0),
+                    }.get(self.fault, (causal, window, True, 1.0))
 
-        dq, dk, dv = _grads_on_sides(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope, causal,
-                                     window, spoil)
+        dq, dk, dv, dbias = _grads_on_sides(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
+                                            causal, window, bias, bias_grad, spoil)
         if self.fault == "one NaN in dv":
             dv.view(-1)[0] = float("nan")
-        return dq, dk, dv
+        return dq, dk, dv, dbias
 
 
 class Triton:
@@ -83,9 +98,8 @@ class Triton:
     def __call__(self, dout, qs, ks, v, bias, order, activation, scale, post_scale, causal, window, negative_slope,
                  bias_requires_grad, traced=False):
         self.calls += 1
-        assert bias is None
-        return (*_grads_on_sides(dout.tensor, qs, ks, v, order, activation, scale, post_scale, negative_slope,
-                                 causal, window), None)
+        return _grads_on_sides(dout.tensor, qs, ks, v, order, activation, scale, post_scale, negative_slope, causal,
+                               window, bias, bias_requires_grad)
 
 
 @pytest.fixture
@@ -109,7 +123,7 @@ MASKS = {"plain": (False, (-1, -1)), "causal": (True, (-1, -1)), "a window": (Fa
          "causal in a window": (True, (30, -1))}
 
 
-def _call(gen, mask, d=64, dtype=torch.bfloat16, bias=None):
+def _call(gen, mask, d=64, dtype=torch.bfloat16, bias=None, bias_grad=False):
     """The varlen backward's arguments of a jagged call: three samples, one empty, grouped heads."""
     causal, window = MASKS[mask]
     cu_q = torch.tensor([0, 90, 90, 150], dtype=torch.int32)
@@ -117,7 +131,7 @@ def _call(gen, mask, d=64, dtype=torch.bfloat16, bias=None):
     q, dout = (torch.randn(150, 4, d, generator=gen).to(dtype) for _ in range(2))
     k, v = (torch.randn(170, 2, d, generator=gen).to(dtype) for _ in range(2))
     return (dout, q, k, v, bias, cu_q, cu_k, None, None, 90, 120, "silu", d**-0.5, 0.5, causal, window[0], window[1],
-            0.01, False)
+            0.01, bias_grad)
 
 
 def _select(args):
@@ -129,7 +143,7 @@ def _select(args):
 def _expected(args):
     grads = gdpa_varlen_reference_backward(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
                                              else a for a in args[:15]), (args[15], args[16]), args[17], args[18])
-    return grads[:3]
+    return grads if args[18] else grads[:3]
 
 
 @pytest.mark.parametrize("mask", MASKS)
@@ -171,17 +185,60 @@ def test_a_wrong_build_is_disabled_and_its_calls_run_triton(sm100, gen, caplog, 
     assert why in warnings[0] and "varlen" in warnings[0] and "disabled for this process" in warnings[0]
 
 
-def test_a_call_with_a_bias_keeps_triton_without_a_check(sm100, gen, backend, caplog):
+# the biases of the calls: (shape, dtype, its gradient wanted)
+BIASES = {
+    "shared, its gradient": ((90, 120), torch.bfloat16, True),
+    "fp32 per sample and head, its gradient": ((3, 4, 90, 120), torch.float32, True),
+    "per head": ((4, 90, 120), torch.bfloat16, False),
+    "one element": ((), torch.bfloat16, False),
+}
+
+
+@pytest.mark.parametrize("case", BIASES)
+def test_a_biased_call_runs_its_bias_build_after_its_own_check(sm100, gen, case):
+    shape, dtype, bias_grad = BIASES[case]
+    install, _, checks = sm100
+    kernel = install("none")
+    args = _call(gen, "causal", bias=torch.randn(shape, generator=gen).to(dtype), bias_grad=bias_grad)
+    assert _select(args) == "cute"
+    grads = varlen_ops.backward_impl(*args)
+    plan = kernel.plans[-1]
+    assert plan.varlen and plan.causal and plan.bias_grad == bias_grad
+    assert plan.bias == ("float32" if dtype == torch.float32 or shape == () else "bfloat16")
+    for got, want in zip(grads, _expected(args)):
+        torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
+    assert (grads[3] is not None) == bias_grad and (not bias_grad or grads[3].shape == shape)
+    assert len(checks) == 1 and "bias" in checks[0] and ("its gradient" in checks[0]) == bias_grad
+
+
+@pytest.mark.parametrize("fault", ["bias ignored"])
+def test_a_build_wrong_in_its_bias_is_caught(sm100, gen, caplog, fault):
+    install, _, checks = sm100
+    install(fault)
+    args = _call(gen, "plain", bias=torch.randn(90, 120, generator=gen).bfloat16(), bias_grad=True)
+    with caplog.at_level(logging.WARNING, logger="gdpa_inductor"):
+        assert _select(args) == "triton"
+        varlen_ops.backward_impl(*args)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "bias" in warnings[0] and "relative error" in warnings[0]
+
+
+@pytest.mark.parametrize("bias, grad, why", [
+    (lambda gen: torch.randn(90, 120, generator=gen).half(), False, "operands' dtype"),
+    (lambda gen: torch.randn(120, 90, generator=gen).bfloat16().T, False, "keys contiguous"),
+    (lambda gen: torch.randn((), generator=gen).bfloat16(), True, "a tensor only"),
+])
+def test_a_bias_the_kernel_does_not_take_keeps_triton_without_a_check(sm100, gen, backend, caplog, bias, grad, why):
     """Under "auto" and "cute" alike (a varlen case the CuTe kernels do not cover runs as under "auto"), with the
     reason in the debug log."""
     install, _, checks = sm100
     kernel = install("none")
-    args = _call(gen, "plain", bias=torch.randn(90, 120, generator=gen).bfloat16())
+    args = _call(gen, "plain", bias=bias(gen), bias_grad=grad)
     with caplog.at_level(logging.DEBUG, logger="gdpa_inductor"):
         assert _select(args) == "triton"
         backend("cute")
         assert _select(args) == "triton"
-    assert sum("the CuTe Blackwell varlen backward takes no bias" in r.getMessage() for r in caplog.records) == 2
+    assert sum(why in r.getMessage() for r in caplog.records) == 2
     assert checks == [] and kernel.plans == []
 
 
@@ -201,7 +258,7 @@ def test_the_check_runs_the_varlen_forwards_inputs_with_a_gradient(sm100):
 
 
 @pytest.mark.parametrize("change, taken", [(dict(), True), (dict(causal=True), True), (dict(window=(20, 5)), True),
-                                           (dict(bias=True), False), (dict(d=96), False), (dict(failed=True), False)])
+                                           (dict(bias=True), True), (dict(d=96), False), (dict(failed=True), False)])
 def test_the_compiled_graph_sends_a_covered_varlen_backward_to_the_opaque_op(sm100, change, taken):
     """``direct_launch.cute_machine`` on meta tensors: sm_100 varlen backwards the Blackwell backward may take (no
     bias) go through the opaque op, which checks the build at run time; not one whose build failed its check."""

@@ -22,8 +22,8 @@ from ..common.varlen_rows import VarlenSide
 from .bwd_plan import SM100_BWD_TILE, Sm100BwdPlan, bwd_key_tile, plan_bwd, plan_bwd_sm100
 from .bwd_results import dbias_of, dq_of_sums
 from .dbias_plan import dbias_way
-from .gdpa_bwd import dbias_buffer
-from .gdpa_fwd import sm100_band
+from .gdpa_bwd import dbias_buffer, sm100_bwd_bias_arg
+from .gdpa_fwd import sm100_band, sm100_bias_name
 from .kernel_args import BWD_SM100_ARGS, bias_tile_modes, dense_modes, offset_arg, row_modes
 from .kernel_build import bwd_args, compile_bwd, compile_bwd_sm100
 from .operand_views import is_tensor_bias
@@ -102,14 +102,18 @@ def gdpa_varlen_bwd_cute(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: 
 def gdpa_varlen_bwd_cute_sm100(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSide, v: torch.Tensor,
                                order: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
                                negative_slope: float, causal: bool = False, window: tuple[int, int] = (-1, -1),
+                               bias: torch.Tensor | None = None, bias_grad: bool = False,
                                plan: Sm100BwdPlan | None = None):
-    """(dq, dk, dv) of the Blackwell backward (``GdpaBwdSm100`` with ``varlen``) on a varlen call's sides; ``dout``
+    """(dq, dk, dv, dbias or None) of the Blackwell backward (``GdpaBwdSm100`` with ``varlen``) on a varlen call's
+    sides; ``dout``
     in the output's layout (the queries' rows, Dv wide). One CTA per (128-key tile, head, sample), the grid sized by
     the longest sample; dQ summed unscaled in fp32 and scaled here (``dq_of_sums``); gradients zero at rows no
     sample reaches. ``causal``, ``window``: the bottom-right aligned mask and the band around it in each sample, at
-    any Nk - Nq. Shared dense sides and grouped heads as in ``gdpa_varlen_bwd_cute``. ``plan``: the build to run
-    (None: ``plan_varlen_bwd_sm100``'s). Not yet run on a Blackwell GPU: the dispatch checks each build's results on
-    the device first."""
+    any Nk - Nq. ``bias``: one element (no gradient), or a tensor ``sm100_varlen_bwd_support`` takes, sample z's query
+    i and key j adding ``bias[z, h, i, j]``; ``bias_grad``: its gradient, summed from a zero-filled
+    [B, H, max_seqlen_q, max_seqlen_k] dS buffer. Shared dense sides and grouped heads as in
+    ``gdpa_varlen_bwd_cute``. ``plan``: the build to run (None: ``plan_varlen_bwd_sm100``'s). Not yet run on a
+    Blackwell GPU: the dispatch checks each build's results on the device first."""
     q, k = qs.tensor, ks.tensor
     h, d = q.shape[-2:]
     hkv = v.shape[-2]
@@ -117,8 +121,13 @@ def gdpa_varlen_bwd_cute_sm100(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSid
     if group > 1:
         k, v = k.repeat_interleave(group, dim=-2), v.repeat_interleave(group, dim=-2)
     dout = dout if tma_layout(dout) else dout.contiguous()
-    plan = plan or plan_varlen_bwd_sm100(q.dtype, d, activation, causal, window)
+    plan = plan or plan_varlen_bwd_sm100(q.dtype, d, activation, causal, window, bias, bias_grad)
     causal, bounds = sm100_band(causal, window)
+    bias4 = None if bias is None or bias.numel() == 1 else bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    if bias_grad and bias4 is None:
+        raise ValueError("bias_grad=True needs a bias tensor (the CuTe backward's bias gradient is a tensor's)")
+    # positions past a sample's lengths, and band-skipped tiles, store no dS
+    ds = dbias_buffer("buffer", qs.batch, h, bias4, zeros=True) if bias_grad else None
     dq_buf = _grad_buffer(qs, q, torch.float32)
     dk_buf, dv_buf = _grad_buffer(ks, k, k.dtype), _grad_buffer(ks, v, v.dtype)
     num_n = -(-ks.max_len // SM100_BWD_TILE)
@@ -128,18 +137,23 @@ def gdpa_varlen_bwd_cute_sm100(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSid
         compile_bwd_sm100(plan)(*BWD_SM100_ARGS.values(
             plan, q=row_modes(q), k=row_modes(k), v=row_modes(v), dout=row_modes(dout), dq=row_modes(dq_buf),
             dk=row_modes(dk_buf), dv=row_modes(dv_buf), scale=scale, post_scale=post_scale, slope=negative_slope,
-            band_left=band_left, band_right=band_right, rows=rows, num_n=num_n))
+            band_left=band_left, band_right=band_right, rows=rows, num_n=num_n,
+            bias=sm100_bwd_bias_arg(bias4 if bias4 is not None else bias, qs.max_len, ks.max_len),
+            dbias=None if ds is None else dense_modes(ds)))
     dq = dq_of_sums(_summed(dq_buf, q), q.dtype, activation, scale, post_scale)
     dk, dv = _summed(dk_buf, k).to(k.dtype), _summed(dv_buf, v).to(v.dtype)
     if group > 1:
         dk = dk.unflatten(-2, (hkv, group)).sum(-2)
         dv = dv.unflatten(-2, (hkv, group)).sum(-2)
-    return dq, dk, dv
+    dbias = None if ds is None else dbias_of(ds, bias4, "buffer", activation, post_scale).view(bias.shape)
+    return dq, dk, dv, dbias
 
 
 def plan_varlen_bwd_sm100(dtype: torch.dtype, head_dim: int, activation: ActivationName, causal: bool,
-                          window: tuple[int, int]) -> Sm100BwdPlan:
-    """The build ``gdpa_varlen_bwd_cute_sm100`` runs for a call of this dtype, head dim and masks: the one its
+                          window: tuple[int, int], bias: torch.Tensor | None = None,
+                          bias_grad: bool = False) -> Sm100BwdPlan:
+    """The build ``gdpa_varlen_bwd_cute_sm100`` runs for a call of this dtype, head dim, masks and bias: the one its
     self-check keys on."""
     causal, bounds = sm100_band(causal, window)
-    return plan_bwd_sm100(dtype, head_dim, activation, causal=causal, window=bounds is not None, varlen=True)
+    return plan_bwd_sm100(dtype, head_dim, activation, causal=causal, window=bounds is not None, varlen=True,
+                          bias=sm100_bias_name(bias), bias_grad=bias_grad)

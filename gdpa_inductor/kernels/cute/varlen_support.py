@@ -142,21 +142,40 @@ def sm100_varlen_fwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return operand_support(q, k, v, activation, SM100_HEAD_DIMS, kernel)
 
 
-def sm100_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, window: tuple[int, int],
-                             activation: ActivationName) -> tuple[bool, str]:
+def sm100_varlen_bwd_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias, bias_grad: bool,
+                             window: tuple[int, int], activation: ActivationName, rows: tuple) -> tuple[bool, str]:
     """(ok, reason) for the Blackwell backward on the varlen op's operands (``[total, H, D]`` or ``[B, N, H, D]``
-    each), launched by ``varlen_bwd.gdpa_varlen_bwd_cute_sm100``: an sm_100 GPU, no bias (its varlen build reads
-    none), D = Dv in ``SM100_BWD_HEAD_DIMS``, k and v of one layout but the last dim, a window of bounds >= -1; the
-    causal mask and windows at any per-sample Nk - Nq. The output's gradient is copied where TMA cannot read it."""
+    each) and ``rows`` (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k), launched by
+    ``varlen_bwd.gdpa_varlen_bwd_cute_sm100``: an sm_100 GPU, a bias ``varlen_bias_support``'s rules take (or the same
+    in fp32), its keys contiguous, its gradient a tensor's whose [B, H, max_seqlen_q, max_seqlen_k] dS buffer fits in
+    half the memory the device can still allocate, D = Dv in ``SM100_BWD_HEAD_DIMS``, k and v of one layout but the
+    last dim, a window of bounds >= -1; the causal mask and windows at any per-sample Nk - Nq. The output's gradient
+    is copied where TMA cannot read it."""
     from .bwd_plan import SM100_BWD_HEAD_DIMS
+    from .dbias_plan import dbias_sums_for
 
     kernel = "the CuTe Blackwell varlen backward"
     if not cute_dsl_available():
         return False, "nvidia-cutlass-dsl or apache-tvm-ffi is not installed"
     if not on_sm100(q.device):
         return False, f"{kernel} is built for sm_100"
-    if bias is not None:
-        return False, f"{kernel} takes no bias"
+    if bias is None and bias_grad:
+        return False, "bias_grad=True needs a bias tensor"
+    if bias is not None and bias.numel() == 1 and bias_grad:
+        return False, f"{kernel} takes a bias gradient of a tensor only (got one element)"
+    if bias is not None and bias.numel() != 1:
+        fp32 = bias.dtype == torch.float32
+        # the 16-bit rules but its dtype and the pairs: the backward reads one value a score
+        stand_in = torch.empty_strided(bias.shape, bias.stride(), dtype=q.dtype, device="meta") if fp32 else bias
+        ok, reason = varlen_bias_support(stand_in, q, k, kernel)
+        if not ok and "pairs" not in reason:
+            return ok, reason
+        if bias.stride(-1) != 1:
+            return False, f"{kernel} reads a bias with its keys contiguous (got strides {bias.stride()})"
+        if bias_grad:
+            way, reason = dbias_sums_for(varlen_batch(q, k, rows[0], rows[1]), q.shape[-2], bias)
+            if way != "buffer":
+                return False, reason or f"{kernel} sums dbias in a buffer of every (sample, head)'s dS: it does not fit"
     if len(window) != 2 or min(window) < -1:
         return False, f"{kernel} takes a window of two bounds, each -1 (none) or >= 0 (got {window})"
     if q.shape[-1] != v.shape[-1]:
