@@ -58,10 +58,22 @@ def default_fwd_config(d: int, dv: int, dtype: torch.dtype, kv_len: int, has_bia
 
 @dataclass(frozen=True)
 class BwdConfig:
+    """A backward kernel's tiles. ``dv_pass``: dK/dV only: dV is computed by a pass of its own with these tiles,
+    then dK (and dBias) by a second pass with the others, so that each carries one accumulator."""
+
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    dv_pass: BwdConfig | None = None
+
+
+def dkdv_passes(kv_cfg: BwdConfig) -> tuple[tuple[BwdConfig, bool, bool], ...]:
+    """The dK/dV kernel's launches for a tile choice: (tiles, computes dK, computes dV) each; one launch computing
+    both unless the choice has a ``dv_pass``."""
+    if kv_cfg.dv_pass is None:
+        return ((kv_cfg, True, True),)
+    return (kv_cfg.dv_pass, False, True), (kv_cfg, True, False)
 
 
 def default_bwd_configs(d: int, dv: int, dtype: torch.dtype, kv_len: int, *,
@@ -97,6 +109,8 @@ def default_varlen_fwd_config(d: int, dv: int, dtype: torch.dtype, max_kv_len: i
         return FwdConfig(128, 32, 4, 3)  # also spill-free on sm_100a
     if capability == BLACKWELL and dtype != torch.float32 and max(block_dim(d), block_dim(dv)) <= 128:
         return FwdConfig(128, 64, 8, 2)  # the dense kernel's 3 stages spill here on sm_100a; 2 do not
+    if capability == BLACKWELL and dtype != torch.float32:
+        return FwdConfig(64, 64, 8, 2)  # the dense kernel's 4 warps spill here with a bias or a window; 8 do not
     if dtype != torch.float32 and block_dim(max(d, dv)) == 128 and max_kv_len <= 2048:
         return FwdConfig(128, 32, 4, 3)
     return default_fwd_config(d, dv, dtype, max_kv_len, capability=capability)
@@ -130,8 +144,8 @@ def tma_fwd_config(capability: int) -> FwdConfig:
 
 # sm_100 (B200, GB200): none of these tiles was run or measured on a Blackwell GPU. Each compiles for sm_100a with its
 # matmuls on tcgen05.mma and no register spill (tests/kernels/test_triton_compile_sm100.py; Hopper's dK/dV tiles spill
-# there), but the dK/dV tile above D=128. The backward's shapes are those of Triton's fused-attention tutorial (32
-# queries by 128 keys for dK/dV, 128 queries by 32 keys for dQ); its forward tiles are 128 queries by 64 or more keys.
+# there). The backward's shapes are those of Triton's fused-attention tutorial (32 queries by 128 keys for dK/dV, 128
+# queries by 32 keys for dQ); its forward tiles are 128 queries by 64 or more keys.
 
 
 def _blackwell_fwd_config(width: int, dtype: torch.dtype, kv_len: int, has_bias: bool) -> FwdConfig:
@@ -155,8 +169,10 @@ def _blackwell_bwd_configs(width: int, dtype: torch.dtype) -> tuple[BwdConfig, B
     if width <= 128:
         # spill-free on sm_100a with causal masks and dBias; the dK/dV tile spills with two or three stages
         return BwdConfig(32, 128, 8, 1), BwdConfig(128, 32, 8, 2)
-    # D > 128: two [64, 256] fp32 accumulators; the dK/dV tile that spills least on sm_100a (40-132 B, not none)
-    return BwdConfig(16, 64, 8, 1), BwdConfig(64, 32, 4, 2)
+    # D > 128: no tile carrying both [BLOCK_N, 256] fp32 accumulators compiles spill-free on sm_100a (16x64 spills
+    # 40-132 B), so dV and dK run as two passes; the dV pass recomputes S only (5 matmuls instead of 4, where halving
+    # the head dim per program would recompute S and dP: 6)
+    return BwdConfig(16, 64, 8, 1, dv_pass=BwdConfig(32, 128, 8, 1)), BwdConfig(64, 32, 4, 2)
 
 
 def _blackwell_varlen_bwd_configs(width: int, dtype: torch.dtype) -> tuple[BwdConfig, BwdConfig]:
