@@ -9,6 +9,7 @@ none was run or measured on a Blackwell GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -86,7 +87,7 @@ def default_bwd_configs(d: int, dv: int, dtype: torch.dtype, kv_len: int, *,
     (descriptor atomic_add) that FA3 uses for dQ does not exist in Triton 3.6."""
     width = max(block_dim(d), block_dim(dv))
     if capability == BLACKWELL:
-        return _blackwell_bwd_configs(width, dtype)
+        return _blackwell_bwd_configs(block_dim(d), block_dim(dv), dtype)
     if dtype == torch.float32:
         return BwdConfig(32, 64, 4, 2), BwdConfig(64, 32, 4, 2)
     if width <= 64:
@@ -125,7 +126,7 @@ def default_varlen_bwd_configs(d: int, dv: int, dtype: torch.dtype, max_kv_len: 
     with the same dQ tiles beat the dense kernels' pair from 1024 to 4096 keys, causal or not (forward+backward, HSTU's
     lengths in [N/2, N]: 0.66 vs 0.83 ms causal at N=1024, 0.84 vs 0.97 at 2048; B=1152 in [1, 1024]: 9.5 vs 10.8)."""
     if capability == BLACKWELL:
-        return _blackwell_varlen_bwd_configs(max(block_dim(d), block_dim(dv)), dtype)
+        return _blackwell_varlen_bwd_configs(block_dim(d), block_dim(dv), dtype)
     if dtype != torch.float32 and max(d, dv) <= 128 and max_kv_len <= 512:
         return BwdConfig(16, 64, 4, 3), BwdConfig(64, 32, 4, 3)
     if dtype != torch.float32 and block_dim(max(d, dv)) == 128 and max_kv_len <= 4096:
@@ -162,24 +163,28 @@ def _blackwell_fwd_config(width: int, dtype: torch.dtype, kv_len: int, has_bias:
     return FwdConfig(64, 64, 4, 2)  # Hopper's tile, spill-free on sm_100a up to D=256
 
 
-def _blackwell_bwd_configs(width: int, dtype: torch.dtype) -> tuple[BwdConfig, BwdConfig]:
+def _blackwell_bwd_configs(d_width: int, dv_width: int, dtype: torch.dtype) -> tuple[BwdConfig, BwdConfig]:
+    width = max(d_width, dv_width)
     if dtype == torch.float32:
         warps = 8 if width > 128 else 4  # fp32 (FMA) dots, as in the forward
         return BwdConfig(16, 32, warps, 2), BwdConfig(32, 16, warps, 2)
     if width <= 128:
         # spill-free on sm_100a with causal masks and dBias; the dK/dV tile spills with two or three stages
         return BwdConfig(32, 128, 8, 1), BwdConfig(128, 32, 8, 2)
-    # D > 128: no tile carrying both [BLOCK_N, 256] fp32 accumulators compiles spill-free on sm_100a (16x64 spills
-    # 40-132 B), so dV and dK run as two passes; the dV pass recomputes S only (5 matmuls instead of 4, where halving
-    # the head dim per program would recompute S and dP: 6)
-    return BwdConfig(16, 64, 8, 1, dv_pass=BwdConfig(32, 128, 8, 1)), BwdConfig(64, 32, 4, 2)
+    # D or Dv > 128: no tile carrying both fp32 accumulators compiles spill-free on sm_100a (16x64 spills 40-132 B at
+    # 256), so dV and dK run as two passes; the dV pass recomputes S only (5 matmuls instead of 4, where halving the
+    # head dim per program would recompute S and dP: 6). Each pass's tile follows its own accumulator's width (a
+    # narrow one on the wide tile lets ptxas settle on 128 registers, and spill)
+    dk_tiles = BwdConfig(16, 64, 8, 1) if d_width > 128 else BwdConfig(32, 128, 8, 1)
+    dv_tiles = BwdConfig(32, 128, 8, 1) if dv_width > 128 else BwdConfig(64, 128, 8, 1)
+    return dataclasses.replace(dk_tiles, dv_pass=dv_tiles), BwdConfig(64, 32, 4, 2)
 
 
-def _blackwell_varlen_bwd_configs(width: int, dtype: torch.dtype) -> tuple[BwdConfig, BwdConfig]:
+def _blackwell_varlen_bwd_configs(d_width: int, dv_width: int, dtype: torch.dtype) -> tuple[BwdConfig, BwdConfig]:
     if dtype == torch.float32:
         # the dense fp32 tiles, with 8 warps at every width: with 4 the varlen kernels spill on sm_100a
         return BwdConfig(16, 32, 8, 2), BwdConfig(32, 16, 8, 2)
-    if width > 128:
-        return _blackwell_bwd_configs(width, dtype)
+    if max(d_width, dv_width) > 128:
+        return _blackwell_bwd_configs(d_width, dv_width, dtype)
     # spill-free on sm_100a; 64-key tiles waste less on each sample's ragged last tile; the dQ tile is Hopper's
     return BwdConfig(32, 64, 8, 1), BwdConfig(64, 32, 4, 3)
