@@ -1,8 +1,8 @@
 """The dK/dV kernel run as two passes, a dV pass then a dK pass with dBias (``tile_configs.dkdv_passes``: sm_100's
 choice above head width 128 in half precision), under TRITON_INTERPRET=1 against the float64 reference: head dims
-192 and 256, lengths that end part-way through the tiles, every gradient. fp16 takes sm_100's own tile choice
-(the launchers told the tensors are on a GPU of capability 10); fp32, which sm_100 runs in one pass, is given
-small two-pass tiles so that its fp32 accuracy checks the passes' masks and bounds."""
+192 and 256 (one case with Dv = 64), lengths that end part-way through the tiles, every gradient. fp16 takes
+sm_100's own tile choice (the launchers told the tensors are on a GPU of capability 10); fp32, which sm_100 runs in
+one pass, is given small two-pass tiles so that its fp32 accuracy checks the passes' masks and bounds."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ SMALL_PASSES = (BwdConfig(16, 32, 4, 1, dv_pass=BwdConfig(32, 16, 4, 1)), BwdCon
 DENSE = {
     "d192_gqa_bias": _make((1, 4, 40, 192), (1, 2, 70, 192), (1, 2, 70, 192), bs=(1, 4, 40, 70)),
     "d256_causal_bias": _make((2, 1, 70, 256), (2, 1, 40, 256), (2, 1, 40, 256), bs=(70, 40), causal=True),
+    # each pass's tile follows its own width: sm_100's narrow dV tile
+    "d256_dv64": _make((1, 2, 40, 256), (1, 2, 70, 256), (1, 2, 70, 64)),
 }
 
 
