@@ -5,6 +5,8 @@ themselves are checked by their compiles (``test_triton_compile_sm100.py``)."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 from gdpa_testing import requires_interpreter
@@ -46,6 +48,38 @@ def test_only_sm_100_changes_the_tiles():
         assert tile_configs.tma_fwd_config(capability) == tile_configs.TMA_CONFIG
     assert tile_configs.default_bwd_configs(*args, capability=10) == (
         tile_configs.BwdConfig(32, 128, 8, 1), tile_configs.BwdConfig(128, 32, 8, 2))
+
+
+def _tiles(cfg) -> str:
+    return f"{cfg.block_m}x{cfg.block_n}/{cfg.num_warps}w/{cfg.num_stages}s"
+
+
+def _choices(capability: int) -> str:
+    """Every tile choice over head widths, dtypes, kv lengths and bias, one line per (D, Dv, dtype, kv)."""
+    lines = [f"tma {_tiles(tile_configs.tma_fwd_config(capability))}"]
+    for d, dv in [(16, 16), (32, 32), (64, 64), (64, 128), (96, 96), (128, 128), (160, 160), (192, 192), (256, 256),
+                  (128, 256)]:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for kv in (64, 256, 512, 1024, 2048, 4096, 8192):
+                fwd = [_tiles(tile_configs.default_fwd_config(d, dv, dtype, kv, bias, capability=capability))
+                       for bias in (False, True)]
+                bwd = tile_configs.default_bwd_configs(d, dv, dtype, kv, capability=capability)
+                vfwd = tile_configs.default_varlen_fwd_config(d, dv, dtype, kv, capability=capability)
+                vbwd = tile_configs.default_varlen_bwd_configs(d, dv, dtype, kv, capability=capability)
+                assert bwd[0].dv_pass is None and vbwd[0].dv_pass is None, (d, dv, dtype, kv)
+                lines.append(f"{d} {dv} {dtype} {kv}: {fwd} {[_tiles(c) for c in bwd]} {_tiles(vfwd)} "
+                             f"{[_tiles(c) for c in vbwd]}")
+    return "\n".join(lines)
+
+
+# The digest of ``_choices`` for Hopper's tiles, as measured on an H200: a change to any of them changes it.
+HOPPER_CHOICES = "f4525eb657818a0c"
+
+
+@pytest.mark.parametrize("capability", [8, 9, 12])
+def test_hoppers_tile_choices_are_unchanged(capability):
+    """Every GPU but sm_100 keeps Hopper's tiles, each dK/dV in one pass."""
+    assert hashlib.sha256(_choices(capability).encode()).hexdigest()[:16] == HOPPER_CHOICES
 
 
 @pytest.fixture

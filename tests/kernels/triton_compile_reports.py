@@ -52,6 +52,13 @@ def report_fingerprint() -> str:
     return h.hexdigest()[:32]
 
 
+def _pass_suffix(kwargs) -> str:
+    """A dK/dV kernel launched for one of its two passes (``tile_configs.dkdv_passes``) is reported apart:
+    ``<kernel>:dv`` and ``<kernel>:dk``."""
+    with_dk, with_dv = kwargs.get("WITH_DK", True), kwargs.get("WITH_DV", True)
+    return "" if with_dk and with_dv else ":dk" if with_dk else ":dv"
+
+
 class _Compiles:
     """The kernels one case compiled, by name, and each compiled kernel's ptxas log, by its hash: a kernel that
     a previous case of this worker compiled comes from Triton's cache without a new log."""
@@ -68,7 +75,7 @@ class _Compiles:
             compiled = JITFunction.run(kernel, *args, grid=grid, warmup=True, **kwargs)
         if "Compiling entry function" in printed.getvalue():
             self.logs[compiled.hash] = printed.getvalue()
-        self.kernels[kernel.__name__] = compiled
+        self.kernels[kernel.__name__ + _pass_suffix(kwargs)] = compiled
 
 
 def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:

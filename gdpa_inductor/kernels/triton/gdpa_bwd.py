@@ -20,7 +20,7 @@ from ..activations import ActivationName, get_activation
 from ..common.layout import as_4d
 from .activation_math import activate_and_grad, fp32_factors
 from .layout import block_dim, fit_tile, grad_buffer, kernel_flags, launcher, strides4
-from .tile_configs import BwdConfig, default_bwd_configs, tile_capability
+from .tile_configs import BwdConfig, default_bwd_configs, dkdv_passes, tile_capability
 from .tile_order import causal_key_tiles, query_tile_program
 
 # Sizes vary call to call; specializing on them (==1, %16) would recompile per shape.
@@ -43,6 +43,7 @@ def _dkdv_tile(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DB_ATOMIC: tl.constexpr,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WITH_DK: tl.constexpr, WITH_DV: tl.constexpr,
 ):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_ok = offs_m < NQ
@@ -62,13 +63,15 @@ def _dkdv_tile(
             keep = keep & (offs_n[:, None] <= offs_m[None, :] + (NK - NQ))
         pt = tl.where(keep, pt, 0.0)
         dact = tl.where(keep, dact, 0.0)
-    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-    dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-    dst = dpt * dact
-    dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)
-    if BIAS_GRAD:
-        db_ptrs = db_base + offs_m[None, :] * stride_dbm + offs_n[:, None] * stride_dbn
-        _store_grad(db_ptrs, dst * post_scale, m_ok[None, :] & (offs_n[:, None] < NK), DB_ATOMIC)
+    if WITH_DV:
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+    if WITH_DK:
+        dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        dst = dpt * dact
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)
+        if BIAS_GRAD:
+            db_ptrs = db_base + offs_m[None, :] * stride_dbm + offs_n[:, None] * stride_dbn
+            _store_grad(db_ptrs, dst * post_scale, m_ok[None, :] & (offs_n[:, None] < NK), DB_ATOMIC)
     return dk, dv
 
 
@@ -89,6 +92,7 @@ def gdpa_bwd_dkdv_kernel(
     EVEN_M: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WITH_DK: tl.constexpr, WITH_DV: tl.constexpr,
 ):
     scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     num_n = tl.cdiv(NK, BLOCK_N)
@@ -133,14 +137,14 @@ def gdpa_bwd_dkdv_kernel(
                     dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
                     stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
                     NQ, NK, scale, post_scale, slope, ACT, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
-                    CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
+                    CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION, WITH_DK, WITH_DV,
                 )
         for start_m in range(full_start, full_end, BLOCK_M):
             dk, dv = _dkdv_tile(
                 dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
                 stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
                 NQ, NK, scale, post_scale, slope, ACT, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
-                CAUSAL, False, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
+                CAUSAL, False, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION, WITH_DK, WITH_DV,
             )
         if not EVEN_M:
             for start_m in range(full_end, NQ, BLOCK_M):
@@ -148,15 +152,17 @@ def gdpa_bwd_dkdv_kernel(
                     dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv, start_m,
                     stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn, stride_dbm, stride_dbn,
                     NQ, NK, scale, post_scale, slope, ACT, HAS_BIAS, BIAS_GRAD, DB_ATOMIC,
-                    CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION,
+                    CAUSAL, True, D, DV, BLOCK_M, TANH_APPROX, PRECISE, DOT_PRECISION, WITH_DK, WITH_DV,
                 )
 
     dk = dk * (scale * post_scale)
     dv = dv * post_scale
     dk_ptrs = DK + z * stride_dkz + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     dv_ptrs = DV_ + z * stride_dvz + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd
-    _store_grad(dk_ptrs, dk, n_ok[:, None] & (offs_d[None, :] < D), DK_ATOMIC)
-    _store_grad(dv_ptrs, dv, n_ok[:, None] & (offs_dv[None, :] < DV), DV_ATOMIC)
+    if WITH_DK:
+        _store_grad(dk_ptrs, dk, n_ok[:, None] & (offs_d[None, :] < D), DK_ATOMIC)
+    if WITH_DV:
+        _store_grad(dv_ptrs, dv, n_ok[:, None] & (offs_dv[None, :] < DV), DV_ATOMIC)
 
 
 @triton.jit
@@ -282,16 +288,17 @@ def gdpa_bwd_triton(
     )
     scalars = (nq, nk, float(scale), float(post_scale), float(negative_slope))
     bias_arg = b4 if b4 is not None else q4
-    launcher(gdpa_bwd_dkdv_kernel, traced)[(triton.cdiv(nk, kv_cfg.block_n) * zb * hkv,)](
-        q4, k4, v4, bias_arg, do4, dk_buf.view4d, dv_buf.view4d, db4 if db4 is not None else q4,
-        *q4.stride(), *k4.stride(), *v4.stride(), *strides4(b4), *do4.stride(),
-        *dk_buf.view4d.stride(), *dv_buf.view4d.stride(), *strides4(db4),
-        hkv, h // hkv, *scalars,
-        BIAS_GRAD=db4 is not None, DB_ATOMIC=db_buf is not None and db_buf.atomic,
-        DK_ATOMIC=dk_buf.atomic, DV_ATOMIC=dv_buf.atomic, EVEN_M=nq % kv_cfg.block_m == 0,
-        BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
-        num_warps=kv_cfg.num_warps, num_stages=kv_cfg.num_stages, **common,
-    )
+    for cfg, with_dk, with_dv in dkdv_passes(kv_cfg):
+        launcher(gdpa_bwd_dkdv_kernel, traced)[(triton.cdiv(nk, cfg.block_n) * zb * hkv,)](
+            q4, k4, v4, bias_arg, do4, dk_buf.view4d, dv_buf.view4d, db4 if db4 is not None else q4,
+            *q4.stride(), *k4.stride(), *v4.stride(), *strides4(b4), *do4.stride(),
+            *dk_buf.view4d.stride(), *dv_buf.view4d.stride(), *strides4(db4),
+            hkv, h // hkv, *scalars,
+            BIAS_GRAD=db4 is not None, DB_ATOMIC=db_buf is not None and db_buf.atomic,
+            DK_ATOMIC=dk_buf.atomic, DV_ATOMIC=dv_buf.atomic, EVEN_M=nq % cfg.block_m == 0,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WITH_DK=with_dk, WITH_DV=with_dv,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+        )
     launcher(gdpa_bwd_dq_kernel, traced)[(triton.cdiv(nq, q_cfg.block_m) * zb * h,)](
         q4, k4, v4, bias_arg, do4, dq_buf.view4d,
         *q4.stride(), *k4.stride(), *v4.stride(), *strides4(b4), *do4.stride(), *dq_buf.view4d.stride(),

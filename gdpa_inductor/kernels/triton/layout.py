@@ -36,7 +36,10 @@ def fit_tile(cfg, q_len: int, kv_len: int):
     queries or a short key set would otherwise fill most of a 128-row tile with padding."""
     bm = min(cfg.block_m, block_dim(max(q_len, 1)))
     bn = min(cfg.block_n, block_dim(max(kv_len, 1)))
-    return dataclasses.replace(cfg, block_m=bm, block_n=bn)
+    fitted = dataclasses.replace(cfg, block_m=bm, block_n=bn)
+    if getattr(cfg, "dv_pass", None) is not None:
+        fitted = dataclasses.replace(fitted, dv_pass=fit_tile(cfg.dv_pass, q_len, kv_len))
+    return fitted
 
 
 @dataclass

@@ -9,6 +9,7 @@ none was run or measured on a Blackwell GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -58,10 +59,22 @@ def default_fwd_config(d: int, dv: int, dtype: torch.dtype, kv_len: int, has_bia
 
 @dataclass(frozen=True)
 class BwdConfig:
+    """A backward kernel's tiles. ``dv_pass``: dK/dV only: dV is computed by a pass of its own with these tiles,
+    then dK (and dBias) by a second pass with the others, so that each carries one accumulator."""
+
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    dv_pass: BwdConfig | None = None
+
+
+def dkdv_passes(kv_cfg: BwdConfig) -> tuple[tuple[BwdConfig, bool, bool], ...]:
+    """The dK/dV kernel's launches for a tile choice: (tiles, computes dK, computes dV) each; one launch computing
+    both unless the choice has a ``dv_pass``."""
+    if kv_cfg.dv_pass is None:
+        return ((kv_cfg, True, True),)
+    return (kv_cfg.dv_pass, False, True), (kv_cfg, True, False)
 
 
 def default_bwd_configs(d: int, dv: int, dtype: torch.dtype, kv_len: int, *,
@@ -74,7 +87,7 @@ def default_bwd_configs(d: int, dv: int, dtype: torch.dtype, kv_len: int, *,
     (descriptor atomic_add) that FA3 uses for dQ does not exist in Triton 3.6."""
     width = max(block_dim(d), block_dim(dv))
     if capability == BLACKWELL:
-        return _blackwell_bwd_configs(width, dtype)
+        return _blackwell_bwd_configs(block_dim(d), block_dim(dv), dtype)
     if dtype == torch.float32:
         return BwdConfig(32, 64, 4, 2), BwdConfig(64, 32, 4, 2)
     if width <= 64:
@@ -97,6 +110,8 @@ def default_varlen_fwd_config(d: int, dv: int, dtype: torch.dtype, max_kv_len: i
         return FwdConfig(128, 32, 4, 3)  # also spill-free on sm_100a
     if capability == BLACKWELL and dtype != torch.float32 and max(block_dim(d), block_dim(dv)) <= 128:
         return FwdConfig(128, 64, 8, 2)  # the dense kernel's 3 stages spill here on sm_100a; 2 do not
+    if capability == BLACKWELL and dtype != torch.float32:
+        return FwdConfig(64, 64, 8, 2)  # the dense kernel's 4 warps spill here with a bias or a window; 8 do not
     if dtype != torch.float32 and block_dim(max(d, dv)) == 128 and max_kv_len <= 2048:
         return FwdConfig(128, 32, 4, 3)
     return default_fwd_config(d, dv, dtype, max_kv_len, capability=capability)
@@ -111,7 +126,7 @@ def default_varlen_bwd_configs(d: int, dv: int, dtype: torch.dtype, max_kv_len: 
     with the same dQ tiles beat the dense kernels' pair from 1024 to 4096 keys, causal or not (forward+backward, HSTU's
     lengths in [N/2, N]: 0.66 vs 0.83 ms causal at N=1024, 0.84 vs 0.97 at 2048; B=1152 in [1, 1024]: 9.5 vs 10.8)."""
     if capability == BLACKWELL:
-        return _blackwell_varlen_bwd_configs(max(block_dim(d), block_dim(dv)), dtype)
+        return _blackwell_varlen_bwd_configs(block_dim(d), block_dim(dv), dtype)
     if dtype != torch.float32 and max(d, dv) <= 128 and max_kv_len <= 512:
         return BwdConfig(16, 64, 4, 3), BwdConfig(64, 32, 4, 3)
     if dtype != torch.float32 and block_dim(max(d, dv)) == 128 and max_kv_len <= 4096:
@@ -130,8 +145,8 @@ def tma_fwd_config(capability: int) -> FwdConfig:
 
 # sm_100 (B200, GB200): none of these tiles was run or measured on a Blackwell GPU. Each compiles for sm_100a with its
 # matmuls on tcgen05.mma and no register spill (tests/kernels/test_triton_compile_sm100.py; Hopper's dK/dV tiles spill
-# there), but the dK/dV tile above D=128. The backward's shapes are those of Triton's fused-attention tutorial (32
-# queries by 128 keys for dK/dV, 128 queries by 32 keys for dQ); its forward tiles are 128 queries by 64 or more keys.
+# there). The backward's shapes are those of Triton's fused-attention tutorial (32 queries by 128 keys for dK/dV, 128
+# queries by 32 keys for dQ); its forward tiles are 128 queries by 64 or more keys.
 
 
 def _blackwell_fwd_config(width: int, dtype: torch.dtype, kv_len: int, has_bias: bool) -> FwdConfig:
@@ -148,22 +163,28 @@ def _blackwell_fwd_config(width: int, dtype: torch.dtype, kv_len: int, has_bias:
     return FwdConfig(64, 64, 4, 2)  # Hopper's tile, spill-free on sm_100a up to D=256
 
 
-def _blackwell_bwd_configs(width: int, dtype: torch.dtype) -> tuple[BwdConfig, BwdConfig]:
+def _blackwell_bwd_configs(d_width: int, dv_width: int, dtype: torch.dtype) -> tuple[BwdConfig, BwdConfig]:
+    width = max(d_width, dv_width)
     if dtype == torch.float32:
         warps = 8 if width > 128 else 4  # fp32 (FMA) dots, as in the forward
         return BwdConfig(16, 32, warps, 2), BwdConfig(32, 16, warps, 2)
     if width <= 128:
         # spill-free on sm_100a with causal masks and dBias; the dK/dV tile spills with two or three stages
         return BwdConfig(32, 128, 8, 1), BwdConfig(128, 32, 8, 2)
-    # D > 128: two [64, 256] fp32 accumulators; the dK/dV tile that spills least on sm_100a (40-132 B, not none)
-    return BwdConfig(16, 64, 8, 1), BwdConfig(64, 32, 4, 2)
+    # D or Dv > 128: no tile carrying both fp32 accumulators compiles spill-free on sm_100a (16x64 spills 40-132 B at
+    # 256), so dV and dK run as two passes; the dV pass recomputes S only (5 matmuls instead of 4, where halving the
+    # head dim per program would recompute S and dP: 6). Each pass's tile follows its own accumulator's width (a
+    # narrow one on the wide tile lets ptxas settle on 128 registers, and spill)
+    dk_tiles = BwdConfig(16, 64, 8, 1) if d_width > 128 else BwdConfig(32, 128, 8, 1)
+    dv_tiles = BwdConfig(32, 128, 8, 1) if dv_width > 128 else BwdConfig(64, 128, 8, 1)
+    return dataclasses.replace(dk_tiles, dv_pass=dv_tiles), BwdConfig(64, 32, 4, 2)
 
 
-def _blackwell_varlen_bwd_configs(width: int, dtype: torch.dtype) -> tuple[BwdConfig, BwdConfig]:
+def _blackwell_varlen_bwd_configs(d_width: int, dv_width: int, dtype: torch.dtype) -> tuple[BwdConfig, BwdConfig]:
     if dtype == torch.float32:
         # the dense fp32 tiles, with 8 warps at every width: with 4 the varlen kernels spill on sm_100a
         return BwdConfig(16, 32, 8, 2), BwdConfig(32, 16, 8, 2)
-    if width > 128:
-        return _blackwell_bwd_configs(width, dtype)
+    if max(d_width, dv_width) > 128:
+        return _blackwell_bwd_configs(d_width, dv_width, dtype)
     # spill-free on sm_100a; 64-key tiles waste less on each sample's ragged last tile; the dQ tile is Hopper's
     return BwdConfig(32, 64, 8, 1), BwdConfig(64, 32, 4, 3)

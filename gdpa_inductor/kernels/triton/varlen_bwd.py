@@ -18,7 +18,7 @@ from ..common.varlen_rows import VarlenSide, with_tensor
 from ..common.window_bounds import UNBOUNDED, band_limits
 from .activation_math import activate_and_grad, fp32_factors
 from .layout import FULL_GRAD_BUFFER_BYTES, block_dim, fit_tile, kernel_flags, launcher
-from .tile_configs import default_varlen_bwd_configs, tile_capability
+from .tile_configs import default_varlen_bwd_configs, dkdv_passes, tile_capability
 from .varlen_bounds import band_keep, key_span, query_span
 from .varlen_fwd import bias_view
 from .varlen_schedule import program_work
@@ -34,6 +34,7 @@ def _dkdv_tile(
     ACT: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     DB_ATOMIC: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WITH_DK: tl.constexpr, WITH_DV: tl.constexpr,
 ):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qt_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
@@ -54,15 +55,17 @@ def _dkdv_tile(
         keep = band_keep(offs_m[None, :], offs_n[:, None], nq, nk, LEFT, RIGHT)
         pt = tl.where(keep, pt, 0.0)
         dact = tl.where(keep, dact, 0.0)
-    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-    dst = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) * dact
-    if BIAS_GRAD:  # dBias = dS: written where the sample has scores; padding stays 0
-        db_ptrs = db_base + offs_n[:, None] * stride_dbn + offs_m[None, :] * stride_dbm
-        if DB_ATOMIC:
-            tl.atomic_add(db_ptrs, dst * post_scale, mask=in_sample, sem="relaxed")
-        else:
-            tl.store(db_ptrs, (dst * post_scale).to(db_base.dtype.element_ty), mask=in_sample)
-    dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)
+    if WITH_DV:
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+    if WITH_DK:
+        dst = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) * dact
+        if BIAS_GRAD:  # dBias = dS: written where the sample has scores; padding stays 0
+            db_ptrs = db_base + offs_n[:, None] * stride_dbn + offs_m[None, :] * stride_dbm
+            if DB_ATOMIC:
+                tl.atomic_add(db_ptrs, dst * post_scale, mask=in_sample, sem="relaxed")
+            else:
+                tl.store(db_ptrs, (dst * post_scale).to(db_base.dtype.element_ty), mask=in_sample)
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
@@ -82,6 +85,7 @@ def gdpa_varlen_bwd_dkdv_kernel(
     DB_ATOMIC: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WITH_DK: tl.constexpr, WITH_DV: tl.constexpr,
 ):
     scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     pid_n, hk, z, nq, nk, q_row0, k_row0 = program_work(MAX_N, BLOCK_N, HKV, Order, StartQ, LenQ, StartK, LenK)
@@ -111,27 +115,29 @@ def gdpa_varlen_bwd_dkdv_kernel(
                                         start_m, stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn,
                                         stride_dbm, stride_dbn, nq, nk, LEFT, RIGHT, scale, post_scale, slope,
                                         ACT, True, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
-                                        TANH_APPROX, PRECISE, DOT_PRECISION)
+                                        TANH_APPROX, PRECISE, DOT_PRECISION, WITH_DK, WITH_DV)
             for start_m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv,
                                     start_m, stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn,
                                     stride_dbm, stride_dbn, nq, nk, LEFT, RIGHT, scale, post_scale, slope,
                                     ACT, False, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
-                                    TANH_APPROX, PRECISE, DOT_PRECISION)
+                                    TANH_APPROX, PRECISE, DOT_PRECISION, WITH_DK, WITH_DV)
             for start_m in range(full_hi, hi, BLOCK_M):
                 dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, b_base, db_base, offs_n, offs_d, offs_dv,
                                     start_m, stride_qm, stride_qd, stride_dom, stride_dod, stride_bm, stride_bn,
                                     stride_dbm, stride_dbn, nq, nk, LEFT, RIGHT, scale, post_scale, slope,
                                     ACT, True, HAS_BIAS, BIAS_GRAD, DB_ATOMIC, D, DV, BLOCK_M,
-                                    TANH_APPROX, PRECISE, DOT_PRECISION)
+                                    TANH_APPROX, PRECISE, DOT_PRECISION, WITH_DK, WITH_DV)
         dk = dk * (scale * post_scale)
         dv = dv * post_scale
-        tl.store(DK + z * stride_dkb + (k_row0 + offs_n[:, None]) * stride_dkn + hk * stride_dkh
-                 + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty),
-                 mask=n_ok[:, None] & (offs_d[None, :] < D))
-        tl.store(DV_ + z * stride_dvb + (k_row0 + offs_n[:, None]) * stride_dvn + hk * stride_dvh
-                 + offs_dv[None, :] * stride_dvd, dv.to(DV_.dtype.element_ty),
-                 mask=n_ok[:, None] & (offs_dv[None, :] < DV))
+        if WITH_DK:
+            tl.store(DK + z * stride_dkb + (k_row0 + offs_n[:, None]) * stride_dkn + hk * stride_dkh
+                     + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty),
+                     mask=n_ok[:, None] & (offs_d[None, :] < D))
+        if WITH_DV:
+            tl.store(DV_ + z * stride_dvb + (k_row0 + offs_n[:, None]) * stride_dvn + hk * stride_dvh
+                     + offs_dv[None, :] * stride_dvd, dv.to(DV_.dtype.element_ty),
+                     mask=n_ok[:, None] & (offs_dv[None, :] < DV))
 
 
 @triton.jit
@@ -273,15 +279,16 @@ def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: to
     strides = (*q.strides(), *k.strides(), *k.strides_of(v), *b_strides, *dout.strides())
     scalars = (float(scale), float(post_scale), float(negative_slope))
     bias_arg = b4 if b4 is not None else v
-    launcher(gdpa_varlen_bwd_dkdv_kernel, traced)[(triton.cdiv(k.max_len, kv_cfg.block_n) * hkv * k.batch,)](
-        q.tensor, k.tensor, v, bias_arg, dout.tensor, dk_side.tensor, dv_side.tensor,
-        db.buf if db is not None else v, *rows, *strides, *dk_side.strides(), *dv_side.strides(),
-        *(db.buf.stride() if db is not None else (0, 0, 0, 0)), hkv, h // hkv, k.max_len, left, right,
-        db.groups if db is not None else 1, *scalars,
-        RIGHT_BOUNDED=right != UNBOUNDED, HAS_BIAS=b4 is not None, BIAS_GRAD=db is not None,
-        DB_ATOMIC=db is not None and db.atomic, BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n,
-        num_warps=kv_cfg.num_warps, num_stages=kv_cfg.num_stages, **common,
-    )
+    for cfg, with_dk, with_dv in dkdv_passes(kv_cfg):
+        launcher(gdpa_varlen_bwd_dkdv_kernel, traced)[(triton.cdiv(k.max_len, cfg.block_n) * hkv * k.batch,)](
+            q.tensor, k.tensor, v, bias_arg, dout.tensor, dk_side.tensor, dv_side.tensor,
+            db.buf if db is not None else v, *rows, *strides, *dk_side.strides(), *dv_side.strides(),
+            *(db.buf.stride() if db is not None else (0, 0, 0, 0)), hkv, h // hkv, k.max_len, left, right,
+            db.groups if db is not None else 1, *scalars,
+            RIGHT_BOUNDED=right != UNBOUNDED, HAS_BIAS=b4 is not None, BIAS_GRAD=db is not None,
+            DB_ATOMIC=db is not None and db.atomic, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            WITH_DK=with_dk, WITH_DV=with_dv, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+        )
     launcher(gdpa_varlen_bwd_dq_kernel, traced)[(triton.cdiv(q.max_len, q_cfg.block_m) * h * q.batch,)](
         q.tensor, k.tensor, v, bias_arg, dout.tensor, dq_side.tensor, *rows,
         *strides, *dq_side.strides(), hkv, h // hkv, q.max_len, left, right, *scalars,
