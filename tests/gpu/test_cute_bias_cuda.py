@@ -172,7 +172,12 @@ class _SigmoidAttention(torch.nn.Module):
 
 def test_backend_rewrite_of_log_n_bias_runs_cute(monkeypatch):
     """torch.compile(backend="gdpa") turns sigmoid attention's -log n into the op's 0-d bias, and "auto" runs the
-    CuTe forward and backward on it: output and gradients within 2x eager's error against float64."""
+    CuTe forward and backward on it: output and gradients within 2x eager's error against float64. The graph takes
+    the opaque op's CuTe path at any size here (at this one it would launch Triton itself: CuTe saves less GPU time
+    than the op's host time)."""
+    from gdpa_inductor.lowering import direct_launch
+
+    monkeypatch.setattr(direct_launch, "OPAQUE_CALL_HOST_S", 0.0)
     calls = {"fwd": 0, "bwd": 0}
     fwd, bwd = cute_fwd.gdpa_fwd_cute_op, cute_bwd.gdpa_bwd_cute_op
 

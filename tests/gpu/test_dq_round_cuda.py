@@ -27,7 +27,9 @@ def test_scale_round_is_torch_bit_for_bit(shape, dtype):
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "silu"])
 def test_dq_of_sums_takes_the_triton_pass(monkeypatch, activation):
-    """On a GPU dQ's rounding runs the Triton pass (and gives torch's product), a strided buffer torch's."""
+    """On a GPU dQ's rounding runs the Triton pass (and gives torch's product), a strided buffer torch's. dQ's
+    factor is the CuTe activation form's, so this needs the CuTe stack, as every caller of ``dq_of_sums`` does."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     calls = []
     real = scale_round_triton
     monkeypatch.setattr("gdpa_inductor.kernels.common.dq_round.scale_round_triton",
