@@ -1,8 +1,8 @@
 """What the dispatch of the CuTe Blackwell kernels shares between the forwards (``sm100_forward``,
-``sm100_varlen_forward``) and the dense backward (``sm100_backward``): on an sm_100 GPU a kernel takes a call its
-support check covers, once the build the call would run has passed its first-use self-check against Triton on the
-device (``self_check``). No Blackwell GPU has run these kernels in this project's tests, so no build serves a call
-unchecked."""
+``sm100_varlen_forward``) and the backwards (``sm100_backward``, ``sm100_varlen_backward``): on an sm_100 GPU a
+kernel takes a call its support check covers, once the build the call would run has passed its first-use self-check
+against Triton on the device (``self_check``). No Blackwell GPU has run these kernels in this project's tests, so no
+build serves a call unchecked."""
 
 from __future__ import annotations
 

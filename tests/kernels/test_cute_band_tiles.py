@@ -230,7 +230,9 @@ def emulate_backward(q, k, v, do, left: int, right: int, lower: bool, tile: int)
     tiles of ``band_query_tiles`` in order, those outside ``unmasked_query_tiles`` masked per score (``score_kept`` on
     the transposed tile, and queries past Nq), rows past the tensors' ends read as zeros."""
     nq, nk = q.shape[0], k.shape[0]
-    pad = lambda t, n: torch.cat([t, t.new_zeros(-(-n // tile) * tile + tile - n, t.shape[1])])  # noqa: E731
+    def pad(t, n):
+        return torch.cat([t, t.new_zeros(-(-n // tile) * tile + tile - n, t.shape[1])])
+
     qp, dop, kp, vp = pad(q, nq), pad(do, nq), pad(k, nk), pad(v, nk)
     dq, dk, dv = torch.zeros_like(qp), torch.zeros_like(kp), torch.zeros_like(vp)
     key, query = torch.arange(tile)[:, None], torch.arange(tile)[None, :]

@@ -7,7 +7,6 @@ tiles (``band_key_tiles``) come first."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import random
@@ -101,16 +100,14 @@ def test_a_dense_batch_is_every_tile():
             assert max(counts) - min(counts) <= 1
 
 
-def test_the_non_persistent_plan_runs_a_cta_per_tile():
+def test_the_grid_counts_the_ctas_an_sm_holds():
     plan = plan_fwd_sm100(torch.bfloat16, 128, "silu")
-    assert plan.persistent and plan.q_stages == 2 and plan.grid(1000, 8, 148) == 148
+    assert plan.q_stages == 2 and plan.grid(1000, 8, 148) == 148
     # two CTAs of 64-key tiles at D = 64 fit an SM (256 tensor-memory columns, 64 KB of shared memory each)
     small = plan_fwd_sm100(torch.bfloat16, 64, "silu", tile_n=64)
     assert small.ctas_per_sm == 2 and small.grid(1000, 8, 148) == 296
     for d, tile_n in [(64, 128), (128, 64)]:
         assert plan_fwd_sm100(torch.bfloat16, d, "silu", tile_n=tile_n).ctas_per_sm == 1
-    single = dataclasses.replace(plan, persistent=False)
-    assert single != plan and single.q_stages == 1 and single.grid(1000, 8, 148) == 1000
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -17,17 +17,16 @@ def backend(monkeypatch):
 
 
 @pytest.fixture
-def sm100_varlen_machine(monkeypatch):
-    """CPU tensors as an sm_100 GPU's with the CuTe stack and Triton for varlen calls (the sides scheduled by
-    PyTorch), every self-check verdict and fallback forgotten; returns the list the variants checked are appended
-    to."""
-    from gdpa_inductor.kernels.cute import fwd_support, varlen_support
+def sm100_machine(monkeypatch):
+    """CPU tensors as an sm_100 GPU's with the CuTe stack and Triton (varlen sides scheduled by PyTorch), every
+    self-check verdict and fallback forgotten; returns the list the variants checked are appended to."""
+    from gdpa_inductor.kernels.cute import bwd_support, fwd_support, varlen_support
     from gdpa_inductor.kernels.triton import varlen_schedule
     from gdpa_inductor.lowering import dispatch, fallback, self_check
 
     monkeypatch.setattr(self_check, "_verdicts", {})
     monkeypatch.setattr(fallback, "_failed", {})
-    for module in (fwd_support, varlen_support):
+    for module in (fwd_support, bwd_support, varlen_support):
         monkeypatch.setattr(module, "cute_dsl_available", lambda: True)
         monkeypatch.setattr(module, "on_sm100", lambda device: True)
     monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)

@@ -17,7 +17,7 @@ from gdpa_inductor.kernels.cute import bwd_support, fwd_support
 from gdpa_inductor.kernels.cute.bwd_plan import plan_bwd_sm100
 from gdpa_inductor.kernels.cute.fwd_plan import plan_fwd_sm100
 from gdpa_inductor.kernels.reference import gdpa_reference_backward
-from gdpa_inductor.lowering import direct_launch, dispatch, fallback, ops, self_check, sm100_kernels
+from gdpa_inductor.lowering import direct_launch, ops, self_check, sm100_kernels
 from gdpa_inductor.lowering.dispatch import select_backward_impl
 from gdpa_inductor.lowering.sm100_backward import backward_check
 
@@ -81,29 +81,18 @@ class Triton:
 
 
 @pytest.fixture
-def sm100(monkeypatch):
+def sm100(monkeypatch, sm100_machine):
     """CPU tensors as an sm_100 GPU's with the CuTe stack and Triton; returns ``install(fault)``, which puts a
     Blackwell backward stand-in in place, the Triton stand-in, and the variants checked."""
-    monkeypatch.setattr(self_check, "_verdicts", {})
-    monkeypatch.setattr(fallback, "_failed", {})
-    for module in (fwd_support, bwd_support):
-        monkeypatch.setattr(module, "cute_dsl_available", lambda: True)
-        monkeypatch.setattr(module, "on_sm100", lambda device: True)
-    monkeypatch.setattr(fwd_support, "tma_layout", lambda t: True)
-    monkeypatch.setattr(dispatch, "on_cuda", lambda q: True)
-    monkeypatch.setattr(dispatch, "triton_support", lambda *a: (True, "supported"))
     triton = Triton()
     monkeypatch.setattr("gdpa_inductor.kernels.triton.gdpa_bwd.gdpa_bwd_triton", triton)
-    checks = []
-    run_check = self_check.run_check
-    monkeypatch.setattr(self_check, "run_check", lambda check: checks.append(check.variant) or run_check(check))
 
     def install(fault: str) -> Sm100BwdStandIn:
         kernel = Sm100BwdStandIn(fault)
         monkeypatch.setattr("gdpa_inductor.kernels.cute.gdpa_bwd.gdpa_bwd_cute_sm100", kernel)
         return kernel
 
-    return install, triton, checks
+    return install, triton, sm100_machine
 
 
 def _operands(gen, d=64, dv=None, nq=100, nk=150, hkv=4, dtype=torch.bfloat16):

@@ -103,7 +103,7 @@ class Triton:
 
 
 @pytest.fixture
-def sm100(monkeypatch, sm100_varlen_machine):
+def sm100(monkeypatch, sm100_machine):
     """CPU tensors as an sm_100 GPU's with the CuTe stack and Triton (the sides scheduled by PyTorch); returns
     ``install(fault)``, which puts a Blackwell varlen backward stand-in in place, the Triton stand-in, and the
     variants checked."""
@@ -115,7 +115,7 @@ def sm100(monkeypatch, sm100_varlen_machine):
         monkeypatch.setattr("gdpa_inductor.kernels.cute.varlen_bwd.gdpa_varlen_bwd_cute_sm100", kernel)
         return kernel
 
-    return install, triton, sm100_varlen_machine
+    return install, triton, sm100_machine
 
 
 # the calls' masks: (causal, window)

@@ -107,7 +107,7 @@ class Triton:
 
 
 @pytest.fixture
-def sm100(monkeypatch, sm100_varlen_machine):
+def sm100(monkeypatch, sm100_machine):
     """CPU tensors as an sm_100 GPU's with the CuTe stack and Triton (the sides scheduled by PyTorch); returns
     ``install(fault)``, which puts a Blackwell varlen stand-in in place, the Triton stand-in, and the variants
     checked."""
@@ -119,7 +119,7 @@ def sm100(monkeypatch, sm100_varlen_machine):
         monkeypatch.setattr("gdpa_inductor.kernels.cute.varlen_fwd.gdpa_varlen_fwd_cute_sm100", kernel)
         return kernel
 
-    return install, triton, sm100_varlen_machine
+    return install, triton, sm100_machine
 
 
 # the calls' features: (causal, window, kind of bias)

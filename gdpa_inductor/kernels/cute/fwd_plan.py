@@ -177,9 +177,8 @@ class Sm100FwdPlan:
     batch); ``kv_stages``: ``sm100_kv_stages``; ``causal``: the bottom-right aligned causal mask; ``window``: a band
     around the diagonal, its bounds run-time arguments (with ``causal`` the launcher folds the causal bound into
     them); ``bias``: the bias tensor's element type by torch's name ("" for none; a 16-bit one is the operands');
-    ``varlen``: jagged samples (``cu_seqlens``); ``persistent``: each CTA walks work tiles of a grid the launcher
-    sizes by the SM count (``persistent_grid``), two Q stages so that the next tile's Q loads under this one's
-    matmuls; False: one CTA per tile and one Q stage, the schedule to measure the persistent one against."""
+    ``varlen``: jagged samples (``cu_seqlens``). Each CTA walks work tiles of a grid the launcher sizes by the SM
+    count (``grid``), with two Q stages so that the next tile's Q loads under this one's matmuls."""
 
     dtype: torch.dtype
     head_dim: int
@@ -191,7 +190,6 @@ class Sm100FwdPlan:
     window: bool = False
     bias: str = ""
     varlen: bool = False
-    persistent: bool = True
     target: str = "sm_100a"
 
     def __post_init__(self):
@@ -210,7 +208,7 @@ class Sm100FwdPlan:
 
     @property
     def q_stages(self) -> int:
-        return 2 if self.persistent else 1
+        return 2
 
     @property
     def ctas_per_sm(self) -> int:
@@ -224,9 +222,7 @@ class Sm100FwdPlan:
     def grid(self, tiles: int, num_m: int, sms: int) -> int:
         """CTAs of a launch over ``tiles`` work tiles of ``num_m`` query tiles a head and sample on ``sms`` SMs:
         ``persistent_grid``'s over the CTAs the SMs hold at once (``ctas_per_sm``; coprime with ``num_m`` where
-        tiles differ in work: a band or jagged samples), or one per tile."""
-        if not self.persistent:
-            return tiles
+        tiles differ in work: a band or jagged samples)."""
         return persistent_grid(tiles, sms * self.ctas_per_sm, num_m, self.causal or self.window or self.varlen)
 
 

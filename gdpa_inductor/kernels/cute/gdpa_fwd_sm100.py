@@ -47,8 +47,7 @@ Compile-time options:
   (``ragged_rows``: ragged tiles read zeros), O stored from the registers with the rows past the sample's end
   predicated off. Tiles past a sample's queries are skipped; those of a sample without keys store O = 0 and run no
   matmul.
-- ``q_stages``: two for the persistent schedule; one where the launcher runs one tile per CTA (``Sm100FwdPlan``'s
-  ``persistent`` False: the grid is every tile, each CTA's walk one tile long).
+- ``q_stages``: two, so that the next tile's Q loads under this one's matmuls.
 
 Compiled for sm_100a and checked on CPU (PTX, ptxas's report: no spills); it has not run on a Blackwell GPU.
 """
