@@ -3,7 +3,8 @@
 Walking back from P (the left operand of the second matmul) to S (the output of the first), every node
 must have exactly one user (so neither S nor P is used elsewhere) and be one of: a scale (float, SymInt
 or one-element tensor), an additive bias before the activation, one activation of the table (relu
-followed by a square is relu_square), a causal mask (before the activation only when the fill value
+followed by a square is relu_square; one written out in elementwise ops, ``composite_activation.py``, whose
+nodes count as one), a causal mask (before the activation only when the fill value
 makes the activation exactly 0), a dtype cast or copy, or a no-op dropout. Anything else stops the match
 with the reason. Nothing here edits the graph.
 """
@@ -21,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from ..kernels.activations import ActivationName, get_activation
 from . import fx_nodes as fxn
 from .causal_mask import band_window, causal_mask_kind, constant_value
+from .composite_activation import MAX_NODES, Composite, find_composite, is_math
 
 
 @dataclass
@@ -101,18 +103,33 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
     """The recipe for the chain from S (exclusive) to P (inclusive). Raises ChainMismatch."""
     steps: list[fx.Node] = []
     detached: list[fx.Node] = []
+    composites: dict[fx.Node, Composite] = {}  # written-out activations, by their last node
+    inner: set[fx.Node] = set()  # their other nodes
+    grouped: set[fx.Node] = set()  # all their nodes
+    refused = None  # why elementwise ops that read a value twice are no activation (the reason, where one is read)
     cur = p
     while cur is not s:
         if not isinstance(cur, fx.Node) or cur.op not in ("call_function", "call_method"):
             raise ChainMismatch(f"{getattr(cur, 'name', cur)}: not an operation between the matmuls")
-        readers = _value_readers(cur, detached, s.all_input_nodes)
+        readers = _value_readers(cur, detached, s.all_input_nodes, grouped)
         if readers != 1:
-            raise ChainMismatch(f"{cur.name}: the intermediate is also used elsewhere ({readers} users)")
+            raise ChainMismatch(refused or f"{cur.name}: the intermediate is also used elsewhere ({readers} users)")
+        composite, why = (find_composite(cur) if fxn.activation_of(cur) is None and _reads_twice(cur)
+                          else (None, None))
+        refused = why or refused
+        if composite is not None:
+            refused = None  # what was refused contained this activation
+            composites[cur] = composite
+            inner.update(n for n in composite.members if n is not cur)
+            grouped.update(composite.members)
+            steps += reversed(composite.members)
+            cur = composite.source
+            continue
         steps.append(cur)
         cur = _chain_input(cur)
-    readers = _value_readers(s, detached, s.all_input_nodes)
+    readers = _value_readers(s, detached, s.all_input_nodes, grouped)
     if readers != 1:
-        raise ChainMismatch(f"{s.name}: the scores are also used elsewhere ({readers} users)")
+        raise ChainMismatch(refused or f"{s.name}: the scores are also used elsewhere ({readers} users)")
 
     recipe = ChainRecipe(nodes=steps, detached_users=detached)
     seen_activation = False
@@ -123,8 +140,11 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
     i = 0
     while i < len(ordered):
         node = ordered[i]
+        if node in inner:
+            i += 1
+            continue
         prev = ordered[i - 1] if i else s
-        act = fxn.activation_of(node)
+        act = (composites[node].activation, 0.01) if node in composites else fxn.activation_of(node)
         if act is not None:
             if seen_activation:
                 raise ChainMismatch(f"{node.name}: a second activation")
@@ -183,15 +203,34 @@ DEAD_USERS = ("clone", "detach", "contiguous", "float", "half", "bfloat16", "to"
               "permute", "unsqueeze", "squeeze", "expand")
 
 
-def _value_readers(node: fx.Node, detached: list[fx.Node], sources: list[fx.Node]) -> int:
-    """How many users of ``node`` read its values; the others (``detached_user``) are appended to ``detached``."""
-    readers = 0
+def _value_readers(node: fx.Node, detached: list[fx.Node], sources: list[fx.Node], grouped: set[fx.Node]) -> int:
+    """How many users of ``node`` read its values, the nodes of a written-out activation (``grouped``) counted as
+    one; the others (``detached_user``) are appended to ``detached``."""
+    readers, into_composite = 0, False
     for user in node.users:
-        if detached_user(user, node, sources):
+        if user in grouped:
+            into_composite = True
+        elif detached_user(user, node, sources):
             detached.append(user)
         else:
             readers += 1
-    return readers
+    return readers + into_composite
+
+
+def _reads_twice(node: fx.Node) -> bool:
+    """Whether some value is read twice within the elementwise math that ends at ``node`` (the cheap test before
+    ``find_composite``, which evaluates)."""
+    seen, reads, stack = set(), {}, [node]
+    while stack and len(seen) < MAX_NODES:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        for a in cur.all_input_nodes:
+            reads[a] = reads.get(a, 0) + 1
+            if a.op in ("call_function", "call_method") and is_math(a):
+                stack.append(a)
+    return any(count > 1 for count in reads.values())
 
 
 def detached_user(user: fx.Node, node: fx.Node, sources: list[fx.Node]) -> Optional[str]:

@@ -1,15 +1,15 @@
 """Random programs between two matmuls, compiled vs eager in float64: every spelling the matcher reads and near misses
-of it (masks off the diagonal by one, fills that are not zero for the activation, a bias after a mask, two masks,
-scales on either side of the bias and of the activation, boolean masks cast to floats and divided by, a factor per
-query row or per key, einsums with ``...``, a dead clone of the scores, operands zero-padded past per-sample lengths
-and near misses of that, padded by a gather from jagged rows or from rows shifted by one, and in-place changes: of a
-key after the scores read it, of the scores without reassigning them, of a padded row; the output read back by an
-index of its rows). Whatever the matcher decides,
-the compiled program must give eager's values and NaN positions. A fixed seed set runs here; ``GDPA_FUZZ_PROGRAMS=N``
-asks for N programs."""
+of it (activations written out in elementwise ops, masks off the diagonal by one, fills that are not zero for the
+activation, a bias after a mask, two masks, scales on either side of the bias and of the activation, boolean masks
+cast to floats and divided by, a factor per query row or per key, einsums with ``...``, a dead clone of the scores,
+operands zero-padded past per-sample lengths and near misses of that, padded by a gather from jagged rows or from
+rows shifted by one, and in-place changes: of a key after the scores read it, of the scores without reassigning them,
+of a padded row; the output read back by an index of its rows). Whatever the matcher decides, the compiled program
+must give eager's values and NaN positions. A fixed seed set runs here; ``GDPA_FUZZ_PROGRAMS=N`` asks for N programs."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 
@@ -23,6 +23,12 @@ PROGRAMS = int(os.environ.get("GDPA_FUZZ_PROGRAMS", "40"))
 ACTIVATIONS = {
     "relu": F.relu, "silu": F.silu, "gelu": F.gelu, "sigmoid": torch.sigmoid,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "leaky_relu": F.leaky_relu,
+    # written out in elementwise ops, and near misses of that
+    "silu_written": lambda x: x * torch.sigmoid(x),
+    "gelu_written": lambda x: 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))),
+    "gelu_tanh_written": lambda x: 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
+    "relu_where": lambda x: torch.where(x > 0, x, 0.0),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
 }
 
 

@@ -479,6 +479,15 @@ def forward(self, s37 : torch.SymInt, s89 : torch.SymInt, L_k_ : torch.Tensor, L
     attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(mul_1, l_k_, l_v_, add, 'sigmoid', 1.0, 1.0, False, 0.01);  mul_1 = l_k_ = l_v_ = add = None
     return (attention_fwd_direct_v1_default,)""")
 
+    def test_gpt2_gelu_formula(self):
+        self.assertExpectedInline(rewritten_code("gpt2_gelu_formula"), """\
+def forward(self, L_k_ : torch.Tensor, L_q_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_k_ = L_k_
+    l_q_ = L_q_
+    l_v_ = L_v_
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, None, 'gelu_tanh', 0.25, 1.0, False, 0.01);  l_q_ = l_k_ = l_v_ = None
+    return (attention_fwd_direct_v1_default,)""")
+
     def test_hstu_reference_padded_gather(self):
         self.assertExpectedInline(rewritten_code("hstu_reference_padded_gather"), """\
 def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.Tensor, L_k_ : torch.Tensor):

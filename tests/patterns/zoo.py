@@ -1070,4 +1070,53 @@ ZOO += [
     ZooEntry("hstu_reference_padded_custom_op_window",
              lambda: HSTUReferenceMHA(12, max_attn_len=3, padding="custom_op"), _jagged_inputs, 1),
 ]
+# ---- activations written out in elementwise ops (read twice or more) --------------------------------------------
+
+
+class SwishWrittenOut(nn.Module):
+    """Older HSTU-style code: swish as ``s * torch.sigmoid(s)``, / N, a causal mask after it."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        p = s * torch.sigmoid(s) / n
+        return p.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device)), 0.0) @ v
+
+
+class GPT2GeluFormula(nn.Module):
+    """GPT-2's gelu: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
+
+    def forward(self, q, k, v):
+        x = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        p = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+        return torch.matmul(p, v)
+
+
+ZOO += [
+    ZooEntry("swish_written_out_causal", SwishWrittenOut, qkv(2, 2, 12, 16), 1),
+    # under dynamic shapes Dynamo reads math.pi through a tensor: a number known only when the program runs
+    ZooEntry("gpt2_gelu_formula", GPT2GeluFormula, qkv(2, 2, 10, 16), 1, dynamic_rewrites=0),
+]
+
+
+class ReluAsWhere(nn.Module):
+    """``where(s > 0, s, 0)`` is 0 where s is NaN, where relu is NaN: not relu."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1)
+        return torch.where(s > 0, s, 0.0) @ v
+
+
+class QuickGelu(nn.Module):
+    """CLIP's quick gelu, s * sigmoid(1.702 s): no activation of the table."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1)
+        return (s * torch.sigmoid(1.702 * s)) @ v
+
+
+NEGATIVE += [
+    ZooEntry("neg_relu_as_where", ReluAsWhere, qkv(2, 2, 12, 16), 0, reason="no activation of the table"),
+    ZooEntry("neg_quick_gelu", QuickGelu, qkv(2, 2, 12, 16), 0, reason="no activation of the table"),
+]
 ZOO_BY_NAME = {e.name: e for e in ZOO}
