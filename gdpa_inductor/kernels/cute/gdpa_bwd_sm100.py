@@ -4,10 +4,11 @@ O = post_scale · act(scale · Q Kᵀ + bias) · V, dense or varlen batches.
 Persistent: a grid of at most one CTA an SM (``num_ctas``, the launcher's from the device's SM count; the build does
 not depend on it) walks the work tiles, (128-key tile, head, sample), in the static order of ``tile_schedule``: key
 tiles fastest, CTA c taking tiles c, c + num_ctas, ...; a head's key tiles first-first (under the causal mask the
-first computes the most query tiles), in a varlen batch the samples in ``rows``' order (the most work first) and the
-key tiles past a sample's keys, or of a sample without queries, skipped by every warp. Per tile a CTA loops over
-128-row query tiles (under a band only those it reaches). Ten warps, each with one role, walk the same sequence,
-every pipeline's position and phase carried from tile to tile:
+first computes the most query tiles; last-first under a window without a right bound, ``band_key_tile``), in a varlen
+batch the samples in ``rows``' order (the most work first) and the key tiles past a sample's keys, or of a sample
+without queries, skipped by every warp. Per tile a CTA loops over 128-row query tiles (under a band only those it
+reaches). Ten warps, each with one role, walk the same sequence, every pipeline's position and phase carried from
+tile to tile:
 - warp 9, the load warp: per tile K and V, then Q_j and dO_j by TMA into rings of ``q_stages`` shared-memory stages;
 - warp 8, the MMA warp, per query tile j, all tcgen05 MMAs with fp32 accumulators in tensor memory:
     Sᵀ = K Q_jᵀ and dPᵀ = V dO_jᵀ (both operands from shared memory),
@@ -66,7 +67,7 @@ from .activation_math import BackwardForm
 from .band_tiles import band_query_tiles, kept_queries, tile_limits, unmasked_query_tiles
 from .gdpa_fwd_sm100 import _batched
 from .ragged_rows import RAGGED_ROWS, ragged
-from .tile_schedule import key_tile_runs, tile_coords, tile_count
+from .tile_schedule import band_key_tile, key_tile_runs, tile_coords, tile_count
 
 _ROWS = 128
 _WARP = 32
@@ -542,13 +543,16 @@ class GdpaBwdSm100:
 
     @cute.jit
     def _tile(self, tile: cutlass.Int32, work: tuple):
-        """What work tile ``tile`` (``tile_schedule``, key tiles first-first: the first computes the most query tiles
-        under a band) is: (key tile, head, sample index z, first query row, query count, first key row, key count,
-        whether it runs (varlen: its key tile holds keys of its sample, and the sample has queries), first query
-        tile and query tile count, the whole query tiles [begin, end) among them). Every warp decodes the same tile
-        to the same values, so all take or skip it together."""
+        """What work tile ``tile`` (``tile_schedule``: key tiles first-first, the first computing the most query tiles
+        under the causal mask, or under a window as ``band_key_tile`` orders them) is: (key tile, head, sample index
+        z, first query row, query count, first key row, key count, whether it runs (varlen: its key tile holds keys
+        of its sample, and the sample has queries), first query tile and query tile count, the whole query tiles
+        [begin, end) among them). Every warp decodes the same tile to the same values, so all take or skip it
+        together."""
         tiles, nq, nk, rows, band = work
         n_blk, h, rank = tile_coords(tile, tiles[0], tiles[1], False)
+        if cutlass.const_expr(self.window):
+            n_blk = band_key_tile(n_blk, tiles[0], band[1], cutlass.min, cutlass.max)
         q0, k0, z = 0, 0, rank
         runs = True
         if cutlass.const_expr(self.varlen):

@@ -8,11 +8,14 @@ longest sample's). CTA ``c`` of a grid of ``num_ctas`` takes tiles ``c``, ``c + 
 robin: every warp of the CTA walks the same sequence without talking to the others). Under a band (causal, windows)
 a head's blocks run in the order that puts those computing the most first: the forward's query tiles last-first
 (under the causal mask the last query tile computes the most key tiles), the backward's key tiles first-first (the
-first key tile computes the most query tiles, ``band_tiles.band_query_tiles``). A tile whose block starts past its
-sample's rows has no work and is skipped by every warp.
+first key tile computes the most query tiles, ``band_tiles.band_query_tiles``), or last-first under a window without a
+right bound (``band_key_tile``). A tile whose block starts past its sample's rows has no work and is skipped by every
+warp.
 """
 
 from __future__ import annotations
+
+from ..common.window_bounds import UNBOUNDED
 
 
 def tile_count(per_head, heads, samples):
@@ -26,6 +29,17 @@ def tile_coords(tile, per_head, heads, last_first: bool):
     rest = tile // per_head
     blk = per_head - 1 - position if last_first else position
     return blk, rest % heads, rest // heads
+
+
+def band_key_tile(position, num_n, right, smaller=min, larger=max):
+    """The backward's key tile at ``position`` of a head's ``num_n`` under a band of right bound ``right``
+    (``band_limits``': the causal mask's is 0): ``position`` (first-first: key j meets the queries from
+    j - (Nk - Nq) - right on, so the first key tiles compute the most query tiles), or without a right bound
+    (``UNBOUNDED``) ``num_n - 1 - position`` (key j meets the queries up to j - (Nk - Nq) + left: the last compute
+    the most). Integer arithmetic (``min``/``max`` passed as ``cutlass.min``/``cutlass.max``), the bound a run-time
+    value."""
+    last_first = smaller(larger(right - (UNBOUNDED - 1), 0), 1)
+    return position + last_first * (num_n - 1 - 2 * position)
 
 
 def has_rows(blk, rows, tile: int):
