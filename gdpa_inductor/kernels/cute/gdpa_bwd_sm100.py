@@ -9,7 +9,8 @@ batch the samples in ``rows``' order (the most work first) and the key tiles pas
 without queries, skipped by every warp. Per tile a CTA loops over 128-row query tiles (under a band only those it
 reaches). Ten warps, each with one role, walk the same sequence, every pipeline's position and phase carried from
 tile to tile:
-- warp 9, the load warp: per tile K and V, then Q_j and dO_j by TMA into rings of ``q_stages`` shared-memory stages;
+- warp 9, the load warp: per tile Q_0 and dO_0, K and V, then Q_j and dO_j by TMA (Q and dO into rings of
+  ``q_stages`` shared-memory stages);
 - warp 8, the MMA warp, per query tile j, all tcgen05 MMAs with fp32 accumulators in tensor memory:
     Sᵀ = K Q_jᵀ and dPᵀ = V dO_jᵀ (both operands from shared memory),
     dV += Pᵀ dO_j (Pᵀ from tensor memory, over Sᵀ's own columns), dK += dSᵀ Q_j (dSᵀ from shared memory),
@@ -47,7 +48,8 @@ Synchronisation (mbarriers, ``cutlass.pipeline``): K, V, Q, dO full/empty (TMA -
 and empty (epilogue -> MMA). The MMA warp issues Sᵀ_{j+1} over Pᵀ_j only after dV_j, and tcgen05.mma instructions of
 one thread run in issue order, so Sᵀ never overwrites a Pᵀ the tensor cores still read; this holds across tiles, the
 rings running on. K and V (one stage each: shared memory holds no second) are released at a tile's end, once its last
-matmul is done, and only then load for the next tile. A tile's first dV and dK matmuls (which overwrite them) wait
+matmul is done, and only then load for the next tile; the load warp issues the next tile's Q_0 and dO_0 before them,
+into the stages this tile's earlier query tiles freed. A tile's first dV and dK matmuls (which overwrite them) wait
 for dK/dV empty, released by the compute warps once they have read the previous tile's; its first Sᵀ and dPᵀ do
 not, so they are computed while that epilogue runs.
 """
@@ -393,11 +395,6 @@ class GdpaBwdSm100:
                         cute.flat_divide(self._sample(mQ, h, z, q0, nq), (self.tile_m, d))))
                     tOsO, tOgO = self._tma_part(tma_do, sdO, dp_thr.partition_B(
                         cute.flat_divide(self._sample(mdO, h, z, q0, nq), (self.tile_m, dv))))
-                    # K and V wait for the last tile's matmuls to release them
-                    handle = k_producer.acquire_and_advance()
-                    cute.copy(tma_k, tKgK[None, n_blk, 0], tKsK[None, handle.index], tma_bar_ptr=handle.barrier)
-                    handle = v_producer.acquire_and_advance()
-                    cute.copy(tma_v, tVgV[None, n_blk, 0], tVsV[None, handle.index], tma_bar_ptr=handle.barrier)
                     for j in cutlass.range(count, unroll=1):
                         handle = q_producer.acquire_and_advance()
                         cute.copy(tma_q, tQgQ[None, first + j, 0], tQsQ[None, handle.index],
@@ -405,6 +402,15 @@ class GdpaBwdSm100:
                         handle = do_producer.acquire_and_advance()
                         cute.copy(tma_do, tOgO[None, first + j, 0], tOsO[None, handle.index],
                                   tma_bar_ptr=handle.barrier)
+                        if j == 0:
+                            # K and V wait for the last tile's matmuls to release them; Q_0 and dO_0 load before,
+                            # into stages the last tile's earlier query tiles freed (a running tile has count >= 1)
+                            handle = k_producer.acquire_and_advance()
+                            cute.copy(tma_k, tKgK[None, n_blk, 0], tKsK[None, handle.index],
+                                      tma_bar_ptr=handle.barrier)
+                            handle = v_producer.acquire_and_advance()
+                            cute.copy(tma_v, tVgV[None, n_blk, 0], tVsV[None, handle.index],
+                                      tma_bar_ptr=handle.barrier)
             # the MMA warp's last releases land before the CTA exits
             k_producer.tail()
             v_producer.tail()
