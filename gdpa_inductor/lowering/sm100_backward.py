@@ -65,7 +65,8 @@ def backward_check(plan, device: torch.device) -> self_check.Check:
     """The self-check of the Blackwell backward's build ``plan``: that build's (dq, dk, dv, and dbias where it writes
     one) against Triton's backward, on keys ending part-way through a key tile, and queries ending part-way through
     a query tile where the build masks them, else whole query tiles; a causal build under its mask, at Nq below and
-    above Nk; a bias build with a random [1, H, Nq, Nk] bias of its element type."""
+    above Nk; a bias build with a random [1, H, Nq, Nk] bias of its element type. The kernel runs on
+    ``sm100_kernels.CHECK_CTAS`` CTAs, each walking several tiles."""
     from ..kernels.cute.bwd_plan import SM100_BWD_TILE
 
     query_counts = tuple(shape[3] for shape in CHECK_SHAPES) if plan.mask_queries else whole_tiles(SM100_BWD_TILE)
@@ -85,7 +86,8 @@ def backward_check(plan, device: torch.device) -> self_check.Check:
         from ..kernels.cute import gdpa_bwd
 
         grads = gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, dout, activation, scale, post_scale, slope, plan=plan,
-                                             causal=plan.causal, bias=bias, bias_grad=plan.bias_grad)
+                                             causal=plan.causal, bias=bias, bias_grad=plan.bias_grad,
+                                             ctas=sm100_kernels.CHECK_CTAS)
         return grads if plan.bias_grad else grads[:3]
 
     def trusted(dout, q, k, v, bias, activation, scale, post_scale, slope):

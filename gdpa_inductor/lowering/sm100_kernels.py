@@ -16,8 +16,8 @@ from . import self_check
 # the check's shapes (Z, H, Hkv, Nq): query tiles of 128 rows, both ending part-way; the second with GQA
 CHECK_SHAPES = ((2, 4, 4, 200), (1, 4, 2, 65))
 NOT_DENSE = (False, "operands need [..., H, N, D]")
-# the persistent forward's grid in its checks: fewer CTAs than tiles, so that each walks several (the pipelines'
-# phases and the accumulator's hand-over carried from tile to tile)
+# the persistent kernels' grid in their checks: fewer CTAs than tiles, so that each walks several (the pipelines'
+# phases and the accumulators' hand-over carried from tile to tile)
 CHECK_CTAS = 3
 
 

@@ -51,7 +51,8 @@ def varlen_backward_check(plan, device: torch.device) -> self_check.Check:
     (the sides, shared blocks, grouped heads), against Triton's varlen backward on the inputs of the varlen forward's
     check for the same masks (``sm100_forward_cases.varlen_cases``: jagged and padded sides, an empty sample, lengths
     ending part-way through tiles, each kind of bias the build takes), each with a random output gradient; a build
-    writing the bias's gradient skips one element's bias, which has none."""
+    writing the bias's gradient skips one element's bias, which has none. The kernel runs on
+    ``sm100_kernels.CHECK_CTAS`` CTAs, each walking several tiles."""
     from ..kernels.cute.fwd_plan import plan_fwd_sm100
     from .sm100_forward_cases import varlen_cases
 
@@ -69,8 +70,10 @@ def varlen_backward_check(plan, device: torch.device) -> self_check.Check:
     def on(impl, dout, q, k, v, bias, cu_q, cu_k, used_q, used_k, max_q, max_k, *params):
         from . import varlen_ops
 
+        cute = impl == "cute"
         return varlen_ops._backward_on(impl, False, dout, q, k, v, bias, (cu_q, cu_k, used_q, used_k), max_q, max_k,
-                                       params, plan.bias_grad, plan=plan if impl == "cute" else None)[:grads]
+                                       params, plan.bias_grad, plan=plan if cute else None,
+                                       ctas=sm100_kernels.CHECK_CTAS if cute else None)[:grads]
 
     def exact(dout, q, k, v, bias, *rest):
         from ..kernels.reference_varlen import gdpa_varlen_reference_backward

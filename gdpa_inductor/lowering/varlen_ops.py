@@ -67,9 +67,9 @@ def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, p
 
 
 def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params, bias_requires_grad,
-                 plan=None):
-    """(dq, dk, dv, dbias or None) on ``impl`` ("cute": on sm_100 the Blackwell backward, its build ``plan`` where
-    one is given); ``traced`` as for ``_forward_on``."""
+                 plan=None, ctas=None):
+    """(dq, dk, dv, dbias or None) on ``impl`` ("cute": on sm_100 the Blackwell backward, its build ``plan`` and grid
+    ``ctas`` where given); ``traced`` as for ``_forward_on``."""
     if impl == "reference":
         return gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params,
                                               bias_requires_grad)
@@ -85,7 +85,7 @@ def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seql
             plan = plan or plan_varlen_bwd_sm100(q.dtype, q.shape[-1], activation, causal, window, bias,
                                                  bias_requires_grad)
             return gdpa_varlen_bwd_cute_sm100(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
-                                              causal, window, bias, bias_requires_grad, plan=plan)
+                                              causal, window, bias, bias_requires_grad, plan=plan, ctas=ctas)
         from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
         from ..kernels.cute.varlen_plan import varlen_band
 

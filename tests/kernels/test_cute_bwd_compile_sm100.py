@@ -14,6 +14,8 @@ the kernel: these are the checks a CPU can make.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from compile_reports import CompileWorker, ReportStore, report_dir, run_dir
@@ -102,8 +104,9 @@ def test_cute_bwd_compiles_for_sm100a(case, reports):
     assert r["tcgen05_st"] == paths * TILE // chunk and r["tcgen05_wait_st"] == 1, r
     assert r["tmem_alloc_columns"] == tmem_columns(d, d) == 512, r
     assert r["tcgen05_alloc"] == 1 and r["tcgen05_dealloc"] == 1, r
-    # Sᵀ, dPᵀ and dQ full, P, dO, dS and Q released, dK/dV full: each by tcgen05.commit
-    assert r["tcgen05_commit"] == 8, r
+    # Sᵀ, dPᵀ and dQ full, P, dO, dS and Q released, K and V released at a work tile's end, dK/dV full: each by
+    # tcgen05.commit
+    assert r["tcgen05_commit"] == 10, r
     assert r["tma_loads"] > 0, "K/V/Q/dO loads go through TMA"
     # full and empty barriers: K, V, the Q and dO rings, Sᵀ, dPᵀ, P, dS, dQ, dK/dV
     assert r["mbarrier_init"] == 2 * (2 + 2 * plan.q_stages + 6), r
@@ -276,6 +279,12 @@ def test_the_support_check_wants_an_sm100_gpu():
     assert not ok and why
 
 
+@pytest.fixture(autouse=True)
+def blackwell_sm_count(monkeypatch):
+    """The launchers size the persistent grid by the device's SM count: a B200's 148 here, on CPU tensors."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=148))
+
+
 class RecordedBuild:
     """Stands in for ``compile_bwd_sm100``: records the plan it is asked for and the arguments of the launch."""
 
@@ -298,7 +307,8 @@ def test_the_launcher_passes_the_schema_arguments(monkeypatch, nq, masked, kv_he
     """The launcher plans the call (the mask of queries past Nq where Nq is not a multiple of the query tile, the
     band's kind), passes the operands in the kernel's (N, D, H, Z) modes (K and V repeated per query head, dQ's zeroed
     fp32 sums) and the scalars and the band's bounds in ``GdpaBwdSm100.__call__``'s order (the stream is the compiled
-    function's own), and returns dQ, dK and dV in the operands' shapes and dtype."""
+    function's own), the persistent grid (``Sm100BwdPlan.grid``: here every one of the 2 x 4 x 2 work tiles has its
+    own CTA) among them, and returns dQ, dK and dV in the operands' shapes and dtype."""
     from gdpa_inductor.kernels.cute import gdpa_bwd
 
     build = RecordedBuild()
@@ -317,7 +327,21 @@ def test_the_launcher_passes_the_schema_arguments(monkeypatch, nq, masked, kv_he
                                                   (nq, 128, 4, 2), (nq, 128, 4, 2), (256, 128, 4, 2),
                                                   (256, 128, 4, 2)]
     assert args[4].dtype == torch.float32 and not args[4].any()
-    assert args[7:] == (0.125, 0.5, 0.01, *bounds, None, None, None, None)
+    assert args[7:] == (0.125, 0.5, 0.01, 16, *bounds, None, None, None, None)
+
+
+def test_the_launcher_sizes_the_grid(monkeypatch):
+    """The plan's grid for the device's SMs (at most one CTA an SM, coprime with the key tiles a head under a band),
+    or the one asked for (a check's few CTAs), never more than the work tiles."""
+    from gdpa_inductor.kernels.cute import gdpa_bwd
+
+    build = RecordedBuild()
+    monkeypatch.setattr(gdpa_bwd, "compile_bwd_sm100", build)
+    q, k, v, do = (t.repeat(40, 1, 1, 1) for t in _operands())
+    for causal, ctas in [(False, None), (True, None), (False, 3), (False, 10**6)]:
+        gdpa_bwd.gdpa_bwd_cute_sm100(q, k, v, do, "silu", 0.125, 0.5, 0.01, causal=causal, ctas=ctas)
+    # 80 samples x 4 heads x 2 key tiles
+    assert [args[10] for args in build.calls] == [148, 147, 3, 640]
 
 
 @pytest.mark.parametrize("bias, grad", [("tensor", True), ("tensor", False), ("one", False)])
@@ -442,9 +466,10 @@ def test_the_varlen_launcher_passes_the_rows(monkeypatch, causal, window, kind, 
                                                   (310, 128, 4, 1), (310, 128, 4, 1), (340, 128, 4, 1),
                                                   (340, 128, 4, 1)]
     assert args[4].dtype == torch.float32 and not (args[4].any() or args[5].any() or args[6].any())
-    assert args[7:10] == (0.125, 0.5, 0.01) and args[10:12] == bounds
-    assert args[12].tolist() == [[0, 300, 310], [300, 10, 0], [0, 200, 330], [200, 130, 10], [0, 1, 2]]
-    assert args[13] == 2 and args[14:] == (None, None) and dbias is None
+    # 2 key tiles x 4 heads x 3 samples: a CTA each
+    assert args[7:11] == (0.125, 0.5, 0.01, 24) and args[11:13] == bounds
+    assert args[13].tolist() == [[0, 300, 310], [300, 10, 0], [0, 200, 330], [200, 130, 10], [0, 1, 2]]
+    assert args[14] == 2 and args[15:] == (None, None) and dbias is None
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
     assert dq.dtype == dk.dtype == dv.dtype == torch.bfloat16
 
@@ -494,7 +519,7 @@ def test_the_varlen_launcher_passes_the_bias_and_its_gradients_buffer(monkeypatc
                                                       bias_grad=True)
     (plan,), (args,) = build.plans, build.calls
     assert plan.varlen and plan.causal and plan.bias == "bfloat16" and plan.bias_grad
-    given, buffer = args[14:]
+    given, buffer = args[15:]
     assert tuple(given.shape) == (300, 300, 4, 1) and torch.equal(given[..., 0].permute(2, 0, 1), bias)
     assert tuple(buffer.shape) == (300, 300, 4, 2) and buffer.dtype == torch.bfloat16 and not buffer.any()
     assert dbias.shape == bias.shape and dbias.dtype == bias.dtype and not dbias.any()

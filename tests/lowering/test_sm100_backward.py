@@ -36,16 +36,17 @@ def _rounded_grads(dout, q, k, v, activation, scale, post_scale, negative_slope,
 
 
 class Sm100BwdStandIn:
-    """Stands in for ``gdpa_bwd_cute_sm100``: the backward's math, spoiled by ``fault``; records the plans and the
-    operand shapes it ran."""
+    """Stands in for ``gdpa_bwd_cute_sm100``: the backward's math, spoiled by ``fault``; records the plans, the
+    operand shapes and the grids it ran."""
 
     def __init__(self, fault: str):
-        self.fault, self.plans, self.shapes = fault, [], []
+        self.fault, self.plans, self.shapes, self.grids = fault, [], [], []
 
     def __call__(self, q, k, v, grad_out, activation, scale, post_scale, negative_slope, plan=None, causal=False,
-                 bias=None, bias_grad=False, one_row_bias=False):
+                 bias=None, bias_grad=False, one_row_bias=False, ctas=None):
         self.plans.append(plan)
         self.shapes.append((tuple(q.shape), tuple(k.shape)))
+        self.grids.append(ctas)
         if self.fault == "raises on compile":
             raise RuntimeError("DSLRuntimeError: the kernel did not compile (stand-in)")
         assert causal == plan.causal, "the launch's mask is its build's"
@@ -136,6 +137,8 @@ def test_a_correct_build_serves_after_one_check(sm100, gen, nq, mask_queries):
     assert dbias is None and dk.shape == k.shape
     assert "the CuTe Blackwell backward (bfloat16, D=64, silu, 2 Q/dO stages" in checks[0]
     assert ("queries masked past Nq" in checks[0]) == mask_queries
+    # the check runs few CTAs, each walking several tiles; the served calls take the device's grid
+    assert kernel.grids == [sm100_kernels.CHECK_CTAS] * CHECKS + [None] * 3
 
 
 @pytest.mark.parametrize("mask_queries", [True, False])

@@ -17,7 +17,7 @@ from gdpa_inductor.kernels.cute import fwd_support
 from gdpa_inductor.kernels.cute.varlen_bwd import plan_varlen_bwd_sm100
 from gdpa_inductor.kernels.reference import gdpa_reference
 from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference_backward
-from gdpa_inductor.lowering import self_check, varlen_ops
+from gdpa_inductor.lowering import self_check, sm100_kernels, varlen_ops
 from gdpa_inductor.lowering.dispatch import select_varlen_backward_impl
 
 pytestmark = pytest.mark.skipif(not fwd_support.cute_dsl_available(), reason="nvidia-cutlass-dsl is not installed")
@@ -63,14 +63,16 @@ def _grads_on_sides(dout, qs, ks, v, order, activation, scale, post_scale, slope
 
 
 class VarlenBwdStandIn:
-    """Stands in for ``gdpa_varlen_bwd_cute_sm100``: the backward's math, spoiled by ``fault``; records the plans."""
+    """Stands in for ``gdpa_varlen_bwd_cute_sm100``: the backward's math, spoiled by ``fault``; records the plans and
+    the grids."""
 
     def __init__(self, fault: str):
-        self.fault, self.plans = fault, []
+        self.fault, self.plans, self.grids = fault, [], []
 
     def __call__(self, dout, qs, ks, v, order, activation, scale, post_scale, negative_slope, causal=False,
-                 window=(-1, -1), bias=None, bias_grad=False, plan=None):
+                 window=(-1, -1), bias=None, bias_grad=False, plan=None, ctas=None):
         self.plans.append(plan)
+        self.grids.append(ctas)
         if self.fault == "raises on compile":
             raise RuntimeError("DSLRuntimeError: the kernel did not compile (stand-in)")
         assert (bias is not None, bias_grad) == (bool(plan.bias), plan.bias_grad), "the launch's bias is its build's"
@@ -162,6 +164,8 @@ def test_a_correct_build_serves_after_one_check(sm100, gen, mask):
     assert plan == plan_varlen_bwd_sm100(torch.bfloat16, 64, "silu", causal, window)
     checked = len(kernel.plans) - 3
     assert checked >= 2 and triton.calls == checked
+    # the check runs few CTAs, each walking several tiles; the served calls take the device's grid
+    assert kernel.grids == [sm100_kernels.CHECK_CTAS] * checked + [None] * 3
     assert grads[3] is None
     for got, want in zip(grads[:3], _expected(args)):
         torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)

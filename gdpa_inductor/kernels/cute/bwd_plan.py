@@ -11,7 +11,7 @@ import torch
 
 from ... import config
 from ..activations import PACKED_BF16_BACKWARD, ActivationName, with_long_query_tile
-from .fwd_plan import check_element
+from .fwd_plan import check_element, persistent_grid
 
 # Up to this many key tiles (128 keys; 64 in the wide-head kernel), dQ tiles are added straight into dQ in the
 # operands' dtype: the fp32 buffer's zero fill, its reduce traffic and the cast cost 20-30% of the backward at
@@ -245,7 +245,8 @@ class Sm100BwdPlan:
     (left, right bounds passed at launch) in its place; ``varlen``: per-sample rows (``ragged_rows``), every query
     tile masked past its sample's end; ``bias``: the bias tensor's element type by torch's name ("" for none; a
     16-bit one is the operands'); ``bias_grad``: its gradient's dS buffer written. dQ is summed unscaled in fp32
-    (``bwd_results.dq_of_sums`` scales it)."""
+    (``bwd_results.dq_of_sums`` scales it). Each CTA walks work tiles (key tile, head, sample) of a grid the launcher
+    sizes by the SM count (``grid``)."""
 
     dtype: torch.dtype
     head_dim: int
@@ -274,6 +275,12 @@ class Sm100BwdPlan:
     @property
     def head_dim_v(self) -> int:
         return self.head_dim
+
+    def grid(self, tiles: int, num_n: int, sms: int) -> int:
+        """CTAs of a launch over ``tiles`` work tiles of ``num_n`` key tiles a head and sample on ``sms`` SMs: one
+        an SM (a CTA takes all 512 tensor-memory columns and most of the shared memory), ``persistent_grid``'s
+        (coprime with ``num_n`` where tiles differ in work by their key tile position: a band or jagged samples)."""
+        return persistent_grid(tiles, sms, num_n, self.causal or self.window or self.varlen)
 
 
 @functools.lru_cache(maxsize=256)

@@ -138,18 +138,20 @@ def gdpa_bwd_cute_sm100(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, activation: ActivationName,
     scale: float, post_scale: float, negative_slope: float, plan: Sm100BwdPlan | None = None, causal: bool = False,
     window: tuple[int, int] = (-1, -1), bias: torch.Tensor | None = None, bias_grad: bool = False,
-    one_row_bias: bool = False,
+    one_row_bias: bool = False, ctas: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The Blackwell backward (``GdpaBwdSm100``) on q [Z, H, Nq, D], k [Z, Hkv, Nk, D], v [Z, Hkv, Nk, D], grad_out
-    [Z, H, Nq, D] (checked by ``bwd_support.sm100_bwd_supported``) -> (dq, dk, dv): one CTA per 128-key tile, head and
-    sample; dQ summed unscaled in fp32 by the kernel, scaled and rounded here (``dq_of_sums``). Grouped heads run per
-    query head on K and V repeated, dK and dV summed over each group after. ``causal``: the bottom-right aligned
-    causal mask; ``window``: (left, right) around that diagonal, -1 unbounded. ``bias``: one element (no gradient),
-    or a tensor ``sm100_bwd_bias_support`` takes ([Zb, Hb, Nq, Nk], keys contiguous), added to each score;
+    [Z, H, Nq, D] (checked by ``bwd_support.sm100_bwd_supported``) -> (dq, dk, dv): its work tiles (128-key tile,
+    head, sample) walked by a persistent grid of one CTA an SM at most (``Sm100BwdPlan.grid``); dQ summed unscaled
+    in fp32 by the kernel, scaled and rounded here (``dq_of_sums``). Grouped heads run per query head on K and V
+    repeated, dK and dV summed over each group after. ``causal``: the bottom-right aligned causal mask; ``window``:
+    (left, right) around that diagonal, -1 unbounded. ``bias``: one element (no gradient), or a tensor
+    ``sm100_bwd_bias_support`` takes ([Zb, Hb, Nq, Nk], keys contiguous), added to each score;
     ``bias_grad``: its gradient (dbias in its shape and dtype, summed from a zero-filled [Z, H, Nq, Nk] dS buffer);
     ``one_row_bias`` as for ``gdpa_bwd_cute``. ``plan``: the build to run (None: ``plan_bwd_sm100``'s, the mask of
-    queries past Nq where Nq is not a multiple of the 128-row query tile). Not yet run on a Blackwell GPU: the
-    dispatch checks each build's results on the device first."""
+    queries past Nq where Nq is not a multiple of the 128-row query tile). ``ctas``: the grid (at most the tiles;
+    None: ``Sm100BwdPlan.grid``'s), so that a check on small inputs can still have each CTA walk several tiles. Not
+    yet run on a Blackwell GPU: the dispatch checks each build's results on the device first."""
     z, h, nq, d = q.shape
     hkv, nk, d_v = k.shape[1], k.shape[2], v.shape[-1]
     dk = torch.empty((z, h, nk, d), dtype=q.dtype, device=q.device)
@@ -174,10 +176,12 @@ def gdpa_bwd_cute_sm100(
     dq_acc = torch.zeros((z, h, nq, d), dtype=torch.float32, device=q.device)
     # band-skipped tiles and rows past Nq store no dS
     ds = dbias_buffer("buffer", z, h, tensor_bias, zeros=True) if bias_grad else None
+    num_n = -(-nk // SM100_BWD_TILE)
     compile_bwd_sm100(plan)(*BWD_SM100_ARGS.values(
         plan, q=dense_modes(q), k=dense_modes(k), v=dense_modes(v), dout=dense_modes(grad_out),
         dq=dense_modes(dq_acc), dk=dense_modes(dk), dv=dense_modes(dv), scale=scale, post_scale=post_scale,
-        slope=negative_slope, band_left=band_left, band_right=band_right, bias=sm100_bwd_bias_arg(bias, nq, nk),
+        slope=negative_slope, num_ctas=sm100_bwd_grid(plan, num_n * h * z, num_n, q.device, ctas),
+        band_left=band_left, band_right=band_right, bias=sm100_bwd_bias_arg(bias, nq, nk),
         dbias=None if ds is None else dense_modes(ds)))
     dq = dq_of_sums(dq_acc, q.dtype, activation, scale, post_scale)
     if group > 1:
@@ -185,6 +189,14 @@ def gdpa_bwd_cute_sm100(
         dv = dv.view(z, hkv, group, nk, d_v).sum(2)
     dbias = None if ds is None else dbias_of(ds, tensor_bias, "buffer", activation, post_scale, one_row_bias)
     return dq, dk, dv, dbias
+
+
+def sm100_bwd_grid(plan: Sm100BwdPlan, tiles: int, num_n: int, device: torch.device, ctas: int | None) -> int:
+    """The Blackwell backward's grid over ``tiles`` work tiles of ``num_n`` key tiles a head and sample: ``ctas``
+    (at most the tiles), or None for the plan's on the device's SMs (``Sm100BwdPlan.grid``)."""
+    if ctas is not None:
+        return max(1, min(ctas, tiles))
+    return plan.grid(tiles, num_n, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def sm100_bwd_bias_arg(bias: torch.Tensor | None, nq: int, nk: int) -> torch.Tensor | None:

@@ -1,9 +1,16 @@
 """CuTe-DSL GDPA backward for Blackwell (sm_100a): dQ, dK, dV (and dbias) of
 O = post_scale · act(scale · Q Kᵀ + bias) · V, dense or varlen batches.
 
-One CTA per (128-key tile, head, sample), looping over 128-row query tiles (under a band only those it reaches); ten
-warps, each with one role:
-- warp 9, the load warp: K and V once, then Q_j and dO_j by TMA into rings of ``q_stages`` shared-memory stages;
+Persistent: a grid of at most one CTA an SM (``num_ctas``, the launcher's from the device's SM count; the build does
+not depend on it) walks the work tiles, (128-key tile, head, sample), in the static order of ``tile_schedule``: key
+tiles fastest, CTA c taking tiles c, c + num_ctas, ...; a head's key tiles first-first (under the causal mask the
+first computes the most query tiles; last-first under a window without a right bound, ``band_key_tile``), in a varlen
+batch the samples in ``rows``' order (the most work first) and the key tiles past a sample's keys, or of a sample
+without queries, skipped by every warp. Per tile a CTA loops over 128-row query tiles (under a band only those it
+reaches). Ten warps, each with one role, walk the same sequence, every pipeline's position and phase carried from
+tile to tile:
+- warp 9, the load warp: per tile Q_0 and dO_0, K and V, then Q_j and dO_j by TMA (Q and dO into rings of
+  ``q_stages`` shared-memory stages);
 - warp 8, the MMA warp, per query tile j, all tcgen05 MMAs with fp32 accumulators in tensor memory:
     Sᵀ = K Q_jᵀ and dPᵀ = V dO_jᵀ (both operands from shared memory),
     dV += Pᵀ dO_j (Pᵀ from tensor memory, over Sᵀ's own columns), dK += dSᵀ Q_j (dSᵀ from shared memory),
@@ -11,8 +18,8 @@ warps, each with one role:
 - warps 0-3, the compute warps (one key row a thread): per query tile they load Sᵀ and dPᵀ from tensor memory 32
   columns at a time, compute Pᵀ = act(scale · Sᵀ) and dSᵀ = dPᵀ ∘ act'(scale · Sᵀ) / (act''s constant factor) by the
   activation's fp32 backward form (``activation_math.backward_form``), write Pᵀ in the operands' dtype back over Sᵀ
-  (tcgen05.st) and dSᵀ to shared memory; at the end they store dV · post_scale and dK · scale · post_scale · factor
-  to global memory from the registers (rows past Nk predicated off);
+  (tcgen05.st) and dSᵀ to shared memory; at a tile's end they store dV · post_scale and dK · scale · post_scale ·
+  factor to global memory from the registers (rows past Nk predicated off);
 - warps 4-7, the dQ warps (one query row a thread): per query tile they load dQ_j from tensor memory and add it into
   an fp32 buffer with ``red.global.add.v4.f32`` (rows past Nq predicated off), unscaled: the host scales and rounds
   it once (``bwd_results.dq_of_sums``).
@@ -25,9 +32,10 @@ warps, each with one role:
   (consecutive threads, consecutive keys), 16 scores a step; with ``bias_grad`` each score's dS (without act''s
   constant factor and post_scale, as the Hopper backward's buffer holds it) is stored at (query, key) of a
   [Z, H, Nq, Nk] buffer that the host sums over the bias's broadcast dims.
-- ``varlen``: (128-key tile, head, sample) CTAs of a varlen batch, each side's rows of a sample read through TMA
-  descriptors bounded at its end (``ragged_rows``), dQ, dK and dV written at the sample's rows; a CTA past its
-  sample's keys, or of a sample without queries, exits (the launcher zeroes the gradients).
+- ``varlen``: the tiles are (128-key tile, head, sample) of a varlen batch, the key tiles per head and sample those
+  of its longest; each side's rows of a sample read through TMA descriptors bounded at its end (``ragged_rows``),
+  dQ, dK and dV written at the sample's rows; the tiles past a sample's keys, or of a sample without queries, are
+  skipped (the launcher zeroes the gradients).
 No softmax: no LSE, no rowsum(dO ∘ O). Keys and queries past the ends read as zeros (TMA fills them); with
 ``mask_queries`` (Nq not a multiple of the query tile) the padded query columns also give P = 0 and dS = 0 by a
 select per score, so a non-finite key cannot leak through them; padded keys reach only rows that are not stored.
@@ -36,9 +44,14 @@ Tensor memory (``tmem_columns``: 512 columns at D = Dv of 64 and 128): Sᵀ at [
 columns (16-bit pairs), dPᵀ at [128, 256), shared with dQ (dQ_j is written once the compute warps have read dPᵀ_j,
 and dPᵀ_{j+1} once the dQ warps have read dQ_j), dV at [256, 256 + Dv), dK after it.
 Synchronisation (mbarriers, ``cutlass.pipeline``): K, V, Q, dO full/empty (TMA -> MMA), Sᵀ and dPᵀ full/empty (MMA
--> compute), P and dS full/empty (compute -> MMA), dQ full/empty (MMA -> dQ warps), dK/dV full (MMA -> epilogue).
-The MMA warp issues Sᵀ_{j+1} over Pᵀ_j only after dV_j, and tcgen05.mma instructions of one thread run in issue
-order, so Sᵀ never overwrites a Pᵀ the tensor cores still read.
+-> compute), P and dS full/empty (compute -> MMA), dQ full/empty (MMA -> dQ warps), dK/dV full (MMA -> epilogue)
+and empty (epilogue -> MMA). The MMA warp issues Sᵀ_{j+1} over Pᵀ_j only after dV_j, and tcgen05.mma instructions of
+one thread run in issue order, so Sᵀ never overwrites a Pᵀ the tensor cores still read; this holds across tiles, the
+rings running on. K and V (one stage each: shared memory holds no second) are released at a tile's end, once its last
+matmul is done, and only then load for the next tile; the load warp issues the next tile's Q_0 and dO_0 before them,
+into the stages this tile's earlier query tiles freed. A tile's first dV and dK matmuls (which overwrite them) wait
+for dK/dV empty, released by the compute warps once they have read the previous tile's; its first Sᵀ and dPᵀ do
+not, so they are computed while that epilogue runs.
 """
 
 from __future__ import annotations
@@ -56,6 +69,7 @@ from .activation_math import BackwardForm
 from .band_tiles import band_query_tiles, kept_queries, tile_limits, unmasked_query_tiles
 from .gdpa_fwd_sm100 import _batched
 from .ragged_rows import RAGGED_ROWS, ragged
+from .tile_schedule import band_key_tile, key_tile_runs, tile_coords, tile_count
 
 _ROWS = 128
 _WARP = 32
@@ -183,6 +197,7 @@ class GdpaBwdSm100:
         scale: cutlass.Float32,
         post_scale: cutlass.Float32,
         slope: cutlass.Float32,
+        num_ctas: cutlass.Int32,
         stream: cuda.CUstream,
         band_left: cutlass.Int32 | None = None,
         band_right: cutlass.Int32 | None = None,
@@ -193,9 +208,12 @@ class GdpaBwdSm100:
     ):
         """mQ: (Nq, D, H, Z); mK: (Nk, D, H, Z); mV: (Nk, Dv, H, Z); mdO: (Nq, Dv, H, Z); mdQ: fp32 (Nq, D, H, Z),
         zeroed, summed into unscaled; mdK, mdV: like mK, mV; D, Dv contiguous. One head of K/V per query head (the
-        launcher expands grouped heads). ``band_left``, ``band_right``: the band's bounds (``window``).
-        Varlen: ``rows`` (5, B) int32, per sample: first query row, query count, first key row, key count, and the
-        sample's index z; each side's Z is 1 (jagged rows) or B (a dense side, rows counted within sample z's block).
+        launcher expands grouped heads). ``num_ctas``: the grid, at most the work tiles (the host's choice from the
+        device's SM count, ``Sm100BwdPlan.grid``; the build does not depend on it). ``band_left``, ``band_right``: the
+        band's bounds (``window``).
+        Varlen: ``rows`` (5, B) int32, per sample in the order the tiles visit them (longest first): first query row,
+        query count, first key row, key count, and the sample's index z; each side's Z is 1 (jagged rows) or B (a
+        dense side, rows counted within sample z's block).
         ``num_n``: key tiles of the longest sample. dQ, dK and dV are written only at a sample's rows.
         ``mBias``: (Nq, Nk, Hb, Zb), keys contiguous, Hb 1 or H, Zb 1 or Z (broadcast dims of stride 0 read as any
         other); ``mdBias``: (Nq, Nk, H, Z) in the bias's dtype, dS (without act''s constant factor and post_scale) at
@@ -244,10 +262,10 @@ class GdpaBwdSm100:
             num_n = cute.ceil_div(mK.shape[0], self.tile_n)
         self.kernel(
             *mmas, tma_k, tk, tma_v, tv, tma_q, tq, tma_do, tdo, mdQ, mdK, mdV, scale, post_scale, slope,
-            mQ.shape[0], mK.shape[0], rows, band_left, band_right, mBias, mdBias,
+            (num_n, mK.shape[2], samples), mQ.shape[0], mK.shape[0], rows, band_left, band_right, mBias, mdBias,
             *(lay[name] for name in _LAYOUTS),
         ).launch(
-            grid=[num_n, mK.shape[2], samples],
+            grid=[num_ctas, 1, 1],
             block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
@@ -276,6 +294,7 @@ class GdpaBwdSm100:
         scale: cutlass.Float32,
         post_scale: cutlass.Float32,
         slope: cutlass.Float32,
+        tiles: tuple,
         nq_all: cutlass.Int32,
         nk_all: cutlass.Int32,
         rows: cute.Tensor | None,
@@ -295,23 +314,14 @@ class GdpaBwdSm100:
         p_tmem: cute.ComposedLayout,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        n_blk, h, zb = cute.arch.block_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        num_ctas, _, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        # the sample's rows: the whole tensors', or a varlen sample's from ``rows``
-        q0, nq, k0, nk, z = 0, nq_all, 0, nk_all, zb
-        if cutlass.const_expr(self.varlen):
-            q0, nq, k0, nk, z = rows[0, zb], rows[1, zb], rows[2, zb], rows[3, zb], rows[4, zb]
         band = (UNBOUNDED, 0)
         if cutlass.const_expr(self.window):
             band = (band_left, band_right)
-        # the query tiles this key tile computes, and the whole ones among them (no per-score mask)
-        first, count = 0, cute.ceil_div(nq, self.tile_m)
-        whole = (0, 0)
-        if cutlass.const_expr(self.band):
-            first, count = band_query_tiles(n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
-                                            cutlass.min, cutlass.max)
-            whole = unmasked_query_tiles(n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
-                                         cutlass.min, cutlass.max)
+        work = (tiles, nq_all, nk_all, rows, band)
+        num_tiles = tile_count(*tiles)
         mmas = (s_mma, dp_mma, dv_mma, dk_mma, dq_mma)
         lay = dict(zip(_LAYOUTS, (k_smem, v_smem, q_smem, do_smem, dst_smem, kt_smem, qt_smem, dot_smem, ds_smem,
                                   p_tmem)))
@@ -336,6 +346,7 @@ class GdpaBwdSm100:
                 barrier_storage=barriers, num_stages=1, producer_group=group, consumer_group=one, defer_sync=True,
             ).make_participants()
 
+        # K and V: one stage each, released once a tile's last matmul reading them is done (tcgen05.commit)
         k_producer, k_consumer = tma_ring(storage.k_mbar.data_ptr(), 1, self.bytes["k"])
         v_producer, v_consumer = tma_ring(storage.v_mbar.data_ptr(), 1, self.bytes["v"])
         q_producer, q_consumer = tma_ring(storage.q_mbar.data_ptr(), self.q_stages, self.bytes["q"])
@@ -348,6 +359,8 @@ class GdpaBwdSm100:
         ds_producer, ds_consumer = threads_to_umma(storage.ds_mbar.data_ptr())
         # dQ_j complete -> dQ warps; loaded -> its columns may take dPᵀ_{j+1}
         dq_producer, dq_consumer = umma_to_threads(storage.dq_mbar.data_ptr())
+        # dK, dV full: a tile's last matmul complete -> epilogue; empty: the epilogue has read them -> the next
+        # tile's first dV and dK matmuls may overwrite them
         dkv_producer, dkv_consumer = umma_to_threads(storage.dkv_mbar.data_ptr())
         tmem = TmemAllocator(
             storage.tmem_address.ptr,
@@ -365,144 +378,201 @@ class GdpaBwdSm100:
         s_thr, dp_thr, dv_thr, dk_thr, dq_thr = (m.get_slice(0) for m in mmas)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1, 1))
 
-        # varlen: a key tile past its sample's keys, or of a sample without queries, has nothing to add (the launcher
-        # zeroes dK and dV)
+        if warp_idx == _LOAD_WARP:
+            # ---- LOAD: per tile K and V, then Q_j and dO_j ----
+            for atom in (tma_k, tma_v, tma_q, tma_do):
+                cpasync.prefetch_descriptor(atom)
+            d, dv = self.head_dim, self.head_dim_v
+            for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                n_blk, h, z, q0, nq, k0, nk, runs, first, count, _ = self._tile(tile, work)
+                if runs:
+                    # (TMA, RestM, RestK): the tiles of this head and sample
+                    tKsK, tKgK = self._tma_part(tma_k, sK, s_thr.partition_A(
+                        cute.flat_divide(self._sample(mK, h, z, k0, nk), (self.tile_n, d))))
+                    tVsV, tVgV = self._tma_part(tma_v, sV, dp_thr.partition_A(
+                        cute.flat_divide(self._sample(mV, h, z, k0, nk), (self.tile_n, dv))))
+                    tQsQ, tQgQ = self._tma_part(tma_q, sQ, s_thr.partition_B(
+                        cute.flat_divide(self._sample(mQ, h, z, q0, nq), (self.tile_m, d))))
+                    tOsO, tOgO = self._tma_part(tma_do, sdO, dp_thr.partition_B(
+                        cute.flat_divide(self._sample(mdO, h, z, q0, nq), (self.tile_m, dv))))
+                    for j in cutlass.range(count, unroll=1):
+                        handle = q_producer.acquire_and_advance()
+                        cute.copy(tma_q, tQgQ[None, first + j, 0], tQsQ[None, handle.index],
+                                  tma_bar_ptr=handle.barrier)
+                        handle = do_producer.acquire_and_advance()
+                        cute.copy(tma_do, tOgO[None, first + j, 0], tOsO[None, handle.index],
+                                  tma_bar_ptr=handle.barrier)
+                        if j == 0:
+                            # K and V wait for the last tile's matmuls to release them; Q_0 and dO_0 load before,
+                            # into stages the last tile's earlier query tiles freed (a running tile has count >= 1)
+                            handle = k_producer.acquire_and_advance()
+                            cute.copy(tma_k, tKgK[None, n_blk, 0], tKsK[None, handle.index],
+                                      tma_bar_ptr=handle.barrier)
+                            handle = v_producer.acquire_and_advance()
+                            cute.copy(tma_v, tVgV[None, n_blk, 0], tVsV[None, handle.index],
+                                      tma_bar_ptr=handle.barrier)
+            # the MMA warp's last releases land before the CTA exits
+            k_producer.tail()
+            v_producer.tail()
+            q_producer.tail()
+            do_producer.tail()
+
+        if warp_idx == _MMA_WARP:
+            # ---- MMA: per tile, per query tile Sᵀ, dPᵀ, then dV, dK, dQ ----
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+
+            def accumulator(thr, tiler, offset):
+                return cute.make_tensor(tmem_ptr + offset,
+                                        thr.make_fragment_C(thr.partition_shape_C(tiler[:2])).layout)
+
+            tStS = accumulator(s_thr, self.s_tiler, _S_OFFSET)
+            tdPtdP = accumulator(dp_thr, self.dp_tiler, _DP_OFFSET)
+            tdVtdV = accumulator(dv_thr, self.dv_tiler, self.dv_offset)
+            tdKtdK = accumulator(dk_thr, self.dk_tiler, self.dk_offset)
+            tdQtdQ = accumulator(dq_thr, self.dq_tiler, _DP_OFFSET)
+            p_frag = dv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, lay["p"].outer))
+            p_layout = p_frag[None, None, None, 0].layout
+            tdVrP = cute.make_tensor(cute.recast_ptr(tmem_ptr + _S_OFFSET, dtype=self.dtype), p_layout)
+            # the second views of K, Q, dO and dS: same bytes, MN-major layouts
+            sKt = cute.make_tensor(cute.recast_ptr(sK.iterator, lay["kt"].inner), lay["kt"].outer)
+            sQt = cute.make_tensor(cute.recast_ptr(sQ.iterator, lay["qt"].inner), lay["qt"].outer)
+            sdOt = cute.make_tensor(cute.recast_ptr(sdO.iterator, lay["dot"].inner), lay["dot"].outer)
+            sdS = cute.make_tensor(cute.recast_ptr(sdSt.iterator, lay["ds"].inner), lay["ds"].outer)
+            # K and V have one stage each: their fragments are the same for every tile
+            frags = (
+                s_thr.make_fragment_A(sK)[None, None, None, 0],
+                s_thr.make_fragment_B(sQ),
+                dp_thr.make_fragment_A(sV)[None, None, None, 0],
+                dp_thr.make_fragment_B(sdO),
+                dv_thr.make_fragment_B(sdOt),
+                dk_thr.make_fragment_A(sdSt)[None, None, None, 0],
+                dk_thr.make_fragment_B(sQt),
+                dq_thr.make_fragment_A(sdS)[None, None, None, 0],
+                dq_thr.make_fragment_B(sKt)[None, None, None, 0],
+                tdVrP,
+            )
+            accs = (tStS, tdPtdP, tdVtdV, tdKtdK, tdQtdQ)
+            for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                _, _, _, _, _, _, _, runs, _, count, _ = self._tile(tile, work)
+                if runs:
+                    k_handle = k_consumer.wait_and_advance()
+                    v_handle = v_consumer.wait_and_advance()
+                    # the pipelines' positions and the MMAs' accumulate flags change in the steps: rebound here, as
+                    # loop-carried locals
+                    for j in cutlass.range(count, unroll=1):
+                        mmas, held, q_consumer, do_consumer, s_producer, dp_producer, dq_producer = (
+                            self._mma_scores(mmas, frags, accs, q_consumer, do_consumer, s_producer, dp_producer,
+                                             dq_producer))
+                        # the first query tile's dV and dK matmuls overwrite them: they wait for the epilogue to have
+                        # read the last tile's (Sᵀ_0 and dPᵀ_0 are computed meanwhile)
+                        dkv_producer.acquire(j > 0)
+                        mmas, p_consumer, ds_consumer = self._mma_grads(mmas, frags, accs, j > 0, held, p_consumer,
+                                                                        ds_consumer)
+                    # K and V free for the next tile's loads, dK and dV complete, once every matmul issued so far
+                    # is (tcgen05.commit tracks them all)
+                    k_handle.release()
+                    v_handle.release()
+                    dkv_producer.current_handle().commit()
+                    dkv_producer.advance()
+
+        if warp_idx < _COMPUTE_WARPS:
+            # ---- COMPUTE: per tile Pᵀ into tensor memory, dSᵀ into shared memory; then the dK, dV epilogue ----
+            tmem.allocate(self.tmem_columns)
+            tmem.relinquish_alloc_permit()
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            copies = self._score_copies(s_thr, tmem_ptr, tidx)
+            ds_base = storage.sdS.data_ptr().toint()
+            # dK's scale: dS's (``bwd_results._ds_factor``, as the host scales dQ)
+            ds_scale = scale * post_scale * self.act_form.grad_factor
+            for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                n_blk, h, z, q0, nq, k0, nk, runs, first, count, whole = self._tile(tile, work)
+                if runs:
+                    bias_rows, dbias_rows = None, None
+                    if cutlass.const_expr(self.bias is not None):
+                        bias_rows = self._rows_of(mBias, h % mBias.shape[2], z % mBias.shape[3], q0, broadcast=True)
+                    if cutlass.const_expr(self.bias_grad):
+                        dbias_rows = self._rows_of(mdBias, h, z, q0, broadcast=True)
+                    for j in cutlass.range(count, unroll=1):
+                        m_blk = first + j
+                        s_handle = s_consumer.wait_and_advance()
+                        dp_handle = dp_consumer.wait_and_advance()
+                        p_handle = p_producer.acquire_and_advance()
+                        ds_handle = ds_producer.acquire_and_advance()
+                        step = (ds_base, m_blk, n_blk, nq, nk, band, bias_rows, dbias_rows, scale, slope, tidx)
+                        if cutlass.const_expr(self.band):
+                            if (m_blk < whole[0]) | (m_blk >= whole[1]):
+                                self._scores_to_grads(copies, step, True)
+                            else:
+                                self._scores_to_grads(copies, step, False)
+                        else:
+                            self._scores_to_grads(copies, step, self.mask_queries)
+                        cute.arch.fence_view_async_tmem_store()
+                        p_handle.commit()
+                        # Sᵀ and dPᵀ read: their columns may take dQ_j and the next query tile's Sᵀ
+                        s_handle.release()
+                        dp_handle.release()
+                        # dSᵀ's shared-memory stores visible to the tensor cores' reads
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        ds_handle.commit()
+                    dkv_handle = dkv_consumer.wait_and_advance()
+                    dv_rows, dk_rows = self._rows_of(mdV, h, z, k0), self._rows_of(mdK, h, z, k0)
+                    self._store_rows(dv_thr, self.dv_tiler, tmem_ptr + self.dv_offset, dv_rows, n_blk, nk,
+                                     post_scale, tidx)
+                    self._store_rows(dk_thr, self.dk_tiler, tmem_ptr + self.dk_offset, dk_rows, n_blk, nk, ds_scale,
+                                     tidx)
+                    # every dK and dV load of this thread waited on (tcgen05.wait::ld): the next tile may overwrite
+                    # them
+                    dkv_handle.release()
+            # the MMA warp's last releases of P and dS (tcgen05.commit) land before the CTA exits
+            p_producer.tail()
+            ds_producer.tail()
+            # every compute and dQ warp is done with the tensor memory: it may go
+            cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
+            tmem.free(tmem_ptr)
+
+        if warp_idx >= _DQ_WARP0 and warp_idx < _MMA_WARP:
+            # ---- dQ: each query tile's dQ from tensor memory, added into the fp32 sums at its tile's rows ----
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            row = tidx - _GROUP_THREADS
+            for tile in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+                _, h, z, q0, nq, _, _, runs, first, count, _ = self._tile(tile, work)
+                if runs:
+                    dq_rows = self._rows_of(mdQ, h, z, q0)
+                    for j in cutlass.range(count, unroll=1):
+                        dq_handle = dq_consumer.wait_and_advance()
+                        self._add_dq(dq_thr, tmem_ptr, dq_rows, first + j, nq, row)
+                        dq_handle.release()
+            cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
+
+    @cute.jit
+    def _tile(self, tile: cutlass.Int32, work: tuple):
+        """What work tile ``tile`` (``tile_schedule``: key tiles first-first, the first computing the most query tiles
+        under the causal mask, or under a window as ``band_key_tile`` orders them) is: (key tile, head, sample index
+        z, first query row, query count, first key row, key count, whether it runs (varlen: its key tile holds keys
+        of its sample, and the sample has queries), first query tile and query tile count, the whole query tiles
+        [begin, end) among them). Every warp decodes the same tile to the same values, so all take or skip it
+        together."""
+        tiles, nq, nk, rows, band = work
+        n_blk, h, rank = tile_coords(tile, tiles[0], tiles[1], False)
+        if cutlass.const_expr(self.window):
+            n_blk = band_key_tile(n_blk, tiles[0], band[1], cutlass.min, cutlass.max)
+        q0, k0, z = 0, 0, rank
         runs = True
         if cutlass.const_expr(self.varlen):
-            runs = (n_blk * self.tile_n < nk) & (nq > 0)
-        if runs:
-            if warp_idx == _LOAD_WARP:
-                # ---- LOAD: K and V once, then Q_j and dO_j ----
-                for atom in (tma_k, tma_v, tma_q, tma_do):
-                    cpasync.prefetch_descriptor(atom)
-                d, dv = self.head_dim, self.head_dim_v
-                # (TMA, RestM, RestK): the tiles of this head and sample
-                tKsK, tKgK = self._tma_part(tma_k, sK, s_thr.partition_A(
-                    cute.flat_divide(self._sample(mK, h, z, k0, nk), (self.tile_n, d))))
-                tVsV, tVgV = self._tma_part(tma_v, sV, dp_thr.partition_A(
-                    cute.flat_divide(self._sample(mV, h, z, k0, nk), (self.tile_n, dv))))
-                tQsQ, tQgQ = self._tma_part(tma_q, sQ, s_thr.partition_B(
-                    cute.flat_divide(self._sample(mQ, h, z, q0, nq), (self.tile_m, d))))
-                tOsO, tOgO = self._tma_part(tma_do, sdO, dp_thr.partition_B(
-                    cute.flat_divide(self._sample(mdO, h, z, q0, nq), (self.tile_m, dv))))
-                handle = k_producer.acquire_and_advance()
-                cute.copy(tma_k, tKgK[None, n_blk, 0], tKsK[None, handle.index], tma_bar_ptr=handle.barrier)
-                handle = v_producer.acquire_and_advance()
-                cute.copy(tma_v, tVgV[None, n_blk, 0], tVsV[None, handle.index], tma_bar_ptr=handle.barrier)
-                for j in cutlass.range(count, unroll=1):
-                    handle = q_producer.acquire_and_advance()
-                    cute.copy(tma_q, tQgQ[None, first + j, 0], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
-                    handle = do_producer.acquire_and_advance()
-                    cute.copy(tma_do, tOgO[None, first + j, 0], tOsO[None, handle.index], tma_bar_ptr=handle.barrier)
-                # the MMA warp's last releases land before the CTA exits
-                q_producer.tail()
-                do_producer.tail()
-
-            if warp_idx == _MMA_WARP:
-                # ---- MMA: per query tile Sᵀ, dPᵀ, then dV, dK, dQ ----
-                tmem.wait_for_alloc()
-                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-
-                def accumulator(thr, tiler, offset):
-                    return cute.make_tensor(tmem_ptr + offset,
-                                            thr.make_fragment_C(thr.partition_shape_C(tiler[:2])).layout)
-
-                tStS = accumulator(s_thr, self.s_tiler, _S_OFFSET)
-                tdPtdP = accumulator(dp_thr, self.dp_tiler, _DP_OFFSET)
-                tdVtdV = accumulator(dv_thr, self.dv_tiler, self.dv_offset)
-                tdKtdK = accumulator(dk_thr, self.dk_tiler, self.dk_offset)
-                tdQtdQ = accumulator(dq_thr, self.dq_tiler, _DP_OFFSET)
-                p_frag = dv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, lay["p"].outer))
-                p_layout = p_frag[None, None, None, 0].layout
-                tdVrP = cute.make_tensor(cute.recast_ptr(tmem_ptr + _S_OFFSET, dtype=self.dtype), p_layout)
-                # the second views of K, Q, dO and dS: same bytes, MN-major layouts
-                sKt = cute.make_tensor(cute.recast_ptr(sK.iterator, lay["kt"].inner), lay["kt"].outer)
-                sQt = cute.make_tensor(cute.recast_ptr(sQ.iterator, lay["qt"].inner), lay["qt"].outer)
-                sdOt = cute.make_tensor(cute.recast_ptr(sdO.iterator, lay["dot"].inner), lay["dot"].outer)
-                sdS = cute.make_tensor(cute.recast_ptr(sdSt.iterator, lay["ds"].inner), lay["ds"].outer)
-                frags = (
-                    s_thr.make_fragment_A(sK)[None, None, None, k_consumer.wait_and_advance().index],
-                    s_thr.make_fragment_B(sQ),
-                    dp_thr.make_fragment_A(sV)[None, None, None, v_consumer.wait_and_advance().index],
-                    dp_thr.make_fragment_B(sdO),
-                    dv_thr.make_fragment_B(sdOt),
-                    dk_thr.make_fragment_A(sdSt)[None, None, None, 0],
-                    dk_thr.make_fragment_B(sQt),
-                    dq_thr.make_fragment_A(sdS)[None, None, None, 0],
-                    dq_thr.make_fragment_B(sKt)[None, None, None, 0],
-                    tdVrP,
-                )
-                accs = (tStS, tdPtdP, tdVtdV, tdKtdK, tdQtdQ)
-                # K and V stay for the whole CTA: never released. The pipelines' positions and the MMAs' accumulate
-                # flags change in the step: rebound here, as loop-carried locals
-                for j in cutlass.range(count, unroll=1):
-                    mmas, held, q_consumer, do_consumer, s_producer, dp_producer, dq_producer = self._mma_scores(
-                        mmas, frags, accs, q_consumer, do_consumer, s_producer, dp_producer, dq_producer)
-                    mmas, p_consumer, ds_consumer = self._mma_grads(mmas, frags, accs, j > 0, held, p_consumer,
-                                                                    ds_consumer)
-                # dK and dV complete once every matmul issued so far is (tcgen05.commit tracks them all)
-                dkv_producer.acquire_and_advance().commit()
-
-            if warp_idx < _COMPUTE_WARPS:
-                # ---- COMPUTE: Pᵀ into tensor memory, dSᵀ into shared memory; then the dK, dV epilogue ----
-                tmem.allocate(self.tmem_columns)
-                tmem.relinquish_alloc_permit()
-                tmem.wait_for_alloc()
-                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-                copies = self._score_copies(s_thr, tmem_ptr, tidx)
-                ds_base = storage.sdS.data_ptr().toint()
-                bias_rows, dbias_rows = None, None
-                if cutlass.const_expr(self.bias is not None):
-                    bias_rows = self._rows_of(mBias, h % mBias.shape[2], z % mBias.shape[3], q0, broadcast=True)
-                if cutlass.const_expr(self.bias_grad):
-                    dbias_rows = self._rows_of(mdBias, h, z, q0, broadcast=True)
-                for j in cutlass.range(count, unroll=1):
-                    m_blk = first + j
-                    s_handle = s_consumer.wait_and_advance()
-                    dp_handle = dp_consumer.wait_and_advance()
-                    p_handle = p_producer.acquire_and_advance()
-                    ds_handle = ds_producer.acquire_and_advance()
-                    tile = (ds_base, m_blk, n_blk, nq, nk, band, bias_rows, dbias_rows, scale, slope, tidx)
-                    if cutlass.const_expr(self.band):
-                        if (m_blk < whole[0]) | (m_blk >= whole[1]):
-                            self._scores_to_grads(copies, tile, True)
-                        else:
-                            self._scores_to_grads(copies, tile, False)
-                    else:
-                        self._scores_to_grads(copies, tile, self.mask_queries)
-                    cute.arch.fence_view_async_tmem_store()
-                    p_handle.commit()
-                    # Sᵀ and dPᵀ read: their columns may take dQ_j and the next tile's Sᵀ
-                    s_handle.release()
-                    dp_handle.release()
-                    # dSᵀ's shared-memory stores visible to the tensor cores' reads
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    ds_handle.commit()
-                dkv_handle = dkv_consumer.wait_and_advance()
-                # dK's scale: dS's (``bwd_results._ds_factor``, as the host scales dQ)
-                ds_scale = scale * post_scale * self.act_form.grad_factor
-                dv_rows, dk_rows = self._rows_of(mdV, h, z, k0), self._rows_of(mdK, h, z, k0)
-                self._store_rows(dv_thr, self.dv_tiler, tmem_ptr + self.dv_offset, dv_rows, n_blk, nk, post_scale, tidx)
-                self._store_rows(dk_thr, self.dk_tiler, tmem_ptr + self.dk_offset, dk_rows, n_blk, nk, ds_scale, tidx)
-                dkv_handle.release()
-                # the MMA warp's last releases of P and dS (tcgen05.commit) land before the CTA exits
-                p_producer.tail()
-                ds_producer.tail()
-                # every compute and dQ warp is done with the tensor memory: it may go
-                cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
-                tmem.free(tmem_ptr)
-
-            if warp_idx >= _DQ_WARP0 and warp_idx < _MMA_WARP:
-                # ---- dQ: each query tile's dQ from tensor memory, added into the fp32 sums ----
-                tmem.wait_for_alloc()
-                tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-                row = tidx - _GROUP_THREADS
-                dq_rows = self._rows_of(mdQ, h, z, q0)
-                for j in cutlass.range(count, unroll=1):
-                    dq_handle = dq_consumer.wait_and_advance()
-                    self._add_dq(dq_thr, tmem_ptr, dq_rows, first + j, nq, row)
-                    dq_handle.release()
-                cute.arch.barrier(barrier_id=_END_BARRIER, number_of_threads=2 * _GROUP_THREADS)
+            q0, nq, k0, nk, z = rows[0, rank], rows[1, rank], rows[2, rank], rows[3, rank], rows[4, rank]
+            runs = key_tile_runs(n_blk, nq, nk, self.tile_n)
+        # the query tiles this key tile computes, and the whole ones among them (no per-score mask)
+        first, count = 0, cute.ceil_div(nq, self.tile_m)
+        whole = (0, 0)
+        if cutlass.const_expr(self.band):
+            first, count = band_query_tiles(n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
+                                            cutlass.min, cutlass.max)
+            whole = unmasked_query_tiles(n_blk, nq, nk, band[0], band[1], self.tile_m, self.tile_n,
+                                         cutlass.min, cutlass.max)
+        return n_blk, h, z, q0, nq, k0, nk, runs, first, count, whole
 
     @cute.jit
     def _sample(self, m: cute.Tensor, h: cutlass.Int32, z: cutlass.Int32, start, length):
@@ -725,7 +795,9 @@ class GdpaBwdSm100:
         16-byte stores."""
         shape = tiler[:2]
         load, tLt, tLc = self._acc_copy(thr, shape, acc_ptr, tidx)
-        gOut = cute.local_tile(out_rows, shape, (n_blk, 0))
+        # the thread's row as one product of its index and the row stride: the work tile's offset and the thread's
+        # apart would be a loop invariant held in registers through every tile
+        gOut = cute.domain_offset((n_blk * self.tile_n + tidx, 0), out_rows)
         valid = nk - n_blk * self.tile_n
         vector = 128 // self.dtype.width
         store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
@@ -736,7 +808,7 @@ class GdpaBwdSm100:
             r_out = cute.make_rmem_tensor(cute.make_layout(_CHUNK), self.dtype)
             r_out.store((cute.make_tensor(r.iterator, cute.make_layout(_CHUNK)).load() * factor).to(self.dtype))
             if tidx < valid:
-                row = cute.local_tile(gOut, (1, _CHUNK), (tidx, c))
+                row = cute.local_tile(gOut, (1, _CHUNK), (0, c))
                 vectors = cute.make_layout((vector, _CHUNK // vector))
                 start = cute.make_ptr(self.dtype, row.iterator.toint(), cute.AddressSpace.gmem, assumed_align=16)
                 cute.copy(store, cute.make_tensor(r_out.iterator, vectors), cute.make_tensor(start, vectors))

@@ -298,7 +298,7 @@ FWD_SM100_ARGS = KernelArgs(
 # GdpaBwdSm100.__call__: dQ summed in fp32
 BWD_SM100_ARGS = KernelArgs(
     *_operands("q", "k", "v", "dout"), *_operands("dq", dtype=lambda plan: torch.float32), *_operands("dk", "dv"),
-    *_scalars("scale", "post_scale", "slope"), _STREAM,
+    *_scalars("scale", "post_scale", "slope"), Arg("num_ctas", _int32), _STREAM,
     Arg("band_left", _int32, lambda plan: plan.window), Arg("band_right", _int32, lambda plan: plan.window),
     Arg("rows", lambda plan: fake_rows(), _varlen), Arg("num_n", _int32, _varlen),
     Arg("bias", lambda plan: fake_scores(plan.bias), lambda plan: bool(plan.bias)),

@@ -3,8 +3,9 @@
 ``gdpa_varlen_bwd_cute_sm100``): the call on the rows the varlen schedule gives
 (``kernels/triton/varlen_schedule.py``); which calls they take is ``varlen_support``'s.
 
-One CTA per (128-key tile, head, sample; 64 keys past head dims of 128), samples longest first; a CTA past its
-sample's keys, or of a sample without queries, exits at once. Each side's rows of a sample are read through TMA
+Hopper's: one CTA per (128-key tile, head, sample; 64 keys past head dims of 128), samples longest first; a CTA
+past its sample's keys, or of a sample without queries, exits at once. Blackwell's: a persistent grid walks the same
+tiles in the same order, every warp skipping those tiles. Each side's rows of a sample are read through TMA
 descriptors bounded at the sample's end, so dK and dV stores and the dQ reduce-adds are clipped there. dQ is summed
 in place in the operands' dtype when the longest sample has at most ``DQ_DIRECT_MAX_KEY_TILES`` key tiles (the
 dense backward's rule), else in fp32. A dense side all samples share (PMA's seed queries, a shared key block) gets
@@ -22,7 +23,7 @@ from ..common.varlen_rows import VarlenSide
 from .bwd_plan import SM100_BWD_TILE, Sm100BwdPlan, bwd_key_tile, plan_bwd, plan_bwd_sm100
 from .bwd_results import dbias_of, dq_of_sums
 from .dbias_plan import dbias_way
-from .gdpa_bwd import dbias_buffer, sm100_bwd_bias_arg
+from .gdpa_bwd import dbias_buffer, sm100_bwd_bias_arg, sm100_bwd_grid
 from .gdpa_fwd import sm100_band, sm100_bias_name
 from .kernel_args import BWD_SM100_ARGS, bias_tile_modes, dense_modes, offset_arg, row_modes
 from .kernel_build import bwd_args, compile_bwd, compile_bwd_sm100
@@ -103,17 +104,18 @@ def gdpa_varlen_bwd_cute_sm100(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSid
                                order: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
                                negative_slope: float, causal: bool = False, window: tuple[int, int] = (-1, -1),
                                bias: torch.Tensor | None = None, bias_grad: bool = False,
-                               plan: Sm100BwdPlan | None = None):
+                               plan: Sm100BwdPlan | None = None, ctas: int | None = None):
     """(dq, dk, dv, dbias or None) of the Blackwell backward (``GdpaBwdSm100`` with ``varlen``) on a varlen call's
-    sides; ``dout``
-    in the output's layout (the queries' rows, Dv wide). One CTA per (128-key tile, head, sample), the grid sized by
-    the longest sample; dQ summed unscaled in fp32 and scaled here (``dq_of_sums``); gradients zero at rows no
-    sample reaches. ``causal``, ``window``: the bottom-right aligned mask and the band around it in each sample, at
-    any Nk - Nq. ``bias``: one element (no gradient), or a tensor ``sm100_varlen_bwd_support`` takes, sample z's query
-    i and key j adding ``bias[z, h, i, j]``; ``bias_grad``: its gradient, summed from a zero-filled
-    [B, H, max_seqlen_q, max_seqlen_k] dS buffer. Shared dense sides and grouped heads as in
-    ``gdpa_varlen_bwd_cute``. ``plan``: the build to run (None: ``plan_varlen_bwd_sm100``'s). Not yet run on a
-    Blackwell GPU: the dispatch checks each build's results on the device first."""
+    sides; ``dout`` in the output's layout (the queries' rows, Dv wide). A persistent grid (``Sm100BwdPlan.grid``)
+    walks the (128-key tile, head, sample) tiles, the samples in ``order`` (longest first, the varlen forward's
+    order), skipping the key tiles past each sample's keys; dQ summed unscaled in fp32 and scaled here
+    (``dq_of_sums``); gradients zero at rows no sample reaches. ``causal``, ``window``: the bottom-right aligned mask
+    and the band around it in each sample, at any Nk - Nq. ``bias``: one element (no gradient), or a tensor
+    ``sm100_varlen_bwd_support`` takes, sample z's query i and key j adding ``bias[z, h, i, j]``; ``bias_grad``: its
+    gradient, summed from a zero-filled [B, H, max_seqlen_q, max_seqlen_k] dS buffer. Shared dense sides and grouped
+    heads as in ``gdpa_varlen_bwd_cute``. ``plan``: the build to run (None: ``plan_varlen_bwd_sm100``'s). ``ctas``:
+    the grid (None: the plan's for the device; a few make each CTA walk several tiles, as the self-check wants). Not
+    yet run on a Blackwell GPU: the dispatch checks each build's results on the device first."""
     q, k = qs.tensor, ks.tensor
     h, d = q.shape[-2:]
     hkv = v.shape[-2]
@@ -134,10 +136,12 @@ def gdpa_varlen_bwd_cute_sm100(dout: torch.Tensor, qs: VarlenSide, ks: VarlenSid
     if min(t.numel() for t in (q, k, v, dout)) > 0 and num_n > 0 and qs.max_len > 0:
         rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order.to(torch.int32)])
         band_left, band_right = bounds or (None, None)
+        tiles = num_n * q.shape[-2] * qs.batch
         compile_bwd_sm100(plan)(*BWD_SM100_ARGS.values(
             plan, q=row_modes(q), k=row_modes(k), v=row_modes(v), dout=row_modes(dout), dq=row_modes(dq_buf),
             dk=row_modes(dk_buf), dv=row_modes(dv_buf), scale=scale, post_scale=post_scale, slope=negative_slope,
-            band_left=band_left, band_right=band_right, rows=rows, num_n=num_n,
+            num_ctas=sm100_bwd_grid(plan, tiles, num_n, q.device, ctas), band_left=band_left, band_right=band_right,
+            rows=rows, num_n=num_n,
             bias=sm100_bwd_bias_arg(bias4 if bias4 is not None else bias, qs.max_len, ks.max_len),
             dbias=None if ds is None else dense_modes(ds)))
     dq = dq_of_sums(_summed(dq_buf, q), q.dtype, activation, scale, post_scale)
