@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from ..kernels.activations import ActivationName, get_activation
 from . import fx_nodes as fxn
 from .causal_mask import band_window, causal_mask_kind, constant_value
-from .composite_activation import MAX_NODES, Composite, find_composite, is_math
+from .composite_activation import MAX_NODES, Composite, Refusal, find_composite, is_math
 
 
 @dataclass
@@ -106,19 +106,20 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
     composites: dict[fx.Node, Composite] = {}  # written-out activations, by their last node
     inner: set[fx.Node] = set()  # their other nodes
     grouped: set[fx.Node] = set()  # all their nodes
-    refused = None  # why elementwise ops that read a value twice are no activation (the reason, where one is read)
+    refusals: list[Refusal] = []  # elementwise ops that read a value twice and are no activation
     cur = p
     while cur is not s:
         if not isinstance(cur, fx.Node) or cur.op not in ("call_function", "call_method"):
             raise ChainMismatch(f"{getattr(cur, 'name', cur)}: not an operation between the matmuls")
         readers = _value_readers(cur, detached, s.all_input_nodes, grouped)
         if readers != 1:
-            raise ChainMismatch(refused or f"{cur.name}: the intermediate is also used elsewhere ({readers} users)")
-        composite, why = (find_composite(cur) if fxn.activation_of(cur) is None and _reads_twice(cur)
-                          else (None, None))
-        refused = why or refused
+            raise ChainMismatch(_refusal(cur, refusals, grouped)
+                                or f"{cur.name}: the intermediate is also used elsewhere ({readers} users)")
+        composite, refusal = (find_composite(cur) if fxn.activation_of(cur) is None and _reads_twice(cur)
+                              else (None, None))
+        if refusal is not None:
+            refusals.append(refusal)
         if composite is not None:
-            refused = None  # what was refused contained this activation
             composites[cur] = composite
             inner.update(n for n in composite.members if n is not cur)
             grouped.update(composite.members)
@@ -129,7 +130,8 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
         cur = _chain_input(cur)
     readers = _value_readers(s, detached, s.all_input_nodes, grouped)
     if readers != 1:
-        raise ChainMismatch(refused or f"{s.name}: the scores are also used elsewhere ({readers} users)")
+        raise ChainMismatch(_refusal(s, refusals, grouped)
+                            or f"{s.name}: the scores are also used elsewhere ({readers} users)")
 
     recipe = ChainRecipe(nodes=steps, detached_users=detached)
     seen_activation = False
@@ -215,6 +217,14 @@ def _value_readers(node: fx.Node, detached: list[fx.Node], sources: list[fx.Node
         else:
             readers += 1
     return readers + into_composite
+
+
+def _refusal(node: fx.Node, refusals: list[Refusal], grouped: set[fx.Node]) -> Optional[str]:
+    """Why ``node`` is read more than once, where every reader is within elementwise ops refused as an activation."""
+    for refusal in refusals:
+        if all(u in refusal.members or u in grouped for u in node.users):
+            return refusal.reason
+    return None
 
 
 def _reads_twice(node: fx.Node) -> bool:

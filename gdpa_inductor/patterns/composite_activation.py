@@ -46,6 +46,14 @@ MAX_NODES = 24
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """Elementwise ops (``members``) that read one value more than once and give no activation of the table."""
+
+    reason: str
+    members: frozenset[fx.Node]
+
+
+@dataclass(frozen=True)
 class Composite:
     """Y = act(X): ``members`` the subgraph's nodes (Y among them) in graph order, X its one tensor input."""
 
@@ -87,7 +95,7 @@ def _position(graph: fx.Graph):
     return order.__getitem__
 
 
-def find_composite(root: fx.Node) -> tuple[Optional[Composite], Optional[str]]:
+def find_composite(root: fx.Node) -> tuple[Optional[Composite], Optional[Refusal]]:
     """(``root`` as a written-out activation of the table, None): the nearest X for which the nodes from X to
     ``root`` are pure elementwise math that read X at least twice and are read by nothing else, and agree with the
     activation (``matches``). (None, why) where such nodes agree with no activation; (None, None) where there are
@@ -118,15 +126,15 @@ def find_composite(root: fx.Node) -> tuple[Optional[Composite], Optional[str]]:
         numbers = [a for m in members for a in m.all_input_nodes if a is not source and a not in members]
         if numbers:
             # a value the program computes (math.pi read through a tensor under dynamic shapes) may differ next call
-            refused = refused or (f"{root.name}: the elementwise ops from {source.name} read {numbers[0].name}, a "
-                                  "number the program computes when it runs")
+            refused = refused or Refusal(f"{root.name}: the elementwise ops from {source.name} read {numbers[0].name},"
+                                         " a number the program computes when it runs", frozenset(members))
             continue
         activation = matches(members, root, source, example.dtype)
         if activation is not None:
             return Composite(activation, root, source, tuple(members)), None
-        refused = refused or (
+        refused = refused or Refusal(
             f"{root.name}: the elementwise ops from {source.name} read it {reads} times and are no activation of the "
-            "table (their values or gradients differ from every one's, NaN and infinity included)")
+            "table (their values or gradients differ from every one's, NaN and infinity included)", frozenset(members))
     return None, refused
 
 

@@ -117,3 +117,21 @@ def test_a_value_read_outside_the_activation_is_no_composite():
     assert find_composite(_product_node(shared)) == (None, None)
     composite, why = find_composite(_product_node(lambda s: s * torch.sigmoid(s)))
     assert why is None and composite.activation == "silu" and len(composite.members) == 2
+
+
+def test_a_reader_outside_a_refused_subgraph_is_named_as_such():
+    """(s * sigmoid(s)) / 8 is refused as a whole and then read as silu and a scale; s read once more outside them
+    is reported as that, not as the refusal."""
+    def fn(q, k, v):
+        s = q @ k.transpose(-2, -1) * 0.5
+        return (s * torch.sigmoid(s) / 8.0) @ v, s.sum()
+
+    fused, reasons = _fused(fn, _inputs(torch.float32))
+    assert fused == []
+    assert any("also used elsewhere" in r for r in reasons) and not any(NO_ROW in r for r in reasons), reasons
+
+    def alone(q, k, v):
+        s = q @ k.transpose(-2, -1) * 0.5
+        return (s * torch.sigmoid(s) / 8.0) @ v
+
+    assert _fused(alone, _inputs(torch.float32))[0] == ["silu"]

@@ -55,14 +55,15 @@ def key_tile(head_dim: int, head_dim_v: int) -> int:
 
 
 def persistent_grid(tiles: int, sms: int, num_m: int, uneven: bool) -> int:
-    """CTAs of a persistent Blackwell kernel: one per SM (its shared memory and registers admit one), never more
-    than the ``tiles``. CTA c runs tiles c, c + P, c + 2P, ... of the order query tiles (the backward's key tiles)
-    fastest (``num_m`` a head or sample). Where tiles differ in work by their query tile position (``uneven``: under the causal mask query tile
-    m computes m + 1 key tiles; in a varlen batch the later positions exist only in the longer samples), a grid P
-    that shares a factor with ``num_m`` pins each CTA to a few positions: P = 132 and 16 query tiles give a causal
-    CTA 28 or 40 key tiles per four query tiles, and the CTAs given the light ones idle at the end. Such grids take
-    the largest P coprime with ``num_m``: every CTA then runs each position once in any ``num_m`` of its tiles
-    (H200: causal 1.13-1.58x, varlen with lengths uniform in [1, N] 1.12-1.20x, full varlen samples 0.98x)."""
+    """CTAs of a persistent Blackwell kernel: one per SM (its shared memory and registers admit one), never more than
+    the ``tiles``. CTA c runs tiles c, c + P, c + 2P, ... of the order query tiles (the backward's key tiles)
+    fastest (``num_m`` a head or sample). Where tiles differ in work by their query tile position (``uneven``: under
+    the causal mask query tile m computes m + 1 key tiles; in a varlen batch the later positions exist only in the
+    longer samples), a grid P that shares a factor with ``num_m`` pins each CTA to a few positions: P = 132 and 16
+    query tiles give a causal CTA 28 or 40 key tiles per four query tiles, and the CTAs given the light ones idle at
+    the end. Such grids take the largest P coprime with ``num_m``: every CTA then runs each position once in any
+    ``num_m`` of its tiles (H200: causal 1.13-1.58x, varlen with lengths uniform in [1, N] 1.12-1.20x, full varlen
+    samples 0.98x)."""
     grid = min(tiles, sms)
     if uneven and tiles > grid:
         while math.gcd(grid, num_m) != 1:
