@@ -220,7 +220,6 @@ def fp64_float_report(compiles: _Compiles, capability: int) -> dict:
     """Each kernel of the case compiled again with its float arguments typed fp64, as the code Inductor emits for a
     kernel a compiled graph launches itself passes Python floats: per kernel, the lines of its Triton IR that
     compute in fp64 (conversions to fp32 aside)."""
-    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -229,13 +228,29 @@ def fp64_float_report(compiles: _Compiles, capability: int) -> dict:
         src = kernel.src
         signature = {k: "fp64" if t == "fp32" else t for k, t in src.signature.items()}
         assert signature != src.signature, f"{name} takes no float argument"
-        retyped = triton.compile(ASTSource(src.fn, signature, src.constants, src.attrs),
-                                 target=GPUTarget("cuda", capability, 32),
-                                 options=dict(num_warps=kernel.metadata.num_warps,
-                                              num_stages=kernel.metadata.num_stages))
-        report[name] = [line.strip() for line in retyped.asm["ttir"].splitlines()
+        ttir = _ttir(ASTSource(src.fn, signature, src.constants, src.attrs), GPUTarget("cuda", capability, 32),
+                     dict(num_warps=kernel.metadata.num_warps, num_stages=kernel.metadata.num_stages))
+        report[name] = [line.strip() for line in ttir.splitlines()
                         if "f64" in line and "arith.truncf" not in line and "tt.func" not in line]
     return report
+
+
+def _ttir(src, target, options: dict) -> str:
+    """The Triton IR ``triton.compile`` makes of ``src`` (its first stage), without the later stages and ptxas,
+    which cost most of a compile and which the fp64 report does not read."""
+    from triton._C.libtriton import ir
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(target)
+    options = backend.parse_options(options)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+                         context)
+    stages = {}
+    backend.add_stages(stages, options, src.language)
+    return str(stages["ttir"](module, {"target": target, **options.__dict__}))
 
 
 def main() -> None:
