@@ -25,21 +25,19 @@ import torch.nn.functional as F
 from ..kernels.activations import ACTIVATIONS, ActivationName
 from . import fx_nodes as fxn
 
-# Pure elementwise functions of their tensor operands and Python numbers: what a written-out activation is made of.
-_FUNCTIONS = tuple(dict.fromkeys((
-    operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow, operator.lt, operator.le,
-    operator.gt, operator.ge, torch.add, torch.sub, torch.mul, torch.div, torch.true_divide, torch.neg, torch.pow,
-    torch.square, torch.sigmoid, torch.tanh, torch.erf, torch.exp, torch.sqrt, torch.reciprocal, torch.abs,
-    torch.clamp, torch.clamp_min, torch.clamp_max, torch.minimum, torch.maximum, torch.where, torch.relu,
-    torch.special.expit, torch.special.erf, torch.lt, torch.le, torch.gt, torch.ge, torch.zeros_like, torch.ones_like,
-    F.relu, F.relu6, F.hardtanh, F.sigmoid, F.tanh, F.silu, F.gelu, F.hardswish, F.hardsigmoid,
-    torch._C._nn.gelu, torch._C._nn.hardtanh, torch._C._nn.hardswish, torch._C._nn.hardsigmoid,
-)))
-_METHODS = (
-    "add", "sub", "mul", "div", "truediv", "neg", "pow", "square", "sigmoid", "tanh", "erf", "exp", "sqrt",
-    "reciprocal", "abs", "clamp", "clamp_min", "clamp_max", "relu", "lt", "le", "gt", "ge", "float", "half",
-    "bfloat16", "to", "type_as", "__add__", "__sub__", "__mul__", "__truediv__", "__radd__", "__rsub__", "__rmul__",
-    "__rtruediv__", "__neg__", "__pow__", "__rpow__", "__lt__", "__le__", "__gt__", "__ge__",
+# Pure elementwise functions of their tensor operands and numbers beyond those the matcher already reads
+# (``fx_nodes.is_elementwise``: arithmetic, comparisons, logic; the table's activation spellings; casts): what else a
+# written-out activation is made of.
+_MATH_FUNCTIONS = (
+    operator.pow, torch.pow, torch.true_divide, torch.square, torch.tanh, torch.erf, torch.exp, torch.sqrt,
+    torch.reciprocal, torch.abs, torch.clamp, torch.clamp_min, torch.clamp_max, torch.minimum, torch.maximum,
+    torch.special.expit, torch.special.erf, torch.zeros_like, torch.ones_like, F.tanh, F.relu6, F.hardtanh,
+    F.hardsigmoid, torch._C._nn.hardtanh, torch._C._nn.hardsigmoid,
+)
+_MATH_METHODS = (
+    "pow", "square", "tanh", "erf", "exp", "sqrt", "reciprocal", "abs", "clamp", "clamp_min", "clamp_max", "truediv",
+    "__add__", "__sub__", "__mul__", "__truediv__", "__radd__", "__rsub__", "__rmul__", "__rtruediv__", "__neg__",
+    "__pow__", "__rpow__",
 )
 # How far back from Y the search for X goes (nodes): written-out activations are a handful of ops.
 MAX_NODES = 24
@@ -64,11 +62,11 @@ class Composite:
 
 
 def is_math(node: fx.Node) -> bool:
-    if node.op == "call_function" and node.target is torch.where:
-        return len(node.args) + len(node.kwargs) == 3
-    if node.op == "call_method" and node.target in ("to", "type_as"):
-        return fxn.is_passthrough(node)
-    return fxn.fn_or_method(node, _FUNCTIONS, _METHODS) and "out" not in node.kwargs
+    """Whether ``node`` computes a pure elementwise function of its tensor operands and numbers."""
+    if "out" in node.kwargs:
+        return False
+    return (fxn.is_elementwise(node) or fxn.is_passthrough(node) or fxn.activation_of(node) is not None
+            or fxn.fn_or_method(node, _MATH_FUNCTIONS, _MATH_METHODS))
 
 
 def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
