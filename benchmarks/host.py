@@ -30,7 +30,7 @@ import gdpa_inductor
 from benchmarks.harness.cli import Benchmark, command_line, main
 from gdpa_inductor.demo import DemoRecModel, _loss, make_batch
 from gdpa_inductor.kernels.cute import gdpa_bwd, gdpa_fwd, varlen_bwd, varlen_fwd
-from gdpa_inductor.lowering.varlen_ops import _sides
+from gdpa_inductor.lowering.varlen_ops import sides
 from gdpa_inductor.patterns import rewrite, softmax_free_attention
 
 # ---- overhead --------------------------------------------------------------------------------------------------------
@@ -232,7 +232,7 @@ def run_cute_launch(args):
     q, k, v, do = (mk(B, H, N, D) for _ in range(4))
     qj, kj, vj, doj = (mk(B * N, H, D) for _ in range(4))
     cu = torch.arange(0, (B + 1) * N, N, dtype=torch.int32)
-    _, qs, ks, order = _sides(qj, kj, vj, cu, cu, None, None, N, N, False)
+    _, qs, ks, order = sides(qj, kj, cu, cu, None, None, N, N, False)
     out = SimpleNamespace(tensor=torch.empty_like(qj))
     cases = {
         "dense forward": lambda: gdpa_fwd.gdpa_fwd_cute(q, k, v, ACT, 0.1, 1.0, 0.01),

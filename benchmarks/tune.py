@@ -28,7 +28,7 @@ from gdpa_inductor.kernels.triton.tile_configs import (
     tile_capability,
 )
 from gdpa_inductor.kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
-from gdpa_inductor.lowering.varlen_ops import _sides
+from gdpa_inductor.lowering.varlen_ops import sides
 
 # ---- triton ----------------------------------------------------------------------------------------------------------
 
@@ -138,7 +138,7 @@ def _problem(max_len: int, sparsity: float, gen):
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)]).cuda()
     total = int(lengths.sum())
     q, k, v, do = (torch.randn(total, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    _, qs, ks, order = _sides(q, k, v, cu, cu, None, None, max_len, max_len, False)
+    _, qs, ks, order = sides(q, k, cu, cu, None, None, max_len, max_len, False)
     return qs, ks, v, with_tensor(qs, do), order
 
 

@@ -1,10 +1,11 @@
 """Pure-PyTorch varlen GDPA: the dense reference (``reference.py``) applied to each sample's rows.
 
-Layouts (FlashAttention's): a jagged side is ``[total, H, D]`` with int32 offsets ``cu_seqlens`` of length
-B + 1; a dense side (``cu_seqlens`` None) is ``[B or 1, N, H, D]``, a batch of 1 being shared by every
-sample (PMA's seed queries, a shared memory), optionally with per-sample valid lengths ``seqused`` (a
-padded batch: rows past the length take no part and get zeros; on a jagged side, the first ``seqused`` rows of
-each sample take part, the rest likewise). The output follows the query's layout.
+Layouts (FlashAttention's): a jagged side is ``[total, H, D]`` with offsets ``cu_seqlens`` of length B + 1
+(int32 from the public API; the backend's rewrite passes the graph's own integer offsets), clamped to the rows, each
+sample's length cut to ``max_seqlen``; a dense side (``cu_seqlens`` None) is ``[B or 1, N, H, D]``, a batch of 1
+being shared by every sample (PMA's seed queries, a shared memory), optionally with per-sample valid lengths
+``seqused`` (a padded batch: rows past the length take no part and get zeros; on a jagged side, the first
+``seqused`` rows of each sample take part, the rest likewise). The output follows the query's layout.
 An optional additive ``bias`` broadcasts to ``[B, H, max_seqlen_q, max_seqlen_k]`` and is indexed by the
 sample and the positions within it (a padded batch's own coordinates): sample z reads
 ``bias[z, :, :n_q(z), :n_k(z)]``; max_seqlen is a dense side's N.
@@ -36,21 +37,28 @@ def varlen_out_shape(q, v, cu_seqlens_q, batch: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class _Rows:
-    """Where each sample's rows are in one side's tensors."""
+    """Where each sample's rows are in one side's tensors: offsets clamped to the rows, lengths cut to [0, the side's
+    longest], as the kernels' schedule reads them."""
 
     offsets: list[int] | None  # jagged
     used: list[int] | None  # rows that take part: a padded dense side's, or a jagged side's first ones
+    longest: int
 
     @staticmethod
-    def of(cu: torch.Tensor | None, seqused: torch.Tensor | None) -> "_Rows":
-        return _Rows(None if cu is None else cu.tolist(), None if seqused is None else seqused.tolist())
+    def of(x: torch.Tensor, cu: torch.Tensor | None, seqused: torch.Tensor | None, max_seqlen: int) -> "_Rows":
+        offsets = None if cu is None else cu.to(torch.int64).clamp(0, x.shape[0]).tolist()
+        longest = max_seqlen if cu is not None else x.shape[1]
+        return _Rows(offsets, None if seqused is None else seqused.clamp_min(0).tolist(), longest)
 
     def index(self, x: torch.Tensor, z: int) -> tuple:
         if self.offsets is not None:
-            end = self.offsets[z + 1] if self.used is None else min(self.offsets[z + 1], self.offsets[z] + self.used[z])
-            return (slice(self.offsets[z], max(self.offsets[z], end)),)
+            start = self.offsets[z]
+            end = min(self.offsets[z + 1], start + self.longest)
+            if self.used is not None:
+                end = min(end, start + self.used[z])
+            return (slice(start, max(start, end)),)
         entry = z if x.shape[0] > 1 else 0
-        return (entry, slice(0, self.used[z] if self.used is not None else x.shape[1]))
+        return (entry, slice(0, min(self.used[z], self.longest) if self.used is not None else x.shape[1]))
 
     def heads_first(self, x: torch.Tensor, z: int) -> torch.Tensor:
         return x[self.index(x, z)].transpose(0, 1)
@@ -70,7 +78,7 @@ def _sample_bias(bias4: torch.Tensor | None, z: int, nq: int, nk: int) -> torch.
 def gdpa_varlen_reference(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                           max_seqlen_k, activation, scale, post_scale, causal, window, negative_slope) -> torch.Tensor:
     batch = varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
-    rq, rk = _Rows.of(cu_seqlens_q, seqused_q), _Rows.of(cu_seqlens_k, seqused_k)
+    rq, rk = _Rows.of(q, cu_seqlens_q, seqused_q, max_seqlen_q), _Rows.of(k, cu_seqlens_k, seqused_k, max_seqlen_k)
     out = v.new_zeros(varlen_out_shape(q, v, cu_seqlens_q, batch))
     full = bias_shape(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, batch)
     bias4 = None if bias is None else bias.expand(full)
@@ -90,7 +98,7 @@ def gdpa_varlen_reference_backward(dout, q, k, v, bias, cu_seqlens_q, cu_seqlens
     """(dq, dk, dv, dbias or None) in the inputs' shapes and dtypes; a dense side shared by the batch, and a
     bias broadcast over samples or heads, sum their samples."""
     batch = varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
-    rq, rk = _Rows.of(cu_seqlens_q, seqused_q), _Rows.of(cu_seqlens_k, seqused_k)
+    rq, rk = _Rows.of(q, cu_seqlens_q, seqused_q, max_seqlen_q), _Rows.of(k, cu_seqlens_k, seqused_k, max_seqlen_k)
     acc = torch.promote_types(q.dtype, torch.float32)
     dq, dk, dv = (torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v))
     full = bias_shape(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, batch)

@@ -24,7 +24,8 @@ from .dispatch import select_varlen_backward_impl, select_varlen_forward_impl
 from .op_autograd import OpAutograd
 
 
-def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, traced):
+def sides(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, traced):
+    """(batch, query side, key side, sample order): the schedule of a call's samples, made in one launch."""
     from ..kernels.triton.varlen_schedule import varlen_sides
 
     batch = varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
@@ -33,14 +34,14 @@ def _sides(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
 
 
 def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params, plan=None,
-                ctas=None) -> torch.Tensor:
+                ctas=None, scheduled=None) -> torch.Tensor:
     """The forward on ``impl`` ("cute": on sm_100 the Blackwell forward, its build ``plan`` and grid ``ctas`` where
-    given); ``traced``: its Triton launches go into a compiled graph."""
+    given); ``traced``: its Triton launches go into a compiled graph; ``scheduled``: ``sides``' result, where made."""
     if impl == "reference":
         return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
     from ..kernels.common.varlen_rows import with_tensor
 
-    batch, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k, traced)
+    batch, qs, ks, order = scheduled or sides(q, k, *rows, max_seqlen_q, max_seqlen_k, traced)
     # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
     alloc = torch.zeros if rows[2] is not None else torch.empty
     out = alloc(varlen_out_shape(q, v, rows[0], batch), dtype=v.dtype, device=v.device)
@@ -67,13 +68,13 @@ def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, p
 
 
 def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params, bias_requires_grad,
-                 plan=None, ctas=None):
+                 plan=None, ctas=None, scheduled=None):
     """(dq, dk, dv, dbias or None) on ``impl`` ("cute": on sm_100 the Blackwell backward, its build ``plan`` and grid
-    ``ctas`` where given); ``traced`` as for ``_forward_on``."""
+    ``ctas`` where given); ``traced`` and ``scheduled`` as for ``_forward_on``."""
     if impl == "reference":
         return gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params,
                                               bias_requires_grad)
-    _, qs, ks, order = _sides(q, k, v, *rows, max_seqlen_q, max_seqlen_k, traced)
+    _, qs, ks, order = scheduled or sides(q, k, *rows, max_seqlen_q, max_seqlen_k, traced)
     activation, scale, post_scale, causal, window, negative_slope = params
     if impl == "cute":
         from ..kernels.cute.fwd_support import on_sm100

@@ -307,16 +307,16 @@ def _bias(b: _Builder, m: GdpaMatch, dtype: torch.dtype, with_masks: bool = True
 
 def _varlen_padded(b: _Builder, m: GdpaMatch, q: fx.Node, k: fx.Node, v: fx.Node, dtype: torch.dtype) -> fx.Node:
     """The block on the varlen op, which reads [B, N, H, D] views: over a padded batch with a length mask, the
-    valid lengths (clamped to N, as ``arange(N) < lengths`` is), and the padding is never visited; with a band
-    mask, its window. A bias keeps its padded [.., N, N] coordinates, which are the varlen op's per-sample ones."""
+    valid lengths (which the op clamps to N, as ``arange(N) < lengths`` does), and the padding is never visited;
+    with a band mask, its window. A bias keeps its padded [.., N, N] coordinates, which are the varlen op's
+    per-sample ones."""
     r, plan = m.recipe, m.lengths
     bias = _bias(b, m, dtype, with_masks=plan is None or plan.from_padding)
-    seqused_q, seqused_k = _seqused(b, plan, _size(b, k, -2))
+    seqused_q, seqused_k = _seqused(b, plan)
     left, right = r.window if r.window is not None else (-1, -1)
     qt, kt, vt = (b.emit("method", "transpose", (x, 1, 2)) for x in (q, k, v))
-    out = b.emit("function", torch.ops.gdpa.varlen_fwd_direct_v2.default,
-                 (qt, kt, vt, bias, None, None, seqused_q, seqused_k, 0, 0, r.activation, float(r.scale),
-                  float(r.post_scale), bool(r.causal), left, right, float(r.negative_slope)))
+    out = _varlen_op(b, (qt, kt, vt, bias, None, None, seqused_q, seqused_k, 0, 0, r.activation, float(r.scale),
+                         float(r.post_scale), bool(r.causal), left, right, float(r.negative_slope)))
     return b.emit("method", "transpose", (out, 1, 2))
 
 
@@ -324,28 +324,32 @@ def _varlen_jagged(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> fx.Node:
     """The block on the varlen op reading K and V (and Q where its padded rows are skipped) from the jagged rows they
     pad (``LengthMask.jagged``), with offsets from the plan's lengths and each sample's rows used cut to N as the
     padding cuts them: no padded copy is read, and the gradients reach the jagged rows directly. A jagged output
-    goes back to the padded batch, zeros past the lengths (where the graph's are zero or unread). Offsets past the
-    rows (not a valid batch) are clamped to them, so that the op never reads past the tensors."""
+    goes back to the padded batch, zeros past the lengths (where the graph's are zero or unread). The op clamps
+    offsets past the rows (not a valid batch) to them, so that it never reads past the tensors."""
     r, plan = m.recipe, m.lengths
     jq, jk, jv = plan.jagged
     n = int(m.k.example().shape[-2])
     k, v = _jagged(b, jk, m.k.example(), dtype), _jagged(b, jv, m.v.example(), dtype)
-    offsets = b.emit("method", "clamp", (_offsets(b, plan), 0, _size(b, k, 0)))
-    cu = b.emit("method", "to", (offsets, torch.int32))
-    used = _seqused(b, plan, n)[1]
+    # the op clamps the offsets to the rows and cuts each length to N itself: no converted copies to launch
+    raw = _offsets(b, plan)
     if jq is None:
         q = _operand(b, m.q, dtype, r.pre_factors)
-        q_side = (b.emit("method", "transpose", (q, 1, 2)), None, None)
+        q, cu_q = b.emit("method", "transpose", (q, 1, 2)), None
     else:
-        qj = _jagged(b, jq, m.q.example(), dtype, r.pre_factors)
-        q_side = (qj, cu, used)
+        q, cu_q = _jagged(b, jq, m.q.example(), dtype, r.pre_factors), raw
     left, right = r.window if r.window is not None else (-1, -1)
-    out = b.emit("function", torch.ops.gdpa.varlen_fwd_direct_v2.default,
-                 (q_side[0], k, v, _bias(b, m, dtype), q_side[1], cu, q_side[2], used, n, n, r.activation,
-                  float(r.scale), float(r.post_scale), bool(r.causal), left, right, float(r.negative_slope)))
+    out = _varlen_op(b, (q, k, v, _bias(b, m, dtype), cu_q, raw, None, None, n, n, r.activation, float(r.scale),
+                         float(r.post_scale), bool(r.causal), left, right, float(r.negative_slope)))
     if jq is None:
         return b.emit("method", "transpose", (out, 1, 2))
+    offsets = b.emit("method", "clamp", (raw, 0, _size(b, k, 0)))
     return _padded_output(b, out, offsets, int(m.q.example().shape[0]), n)
+
+
+def _varlen_op(b: _Builder, args: tuple) -> fx.Node:
+    """The varlen op's output; its other outputs are the schedule its backward reuses."""
+    found = b.emit("function", torch.ops.gdpa.varlen_fwd_direct_v3.default, args)
+    return b.emit("function", operator.getitem, (found, 0))
 
 
 def _jagged(b: _Builder, rows: fx.Node, like: torch.Tensor, dtype: torch.dtype, factors=()) -> fx.Node:
@@ -400,8 +404,9 @@ def _size(b: _Builder, node: fx.Node, dim: int):
     return size if isinstance(size, int) else b.emit("function", torch.ops.aten.sym_size.int, (node, dim))
 
 
-def _seqused(b: _Builder, plan, n) -> tuple[Optional[fx.Node], Optional[fx.Node]]:
-    """(seqused_q, seqused_k): the plan's lengths (from offsets when it reads them) clamped to N, as int32."""
+def _seqused(b: _Builder, plan, n=None) -> tuple[Optional[fx.Node], Optional[fx.Node]]:
+    """(seqused_q, seqused_k): the plan's lengths (from offsets when it reads them), clamped to N as int32 where ``n``
+    is given; as the graph has them for the varlen op, which clamps them itself."""
     if plan is None:
         return None, None
     lengths = plan.lengths
@@ -409,8 +414,9 @@ def _seqused(b: _Builder, plan, n) -> tuple[Optional[fx.Node], Optional[fx.Node]
         ends = b.emit("function", operator.getitem, (lengths, slice(1, None, None)))
         starts = b.emit("function", operator.getitem, (lengths, slice(None, -1, None)))
         lengths = b.emit("function", operator.sub, (ends, starts))
-    lengths = b.emit("method", "clamp", (lengths, 0, n))
-    lengths = b.emit("method", "to", (lengths, torch.int32))
+    if n is not None:
+        lengths = b.emit("method", "clamp", (lengths, 0, n))
+        lengths = b.emit("method", "to", (lengths, torch.int32))
     return (lengths if plan.rows else None), (lengths if plan.cols else None)
 
 

@@ -42,7 +42,7 @@ from gdpa_inductor.kernels.cute.kernel_args import (  # noqa: E402
     dense_modes,
     row_modes,
 )
-from gdpa_inductor.lowering.varlen_ops import _sides  # noqa: E402
+from gdpa_inductor.lowering.varlen_ops import sides  # noqa: E402
 
 DTYPE, D, ACT = torch.float16, 64, "relu"
 
@@ -269,7 +269,7 @@ def _jagged_sides(lengths):
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     total, longest = int(cu[-1]), max(lengths)
     q, k, v = _randn(total, 4, D), _randn(total, 2, D), _randn(total, 2, D)
-    _, qs, ks, order = _sides(q, k, v, cu, cu, None, None, longest, longest, False)
+    _, qs, ks, order = sides(q, k, cu, cu, None, None, longest, longest, False)
     return qs, ks, v, order
 
 

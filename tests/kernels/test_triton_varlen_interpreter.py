@@ -130,3 +130,27 @@ def test_schedule_kernel_matches_torch(modes, batch, gen, monkeypatch):
     for a, b in ((qs.starts, qt.starts), (qs.lengths, qt.lengths), (ks.starts, kt.starts),
                  (ks.lengths, kt.lengths), (order, order_t)):
         assert torch.equal(a, b), (a, b)
+
+
+@pytest.mark.parametrize("on_kernel", [True, False])
+@pytest.mark.parametrize("offsets", [[0, 5, 25, 30], [0, 12, 8, 30], [-3, 5, 40, 50], [2, 2, 9, 11]])
+def test_schedule_clamps_offsets_and_cuts_lengths(offsets, on_kernel, monkeypatch):
+    """int64 offsets as a graph has them: each start clamped to [0, rows], each length to [0, the longest], on the
+    schedule kernel and on the torch ops alike (written out here, not compared with each other)."""
+    from gdpa_inductor.kernels.triton import varlen_schedule
+
+    if not on_kernel:
+        monkeypatch.setattr(varlen_schedule, "MAX_SORT", 0)
+    rows, longest = 30, 16
+    cu = torch.tensor(offsets, dtype=torch.int64)
+    x = torch.zeros(rows, 2, 8)
+    qs, ks, order = varlen_schedule.varlen_sides(x, x, cu, cu, None, None, longest, longest, len(offsets) - 1)
+    clamped = [min(max(o, 0), rows) for o in offsets]
+    starts = clamped[:-1]
+    lengths = [min(max(end - start, 0), longest) for start, end in zip(clamped[:-1], clamped[1:])]
+    ranked = order.tolist()
+    assert sorted(ranked) == list(range(len(starts)))
+    assert [lengths[z] for z in ranked] == sorted(lengths, reverse=True)
+    for side in (qs, ks):
+        assert side.starts.tolist() == [starts[z] for z in ranked]
+        assert side.lengths.tolist() == [lengths[z] for z in ranked]

@@ -341,13 +341,12 @@ def forward(self, L_k_ : torch.Tensor, L_lengths_ : torch.Tensor, L_q_ : torch.T
     l_lengths_ = L_lengths_
     l_q_ = L_q_
     l_v_ = L_v_
-    clamp = l_lengths_.clamp(0, 12);  l_lengths_ = None
-    to = clamp.to(torch.int32);  clamp = None
     transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
     transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
     transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
-    varlen_fwd_direct_v2_default = torch.ops.gdpa.varlen_fwd_direct_v2.default(transpose_1, transpose_2, transpose_3, None, None, None, None, to, 0, 0, 'gelu', 0.25, 1.0, False, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = to = None
-    transpose_4 = varlen_fwd_direct_v2_default.transpose(1, 2);  varlen_fwd_direct_v2_default = None
+    varlen_fwd_direct_v3_default = torch.ops.gdpa.varlen_fwd_direct_v3.default(transpose_1, transpose_2, transpose_3, None, None, None, None, l_lengths_, 0, 0, 'gelu', 0.25, 1.0, False, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = l_lengths_ = None
+    getitem_3 = varlen_fwd_direct_v3_default[0];  varlen_fwd_direct_v3_default = None
+    transpose_4 = getitem_3.transpose(1, 2);  getitem_3 = None
     return (transpose_4,)""")
 
     def test_hstu_padded_lengths_causal_silu(self):
@@ -505,15 +504,10 @@ def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.T
     reshape_4 = values_1.reshape(-1, 2, 16);  values_1 = None
     reshape_5 = values_2.reshape(-1, 2, 16);  values_2 = None
     to = l_offsets_.to(torch.int64)
-    clamp_3 = to.clamp(0, 26);  to = None
-    to_1 = clamp_3.to(torch.int32)
-    getitem_22 = l_offsets_[slice(1, None, None)]
-    getitem_23 = l_offsets_[slice(None, -1, None)]
-    sub_7 = getitem_22 - getitem_23;  getitem_22 = getitem_23 = None
-    clamp_4 = sub_7.clamp(0, 12);  sub_7 = None
-    to_2 = clamp_4.to(torch.int32);  clamp_4 = None
     reshape_6 = values.reshape(-1, 2, 16);  values = None
-    varlen_fwd_direct_v2_default = torch.ops.gdpa.varlen_fwd_direct_v2.default(reshape_6, reshape_4, reshape_5, None, to_1, to_1, to_2, to_2, 12, 12, 'silu', 0.5, 0.08333333333333333, True, -1, -1, 0.01);  reshape_6 = reshape_4 = reshape_5 = to_1 = to_2 = None
+    varlen_fwd_direct_v3_default = torch.ops.gdpa.varlen_fwd_direct_v3.default(reshape_6, reshape_4, reshape_5, None, to, to, None, None, 12, 12, 'silu', 0.5, 0.08333333333333333, True, -1, -1, 0.01);  reshape_6 = reshape_4 = reshape_5 = None
+    getitem_22 = varlen_fwd_direct_v3_default[0];  varlen_fwd_direct_v3_default = None
+    clamp_3 = to.clamp(0, 26);  to = None
     arange_4 = torch.arange(26, device = device(type='cpu'))
     searchsorted = torch.searchsorted(l_offsets_, arange_4, right = True);  arange_4 = None
     sample = searchsorted - 1;  searchsorted = None
@@ -527,17 +521,17 @@ def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.T
     where_1 = torch.where(lt_5, add_5, add_3);  lt_5 = add_5 = add_3 = None
     floordiv = where_1 // 12
     mul_7 = floordiv * 12
-    sub_10 = where_1 - mul_7;  where_1 = mul_7 = None
-    getitem_26 = clamp_3[floordiv]
+    sub_9 = where_1 - mul_7;  where_1 = mul_7 = None
+    getitem_25 = clamp_3[floordiv]
     add_6 = floordiv + 1;  floordiv = None
-    getitem_27 = clamp_3[add_6];  clamp_3 = add_6 = None
-    sub_11 = getitem_27 - getitem_26;  getitem_27 = None
-    lt_6 = sub_10 < sub_11;  sub_11 = None
-    add_7 = getitem_26 + sub_10;  getitem_26 = sub_10 = None
-    clamp_6 = add_7.clamp(0, 25);  add_7 = None
-    reshape_7 = varlen_fwd_direct_v2_default.reshape(-1, 32);  varlen_fwd_direct_v2_default = None
-    getitem_28 = reshape_7[clamp_6];  reshape_7 = clamp_6 = None
+    getitem_26 = clamp_3[add_6];  clamp_3 = add_6 = None
+    sub_10 = getitem_26 - getitem_25;  getitem_26 = None
+    lt_6 = sub_9 < sub_10;  sub_10 = None
+    add_7 = getitem_25 + sub_9;  getitem_25 = sub_9 = None
+    clamp_5 = add_7.clamp(0, 25);  add_7 = None
+    reshape_7 = getitem_22.reshape(-1, 32);  getitem_22 = None
+    getitem_27 = reshape_7[clamp_5];  reshape_7 = clamp_5 = None
     unsqueeze_4 = lt_6.unsqueeze(-1);  lt_6 = None
-    where_2 = torch.where(unsqueeze_4, getitem_28, 0.0);  unsqueeze_4 = getitem_28 = None
+    where_2 = torch.where(unsqueeze_4, getitem_27, 0.0);  unsqueeze_4 = getitem_27 = None
     view_9 = where_2.view(26, 2, 16);  where_2 = None
     return (view_9,)""")

@@ -88,7 +88,12 @@ def gdpa_varlen_bwd_dkdv_kernel(
     WITH_DK: tl.constexpr, WITH_DV: tl.constexpr,
 ):
     scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
-    pid_n, hk, z, nq, nk, q_row0, k_row0 = program_work(MAX_N, BLOCK_N, HKV, Order, StartQ, LenQ, StartK, LenK)
+    pid_n, hk, rank = program_work(MAX_N, BLOCK_N, HKV)
+    z = tl.load(Order + rank).to(tl.int64)
+    nq = tl.load(LenQ + rank)
+    nk = tl.load(LenK + rank)
+    q_row0 = tl.load(StartQ + rank).to(tl.int64)
+    k_row0 = tl.load(StartK + rank).to(tl.int64)
     n0 = pid_n * BLOCK_N
     if n0 < nk:
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -183,8 +188,12 @@ def gdpa_varlen_bwd_dq_kernel(
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
-    pid_m, h, z, nq, nk, q_row0, k_row0 = program_work(MAX_N, BLOCK_M, HKV * GROUP, Order, StartQ, LenQ, StartK,
-                                                       LenK)
+    pid_m, h, rank = program_work(MAX_N, BLOCK_M, HKV * GROUP)
+    z = tl.load(Order + rank).to(tl.int64)
+    nq = tl.load(LenQ + rank)
+    nk = tl.load(LenK + rank)
+    q_row0 = tl.load(StartQ + rank).to(tl.int64)
+    k_row0 = tl.load(StartK + rank).to(tl.int64)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
         hk = h // GROUP

@@ -66,7 +66,12 @@ def gdpa_varlen_fwd_kernel(
     TANH_APPROX: tl.constexpr, PRECISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
-    pid_m, h, z, nq, nk, q_row0, k_row0 = program_work(MAX_NQ, BLOCK_M, H, Order, StartQ, LenQ, StartK, LenK)
+    pid_m, h, rank = program_work(MAX_NQ, BLOCK_M, H)
+    z = tl.load(Order + rank).to(tl.int64)
+    nq = tl.load(LenQ + rank)
+    nk = tl.load(LenK + rank)
+    q_row0 = tl.load(StartQ + rank).to(tl.int64)
+    k_row0 = tl.load(StartK + rank).to(tl.int64)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
         hk = h // GROUP

@@ -24,40 +24,42 @@ _JAGGED, _PADDED, _FULL, _JAGGED_USED = 0, 1, 2, 3
 
 
 @triton.jit
-def _rows(Cu, Used, z, ok, N, MODE: tl.constexpr):
-    if MODE == 0:
-        start = tl.load(Cu + z, mask=ok, other=0).to(tl.int32)
-        length = tl.load(Cu + z + 1, mask=ok, other=0).to(tl.int32) - start
-    elif MODE == 1:
+def _rows(Cu, Used, z, ok, N, ROWS, MODE: tl.constexpr):
+    # offsets clamped to the side's rows and lengths cut to [0, N]: whatever the offsets, no row outside is read
+    if MODE == 1:
         start = tl.zeros_like(z)
-        length = tl.load(Used + z, mask=ok, other=0).to(tl.int32)
-    elif MODE == 3:
-        start = tl.load(Cu + z, mask=ok, other=0).to(tl.int32)
-        length = tl.load(Cu + z + 1, mask=ok, other=0).to(tl.int32) - start
-        length = tl.minimum(length, tl.maximum(tl.load(Used + z, mask=ok, other=0).to(tl.int32), 0))
-    else:
+        length = tl.minimum(tl.maximum(tl.load(Used + z, mask=ok, other=0).to(tl.int64), 0), N).to(tl.int32)
+    elif MODE == 2:
         start = tl.zeros_like(z)
         length = tl.zeros_like(z) + N
+    else:
+        first = tl.minimum(tl.maximum(tl.load(Cu + z, mask=ok, other=0).to(tl.int64), 0), ROWS)
+        end = tl.minimum(tl.maximum(tl.load(Cu + z + 1, mask=ok, other=0).to(tl.int64), 0), ROWS)
+        length = tl.minimum(tl.maximum(end - first, 0), N)
+        if MODE == 3:
+            length = tl.minimum(length, tl.maximum(tl.load(Used + z, mask=ok, other=0).to(tl.int64), 0))
+        start = first.to(tl.int32)
+        length = length.to(tl.int32)
     return start, length
 
 
 @triton.jit
 def varlen_schedule_kernel(
-    CuQ, UsedQ, CuK, UsedK, StartQ, LenQ, StartK, LenK, Order, B, NQ, NK,
+    CuQ, UsedQ, CuK, UsedK, StartQ, LenQ, StartK, LenK, Order, B, NQ, NK, ROWS_Q, ROWS_K,
     Q_MODE: tl.constexpr, K_MODE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     z = tl.arange(0, BLOCK)
     ok = z < B
-    _, lq = _rows(CuQ, UsedQ, z, ok, NQ, Q_MODE)
-    _, lk = _rows(CuK, UsedK, z, ok, NK, K_MODE)
+    _, lq = _rows(CuQ, UsedQ, z, ok, NQ, ROWS_Q, Q_MODE)
+    _, lk = _rows(CuK, UsedK, z, ok, NK, ROWS_K, K_MODE)
     work = lq.to(tl.int64) * lk.to(tl.int64)
     # Descending keys: more work first; equal work in index order (the low bits hold BLOCK - 1 - z).
     key = tl.where(ok, (work << INDEX_BITS) | (BLOCK - 1 - z).to(tl.int64), -1)
     ranked = tl.sort(key, descending=True)
     order = (BLOCK - 1 - (ranked & ((1 << INDEX_BITS) - 1))).to(tl.int32)
     # Rows in rank order, read again at the sorted indices (no round trip through memory).
-    sq, lq = _rows(CuQ, UsedQ, order, ok, NQ, Q_MODE)
-    sk, lk = _rows(CuK, UsedK, order, ok, NK, K_MODE)
+    sq, lq = _rows(CuQ, UsedQ, order, ok, NQ, ROWS_Q, Q_MODE)
+    sk, lk = _rows(CuK, UsedK, order, ok, NK, ROWS_K, K_MODE)
     tl.store(Order + z, order, mask=ok)
     tl.store(StartQ + z, sq, mask=ok)
     tl.store(LenQ + z, lq, mask=ok)
@@ -66,20 +68,15 @@ def varlen_schedule_kernel(
 
 
 @triton.jit
-def program_work(MAX_N, BLOCK: tl.constexpr, HEADS, Order, StartQ, LenQ, StartK, LenK):
-    """What program ``program_id(0)`` of a varlen kernel does: (tile index, head, sample, nq, nk, first
-    query row, first key row). Tiles of one (sample, head) are adjacent, samples in the schedule's rank
-    order; the five per-sample loads are independent of each other (rank-ordered rows)."""
+def program_work(MAX_N, BLOCK: tl.constexpr, HEADS):
+    """What program ``program_id(0)`` of a varlen kernel does: (tile index, head, rank of its sample). Tiles of one
+    (sample, head) are adjacent, samples in the schedule's rank order. The kernel then loads the sample's index,
+    lengths and first rows at that rank itself (five independent loads): a helper taking the schedule's pointers
+    would read, to Inductor's analysis of a compiled graph's launches, as writing them, and cost copies."""
     num_tiles = tl.cdiv(MAX_N, BLOCK)
     pid = tl.program_id(0)
     rest = pid // num_tiles
-    rank = rest // HEADS
-    z = tl.load(Order + rank).to(tl.int64)
-    nq = tl.load(LenQ + rank)
-    nk = tl.load(LenK + rank)
-    q_row0 = tl.load(StartQ + rank).to(tl.int64)
-    k_row0 = tl.load(StartK + rank).to(tl.int64)
-    return pid % num_tiles, rest % HEADS, z, nq, nk, q_row0, k_row0
+    return pid % num_tiles, rest % HEADS, rest // HEADS
 
 
 def _mode(cu, used) -> int:
@@ -88,25 +85,27 @@ def _mode(cu, used) -> int:
     return _PADDED if used is not None else _FULL
 
 
-def _torch_rows(x, cu, used, batch):
+def _torch_rows(x, cu, used, batch, n):
+    """(starts, lengths) as the kernel's ``_rows`` gives them, in sample order."""
     if cu is not None:
-        cu = cu.to(torch.int32)
-        lengths = cu[1:] - cu[:-1]
+        cu = cu.to(torch.int64).clamp(0, x.shape[0])
+        lengths = (cu[1:] - cu[:-1]).clamp(0, n)
         if used is not None:
-            lengths = torch.minimum(lengths, used.to(torch.int32).clamp_min(0))
-        return cu[:-1], lengths
+            lengths = torch.minimum(lengths, used.to(torch.int64).clamp_min(0))
+        return cu[:-1].to(torch.int32), lengths.to(torch.int32)
     starts = torch.zeros(batch, dtype=torch.int32, device=x.device)
     if used is not None:
-        return starts, used.to(torch.int32)
-    return starts, torch.full((batch,), x.shape[1], dtype=torch.int32, device=x.device)
+        return starts, used.to(torch.int64).clamp(0, n).to(torch.int32)
+    return starts, torch.full((batch,), n, dtype=torch.int32, device=x.device)
 
 
 def varlen_sides(q, k, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, batch: int,
                  traced: bool = False) -> tuple[VarlenSide, VarlenSide, torch.Tensor]:
     """(query side, key side, sample order) for the varlen kernels; ``max_*`` count only for jagged sides
-    (a dense side's length is its N). ``traced``: the launch goes into a compiled graph (``layout.launcher``)."""
-    nq = max_q if cu_q is not None else q.shape[1]
-    nk = max_k if cu_k is not None else k.shape[1]
+    (a dense side's length is its N). A jagged side's offsets (any integer dtype) are clamped to its rows, and every
+    length is cut to [0, its side's longest]. ``traced``: the launch goes into a compiled graph
+    (``layout.launcher``)."""
+    nq, nk = _longest(q, cu_q, max_q), _longest(k, cu_k, max_k)
     on_kernel = (q.device.type == "cuda" or interpreting()) and 0 < batch <= MAX_SORT
     if on_kernel:
         # five tensors, not views of one: a traced launch may write only whole tensors
@@ -115,19 +114,30 @@ def varlen_sides(q, k, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, batch
         launcher(varlen_schedule_kernel, traced)[(1,)](
             cu_q if cu_q is not None else dummy, used_q if used_q is not None else dummy,
             cu_k if cu_k is not None else dummy, used_k if used_k is not None else dummy,
-            sq, lq, sk, lk, order, batch, q.shape[1] if cu_q is None else 0, k.shape[1] if cu_k is None else 0,
+            sq, lq, sk, lk, order, batch, nq, nk, q.shape[0], k.shape[0],
             Q_MODE=_mode(cu_q, used_q), K_MODE=_mode(cu_k, used_k), INDEX_BITS=_INDEX_BITS,
             BLOCK=triton.next_power_of_2(batch),
             # the single program's sort: 20 vs 29 us with 16 warps vs 4 at B=1152 (H200)
             num_warps=16 if batch >= 1024 else 4,
         )
     else:
-        sq, lq = _torch_rows(q, cu_q, used_q, batch)
-        sk, lk = _torch_rows(k, cu_k, used_k, batch)
+        sq, lq = _torch_rows(q, cu_q, used_q, batch, nq)
+        sk, lk = _torch_rows(k, cu_k, used_k, batch, nk)
         work = lq.to(torch.int64) * lk.to(torch.int64)
         order = torch.sort(work, descending=True, stable=True).indices
         sq, lq, sk, lk = (x[order] for x in (sq, lq, sk, lk))
         order = order.to(torch.int32)
-    qs = VarlenSide(q, sq, lq, nq, batch, cu_q is not None)
-    ks = VarlenSide(k, sk, lk, nk, batch, cu_k is not None)
-    return qs, ks, order
+    return (*scheduled_sides(q, k, cu_q, cu_k, max_q, max_k, batch, (sq, lq, sk, lk)), order)
+
+
+def scheduled_sides(q, k, cu_q, cu_k, max_q: int, max_k: int, batch: int,
+                    rows: tuple) -> tuple[VarlenSide, VarlenSide]:
+    """(query side, key side) from a schedule's (starts_q, lengths_q, starts_k, lengths_k), rank-ordered, as
+    ``varlen_sides`` made them: a backward reuses its forward's."""
+    sq, lq, sk, lk = rows
+    return (VarlenSide(q, sq, lq, _longest(q, cu_q, max_q), batch, cu_q is not None),
+            VarlenSide(k, sk, lk, _longest(k, cu_k, max_k), batch, cu_k is not None))
+
+
+def _longest(x, cu, max_len: int) -> int:
+    return max_len if cu is not None else x.shape[1]
