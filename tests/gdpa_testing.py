@@ -33,6 +33,16 @@ REL_TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 HALF_FLOOR = 1e-6
 
 
+# torch.library.opcheck's checks whose outcome depends on the kernels that run: inputs neither mutated nor aliased by
+# the outputs (test_schema), no output of the implementation itself that requires grad (test_autograd_registration),
+# real outputs with the fake's shapes, strides and dtypes (test_faketensor). test_aot_dispatch_dynamic, the rest of
+# the default set, traces the op with its fake and autograd formula (the same for every backend) and compares that run
+# with an eager one on the same kernels: the reference backend's opchecks run it, and the Triton kernels' outputs and
+# gradients are checked against float64 in tests/kernels. It runs the forward and the backward again, eager and
+# traced: under the interpreter, most of an opcheck's time.
+KERNEL_OPCHECKS = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
 def dtype_id(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from gdpa_testing import (
     INTERPRETING,
+    KERNEL_OPCHECKS,
     assert_close_to_reference,
     default_scale,
     dtype_id,
@@ -57,11 +58,18 @@ def _op_args(activation, d, causal):
 
 # ---- opcheck ----
 
+def _opcheck(op, args, q, k, v, bias):
+    """opcheck: every default check where the call runs the reference; where it runs the Triton kernels (float32
+    under the interpreter), those whose outcome they decide."""
+    on_triton, _ = dispatch.triton_support(q, k, v, bias)
+    torch.library.opcheck(op, args, **(dict(test_utils=KERNEL_OPCHECKS) if on_triton else {}))
+
+
 @pytest.mark.parametrize("case", OP_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
 def test_opcheck_fwd(dtype, case, gen):
     q, k, v, bias, causal = _case(gen, case, dtype, requires_grad=True)
-    torch.library.opcheck(FWD, (q, k, v, bias, *_op_args("gelu", q.shape[-1], causal)))
+    _opcheck(FWD, (q, k, v, bias, *_op_args("gelu", q.shape[-1], causal)), q, k, v, bias)
 
 
 @pytest.mark.parametrize("bias_grad", [True, False], ids=["dbias", "no_dbias"])
@@ -71,7 +79,7 @@ def test_opcheck_bwd(dtype, case, bias_grad, gen):
     q, k, v, bias, causal = _case(gen, case, dtype)
     batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     dout = randn(gen, *batch, q.shape[-3], q.shape[-2], v.shape[-1], dtype=dtype)
-    torch.library.opcheck(BWD, (dout, q, k, v, bias, *_op_args("silu", q.shape[-1], causal), bias_grad))
+    _opcheck(BWD, (dout, q, k, v, bias, *_op_args("silu", q.shape[-1], causal), bias_grad), q, k, v, bias)
 
 
 # ---- autograd through the public function ----

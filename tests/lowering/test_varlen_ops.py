@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import torch
-from gdpa_testing import INTERPRETING
+from gdpa_testing import INTERPRETING, KERNEL_OPCHECKS
 from varlen_testing import LAYOUTS, make_case
 
 from gdpa_inductor import config
@@ -16,6 +16,11 @@ from gdpa_inductor.lowering import varlen_ops
 
 FWD = torch.ops.gdpa.varlen_fwd_v2.default
 BWD = torch.ops.gdpa.varlen_bwd_v2.default
+
+
+def _opcheck(op, args, backend):
+    """opcheck: every default check on the reference; on the Triton kernels, those whose outcome they decide."""
+    torch.library.opcheck(op, args, **(dict(test_utils=KERNEL_OPCHECKS) if backend == "triton" else {}))
 
 
 def _bias(case, q, k, gen, shared: bool):
@@ -40,7 +45,7 @@ def test_opcheck_fwd(layout, backend, gen, monkeypatch):
         pytest.skip("needs TRITON_INTERPRET=1 on CPU")
     monkeypatch.setattr(config, "backend", backend)
     dtype = torch.float64 if backend == "reference" else torch.float32
-    torch.library.opcheck(FWD, _args(make_case(layout, gen), dtype))
+    _opcheck(FWD, _args(make_case(layout, gen), dtype), backend)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -57,8 +62,8 @@ def test_opcheck_bwd(layout, gen, monkeypatch):
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_opcheck_with_bias(layout, backend, shared, gen, monkeypatch):
-    """Forward with a bias, and the autograd registration with the bias's gradient (opcheck's test_aot_dispatch
-    runs the backward through it)."""
+    """Forward with a bias, and (on the reference) the autograd registration with the bias's gradient (opcheck's
+    test_aot_dispatch runs the backward through it)."""
     if backend == "triton" and not INTERPRETING:
         pytest.skip("needs TRITON_INTERPRET=1 on CPU")
     monkeypatch.setattr(config, "backend", backend)
@@ -66,7 +71,7 @@ def test_opcheck_with_bias(layout, backend, shared, gen, monkeypatch):
     case = make_case(layout, gen)
     q, k, _ = case.inputs(dtype)
     bias = _bias(case, q, k, gen, shared).requires_grad_()
-    torch.library.opcheck(FWD, _args(case, dtype, bias=bias))
+    _opcheck(FWD, _args(case, dtype, bias=bias), backend)
 
 
 def test_fake_matches_real_shapes(gen):
@@ -103,7 +108,7 @@ def test_gradients_are_contiguous_for_strided_inputs(backend, gen, monkeypatch):
     grads = BWD(dout, *args, False)
     for g, x in zip(grads, args[:3]):
         assert g.shape == x.shape and g.is_contiguous(), (g.shape, g.stride())
-    torch.library.opcheck(BWD, (dout, *args, False))
+    _opcheck(BWD, (dout, *args, False), backend)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
