@@ -1,6 +1,6 @@
 """The fused ops in the form a compiled graph launches itself.
 
-The backend's rewrite emits ``gdpa::attention_fwd_direct_v1`` and ``gdpa::varlen_fwd_direct_v3`` (with their
+The backend's rewrite emits ``gdpa::attention_fwd_direct_v1`` and ``gdpa::varlen_fwd_direct_v4`` (with their
 backward ops): ``torch.library.triton_op``s, so when Inductor compiles the graph it traces their bodies, and where a
 body launches Triton kernels through ``torch.library.wrap_triton`` the compiled code launches them as it launches
 its own kernels. No Python of this package then runs per call: a fused call costs the host its launches, not the
@@ -205,7 +205,7 @@ def register() -> None:
 
     OpAutograd(4, attention_bwd_direct).register(attention_fwd_direct)
 
-    @torch.library.triton_op("gdpa::varlen_fwd_direct_v3", mutates_args=())
+    @torch.library.triton_op("gdpa::varlen_fwd_direct_v4", mutates_args=())
     def varlen_fwd_direct(
         q: torch.Tensor,
         k: torch.Tensor,
@@ -224,7 +224,7 @@ def register() -> None:
         window_left: int,
         window_right: int,
         negative_slope: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
         if _varlen_direct(q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, causal, (window_left, window_right),
                           activation, False):
@@ -232,13 +232,12 @@ def register() -> None:
             scheduled = varlen_ops.sides(q, k, *rows, max_seqlen_q, max_seqlen_k, True)
             out = varlen_ops._forward_on("triton", True, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, params,
                                          scheduled=scheduled)
-            _, qs, ks, order = scheduled
-            return out, order, qs.starts, qs.lengths, ks.starts, ks.lengths
+            return out, scheduled[3]
         out = varlen_ops.varlen_fwd(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, activation, scale, post_scale,
                                     causal, window_left, window_right, negative_slope)
-        return out, *(q.new_empty(0, dtype=torch.int32) for _ in range(5))
+        return out, q.new_empty(0, dtype=torch.int32)
 
-    @torch.library.triton_op("gdpa::varlen_bwd_direct_v3", mutates_args=())
+    @torch.library.triton_op("gdpa::varlen_bwd_direct_v4", mutates_args=())
     def varlen_bwd_direct(
         dout: torch.Tensor,
         q: torch.Tensor,
@@ -249,11 +248,7 @@ def register() -> None:
         cu_seqlens_k: torch.Tensor | None,
         seqused_q: torch.Tensor | None,
         seqused_k: torch.Tensor | None,
-        order: torch.Tensor,
-        starts_q: torch.Tensor,
-        lengths_q: torch.Tensor,
-        starts_k: torch.Tensor,
-        lengths_k: torch.Tensor,
+        schedule: torch.Tensor,
         max_seqlen_q: int,
         max_seqlen_k: int,
         activation: str,
@@ -273,10 +268,9 @@ def register() -> None:
             params = (activation, scale, post_scale, causal, (window_left, window_right), negative_slope)
             batch = varlen_ops.varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
             scheduled = None
-            if order.shape[0] == batch:  # the forward's schedule, where the forward launched from the graph too
-                schedule = (starts_q, lengths_q, starts_k, lengths_k)
+            if schedule.numel() > 0:  # the forward's schedule, where the forward launched from the graph too
                 scheduled = (batch, *scheduled_sides(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                     batch, schedule), order)
+                                                     batch, schedule), schedule)
             dq, dk, dv, dbias = varlen_ops._backward_on("triton", True, dout, q, k, v, bias, rows, max_seqlen_q,
                                                         max_seqlen_k, params, bias_requires_grad, scheduled=scheduled)
             return dq, dk, dv, dbias if dbias is not None else q.new_empty(0)
@@ -288,8 +282,8 @@ def register() -> None:
 
 
 class ScheduledVarlenAutograd(OpAutograd):
-    """The varlen direct ops' autograd: as the varlen op's, and the forward's schedule (its outputs after the first)
-    goes to the backward, which then need not make it again."""
+    """The varlen direct ops' autograd: as the varlen op's, and the forward's schedule (its second output) goes to
+    the backward, which then need not make it again."""
 
     def __init__(self, backward):
         super().__init__(8, backward)
@@ -298,10 +292,10 @@ class ScheduledVarlenAutograd(OpAutograd):
         ctx.save_for_backward(*inputs[:self.saved], *output[1:])
         ctx.params = tuple(inputs[self.saved:])
 
-    def backward(self, ctx, dout, *schedule_grads) -> tuple:
-        *saved, order, sq, lq, sk, lk = ctx.saved_tensors
+    def backward(self, ctx, dout, schedule_grad) -> tuple:
+        *saved, schedule = ctx.saved_tensors
         bias_grad = saved[3] is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = self.backward_fn(dout, *saved, order, sq, lq, sk, lk, *ctx.params, bias_grad)
+        dq, dk, dv, dbias = self.backward_fn(dout, *saved, schedule, *ctx.params, bias_grad)
         return (dq, dk, dv, dbias if bias_grad else None) + (None,) * (len(saved) - 4 + len(ctx.params))
 
 

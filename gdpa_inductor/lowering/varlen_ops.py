@@ -25,7 +25,8 @@ from .op_autograd import OpAutograd
 
 
 def sides(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, traced):
-    """(batch, query side, key side, sample order): the schedule of a call's samples, made in one launch."""
+    """(batch, query side, key side, schedule): the schedule of a call's samples (``varlen_sides``), made in one
+    launch."""
     from ..kernels.triton.varlen_schedule import varlen_sides
 
     batch = varlen_batch(q, k, cu_seqlens_q, cu_seqlens_k)
@@ -41,7 +42,7 @@ def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, p
         return gdpa_varlen_reference(q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params)
     from ..kernels.common.varlen_rows import with_tensor
 
-    batch, qs, ks, order = scheduled or sides(q, k, *rows, max_seqlen_q, max_seqlen_k, traced)
+    batch, qs, ks, schedule = scheduled or sides(q, k, *rows, max_seqlen_q, max_seqlen_k, traced)
     # Every row of a jagged or full dense query is written; a padded one leaves zeros past its lengths.
     alloc = torch.zeros if rows[2] is not None else torch.empty
     out = alloc(varlen_out_shape(q, v, rows[0], batch), dtype=v.dtype, device=v.device)
@@ -54,16 +55,17 @@ def _forward_on(impl, traced, q, k, v, bias, rows, max_seqlen_q, max_seqlen_k, p
 
             # the build the dispatch's self-check passed, named here as the dense op's launcher names its own
             plan = plan or plan_varlen_fwd_sm100(q.dtype, q.shape[-1], activation, causal, window, bias)
-            return gdpa_varlen_fwd_cute_sm100(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
-                                              negative_slope, causal, window, bias, plan=plan, ctas=ctas)
+            return gdpa_varlen_fwd_cute_sm100(qs, ks, v, with_tensor(qs, out), _order(schedule), activation, scale,
+                                              post_scale, negative_slope, causal, window, bias, plan=plan, ctas=ctas)
         from ..kernels.cute.varlen_fwd import gdpa_varlen_fwd_cute
         from ..kernels.cute.varlen_plan import varlen_band
 
-        return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), order, activation, scale, post_scale,
-                                    negative_slope, causal, varlen_band(q, k, v, causal, window, rows), bias)
+        return gdpa_varlen_fwd_cute(qs, ks, v, with_tensor(qs, out), _order(schedule), activation, scale,
+                                    post_scale, negative_slope, causal, varlen_band(q, k, v, causal, window, rows),
+                                    bias)
     from ..kernels.triton.varlen_fwd import gdpa_varlen_fwd_triton
 
-    gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), order, *params, traced=traced)
+    gdpa_varlen_fwd_triton(qs, ks, v, bias, with_tensor(qs, out), schedule, *params, traced=traced)
     return out
 
 
@@ -74,7 +76,7 @@ def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seql
     if impl == "reference":
         return gdpa_varlen_reference_backward(dout, q, k, v, bias, *rows, max_seqlen_q, max_seqlen_k, *params,
                                               bias_requires_grad)
-    _, qs, ks, order = scheduled or sides(q, k, *rows, max_seqlen_q, max_seqlen_k, traced)
+    _, qs, ks, schedule = scheduled or sides(q, k, *rows, max_seqlen_q, max_seqlen_k, traced)
     activation, scale, post_scale, causal, window, negative_slope = params
     if impl == "cute":
         from ..kernels.cute.fwd_support import on_sm100
@@ -85,18 +87,26 @@ def _backward_on(impl, traced, dout, q, k, v, bias, rows, max_seqlen_q, max_seql
             # the build the dispatch's self-check passed, named as the forward's is
             plan = plan or plan_varlen_bwd_sm100(q.dtype, q.shape[-1], activation, causal, window, bias,
                                                  bias_requires_grad)
-            return gdpa_varlen_bwd_cute_sm100(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
-                                              causal, window, bias, bias_requires_grad, plan=plan, ctas=ctas)
+            return gdpa_varlen_bwd_cute_sm100(dout, qs, ks, v, _order(schedule), activation, scale, post_scale,
+                                              negative_slope, causal, window, bias, bias_requires_grad, plan=plan,
+                                              ctas=ctas)
         from ..kernels.cute.varlen_bwd import gdpa_varlen_bwd_cute
         from ..kernels.cute.varlen_plan import varlen_band
 
-        return gdpa_varlen_bwd_cute(dout, qs, ks, v, order, activation, scale, post_scale, negative_slope,
-                                    causal, varlen_band(q, k, v, causal, window, rows), bias, bias_requires_grad)
+        return gdpa_varlen_bwd_cute(dout, qs, ks, v, _order(schedule), activation, scale, post_scale,
+                                    negative_slope, causal, varlen_band(q, k, v, causal, window, rows), bias,
+                                    bias_requires_grad)
     from ..kernels.common.varlen_rows import with_tensor
     from ..kernels.triton.varlen_bwd import gdpa_varlen_bwd_triton
 
-    return gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, order, *params, bias_requires_grad,
+    return gdpa_varlen_bwd_triton(with_tensor(qs, dout), qs, ks, v, bias, schedule, *params, bias_requires_grad,
                                   traced=traced)
+
+
+def _order(schedule: torch.Tensor) -> torch.Tensor:
+    from ..kernels.triton.varlen_schedule import ORDER, row
+
+    return row(schedule, ORDER)
 
 
 def forward_impl(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,

@@ -348,7 +348,7 @@ def _varlen_jagged(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> fx.Node:
 
 def _varlen_op(b: _Builder, args: tuple) -> fx.Node:
     """The varlen op's output; its other outputs are the schedule its backward reuses."""
-    found = b.emit("function", torch.ops.gdpa.varlen_fwd_direct_v3.default, args)
+    found = b.emit("function", torch.ops.gdpa.varlen_fwd_direct_v4.default, args)
     return b.emit("function", operator.getitem, (found, 0))
 
 

@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-KERNEL = re.compile(r"def (gdpa\w*_kernel|varlen_schedule_kernel)\(")
+KERNEL = re.compile(r"def (gdpa\w*_kernel|varlen_\w+_kernel)\(")
 # a call of an opaque op: the op that chooses its kernel when it runs
 OPAQUE_CALL = re.compile(r"gdpa\.(attention|varlen)_(fwd|bwd)_v\d")
 
@@ -81,6 +81,49 @@ def test_the_demo_model_launches_every_kernel_from_the_graph():
     expected.square().mean().backward()
     assert _rel(out, expected.detach()) < 1e-5
     assert all(_rel(g, p.grad) < 1e-4 for g, p in zip(grads, model.parameters()))
+
+
+def test_jagged_rows_launch_from_the_graph_and_unread_rows_get_zero_gradients():
+    """HSTU's reference spelling (jagged rows padded by a gather, a mask from arange and eye, the valid rows read
+    back) on offsets that leave rows unread: before the first sample, after a sample longer than N, after the last.
+    Every launch is in the graph, one of them the zeroing of the unread rows, which get eager's zero gradients."""
+    n, h, d = 64, 2, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    offsets = torch.tensor([3, 40, 140, 150, 190], device="cuda")
+    q, k, v = (torch.randn(200, h, d, device="cuda", generator=gen, requires_grad=True) for _ in range(3))
+    lengths = (offsets[1:] - offsets[:-1]).clamp(max=n).tolist()
+    rows = torch.cat([z * n + torch.arange(length) for z, length in enumerate(lengths)]).cuda()
+
+    def padded(x, offsets):
+        pos = torch.arange(n, device=x.device)[None, :]
+        src = (offsets[:-1, None] + pos).clamp(max=x.shape[0] - 1)
+        valid = (pos < (offsets[1:] - offsets[:-1])[:, None])[..., None, None]
+        return (x[src] * valid).transpose(1, 2)
+
+    def attention(q, k, v, offsets, rows):
+        qp, kp, vp = (padded(t, offsets) for t in (q, k, v))
+        ids = torch.arange(n, device=q.device)
+        mask = torch.logical_or(torch.eye(n, device=q.device, dtype=torch.bool), ids.view(n, 1) > ids.view(1, n))
+        p = torch.nn.functional.silu(torch.einsum("bhxa,bhya->bhxy", qp, kp) * d**-0.5) / n * mask
+        out = torch.einsum("bhxy,bhyd->bhxd", p, vp)
+        return out.transpose(1, 2).reshape(-1, h, d)[rows]
+
+    out, rewrites, kernels, code = _compiled_step(attention, q, k, v, offsets, rows)
+    assert rewrites == 1
+    assert kernels == {"varlen_schedule_kernel", "gdpa_varlen_fwd_kernel", "varlen_zero_gaps_kernel",
+                       "gdpa_varlen_bwd_dkdv_kernel", "gdpa_varlen_bwd_dq_kernel"}
+    assert not OPAQUE_CALL.search(code)
+    grads = [t.grad for t in (q, k, v)]
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = attention(*leaves, offsets, rows)
+    expected.square().mean().backward()
+    assert _rel(out, expected.detach()) < 1e-5
+    unread = torch.ones(200, dtype=torch.bool, device="cuda")
+    for start, length in zip(offsets.tolist(), lengths):
+        unread[start:start + length] = False
+    for g, leaf in zip(grads, leaves):
+        assert _rel(g, leaf.grad) < 1e-5
+        assert bool((g[unread] == 0).all())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not machine_support(torch.device("cuda"))[0],

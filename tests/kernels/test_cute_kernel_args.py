@@ -42,6 +42,7 @@ from gdpa_inductor.kernels.cute.kernel_args import (  # noqa: E402
     dense_modes,
     row_modes,
 )
+from gdpa_inductor.kernels.triton.varlen_schedule import ORDER, row  # noqa: E402
 from gdpa_inductor.lowering.varlen_ops import sides  # noqa: E402
 
 DTYPE, D, ACT = torch.float16, 64, "relu"
@@ -269,8 +270,8 @@ def _jagged_sides(lengths):
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     total, longest = int(cu[-1]), max(lengths)
     q, k, v = _randn(total, 4, D), _randn(total, 2, D), _randn(total, 2, D)
-    _, qs, ks, order = sides(q, k, cu, cu, None, None, longest, longest, False)
-    return qs, ks, v, order
+    _, qs, ks, schedule = sides(q, k, cu, cu, None, None, longest, longest, False)
+    return qs, ks, v, row(schedule, ORDER)
 
 
 def test_varlen_forward_call(launch):

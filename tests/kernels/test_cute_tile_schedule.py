@@ -29,7 +29,7 @@ from gdpa_inductor.kernels.cute.tile_schedule import (
     tile_coords,
     tile_count,
 )
-from gdpa_inductor.kernels.triton.varlen_schedule import varlen_sides
+from gdpa_inductor.kernels.triton.varlen_schedule import ORDER, row, varlen_sides
 
 TILE_M, TILE_N = 128, 128
 # (causal, window) as the op takes them, -1 unbounded
@@ -45,8 +45,8 @@ def jagged_batch(rng: random.Random, batch: int, heads: int):
     cu_k = torch.tensor([0, *itertools.accumulate(nk)], dtype=torch.int32)
     q = torch.zeros(max(sum(nq), 1), heads, 8)
     k = torch.zeros(max(sum(nk), 1), heads, 8)
-    qs, ks, order = varlen_sides(q, k, cu_q, cu_k, None, None, max(nq), max(nk), batch)
-    rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, order]).tolist()
+    qs, ks, schedule = varlen_sides(q, k, cu_q, cu_k, None, None, max(nq), max(nk), batch)
+    rows = torch.stack([qs.starts, qs.lengths, ks.starts, ks.lengths, row(schedule, ORDER)]).tolist()
     return rows, -(-max(nq) // TILE_M)
 
 

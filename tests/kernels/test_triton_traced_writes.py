@@ -20,7 +20,8 @@ WRITES = {
     "gdpa_fwd_kernel": {"Out"},
     "gdpa_bwd_dkdv_kernel": {"DK", "DV_"},
     "gdpa_bwd_dq_kernel": {"DQ"},
-    "varlen_schedule_kernel": {"StartQ", "LenQ", "StartK", "LenK", "Order"},
+    "varlen_schedule_kernel": {"Sched"},
+    "varlen_zero_gaps_kernel": {"DQ", "DK", "DV_"},
     "gdpa_varlen_fwd_kernel": {"Out"},
     "gdpa_varlen_bwd_dkdv_kernel": {"DK", "DV_"},
     "gdpa_varlen_bwd_dq_kernel": {"DQ"},
@@ -47,10 +48,11 @@ def written() -> dict:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_each_kernel_writes_its_outputs_only(written, case):
     """Every kernel the op launches, and no other tensor than its outputs taken as written (the varlen kernels
-    read the schedule, which a backward takes from its forward as graph inputs)."""
-    op, _, _, bias_grad = case
+    read the schedule, which a backward takes from its forward as graph inputs). Only jagged sides have rows no
+    sample writes."""
+    op, layout, _, bias_grad = case
     names = ([n for n in WRITES if n.startswith("gdpa_") and "varlen" not in n] if op == "dense"
-             else [n for n in WRITES if "varlen" in n])
+             else [n for n in WRITES if "varlen" in n and (layout == "jagged" or "gaps" not in n)])
     expected = {name: sorted(WRITES[name] | (BIAS_GRAD.get(name, set()) if bias_grad else set())) for name in names}
     assert written[_case_id(case)] == expected
 
@@ -61,7 +63,7 @@ def _record_launches(case) -> dict[str, list[str]]:
     import torch
     from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
 
-    from gdpa_inductor.kernels.triton import gdpa_bwd, gdpa_fwd, varlen_bwd, varlen_fwd, varlen_schedule
+    from gdpa_inductor.kernels.triton import gdpa_bwd, gdpa_fwd, varlen_bwd, varlen_fwd, varlen_gaps, varlen_schedule
     from gdpa_inductor.lowering import varlen_ops
 
     recorded = []
@@ -75,7 +77,7 @@ def _record_launches(case) -> dict[str, list[str]]:
                 recorded.append((self.kernel, {**dict(zip(self.kernel.arg_names, args)), **kwargs}))
             return launch
 
-    for module in (gdpa_fwd, gdpa_bwd, varlen_fwd, varlen_bwd, varlen_schedule):
+    for module in (gdpa_fwd, gdpa_bwd, varlen_fwd, varlen_bwd, varlen_gaps, varlen_schedule):
         module.launcher = lambda kernel, traced: Recorder(kernel)
     varlen_schedule.interpreting = lambda: True  # the one-launch schedule, on CPU tensors
     op, layout, causal, bias_grad = case

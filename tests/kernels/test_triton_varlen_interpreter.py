@@ -109,9 +109,9 @@ def test_fp32_bias_and_its_gradient(layout, shared, grouped, gen, monkeypatch):
 @pytest.mark.parametrize("modes", [("jagged", "jagged"), ("full", "jagged"), ("jagged", "full"), ("padded", "padded"),
                                    ("cut", "cut")])
 def test_schedule_kernel_matches_torch(modes, batch, gen, monkeypatch):
-    """The one-launch schedule (rows of both sides, samples by decreasing work, ties in index order) equals
-    the torch-op fallback, with many equal lengths and zeros (40 samples of six lengths per side, sorted in a block
-    of 64 with a padded tail)."""
+    """The one-launch schedule (rows of both sides, samples by decreasing work, ties in index order, the jagged
+    sides' gap ends) equals the torch-op fallback, with many equal lengths and zeros (40 samples of six lengths per
+    side, sorted in a block of 64 with a padded tail)."""
     from gdpa_inductor.kernels.triton import varlen_schedule
 
     lengths = [torch.randint(0, 6, (batch,), generator=gen, dtype=torch.int32) * 7 for _ in range(2)]
@@ -127,12 +127,14 @@ def test_schedule_kernel_matches_torch(modes, batch, gen, monkeypatch):
             args.append((dense, None, lens if mode == "padded" else None))
     (q, cu_q, used_q), (k, cu_k, used_k) = args
     call = (q, k, cu_q, cu_k, used_q, used_k, 35, 35, batch)
-    qs, ks, order = varlen_schedule.varlen_sides(*call)
+    *_, schedule = varlen_schedule.varlen_sides(*call)
     monkeypatch.setattr(varlen_schedule, "MAX_SORT", 0)
-    qt, kt, order_t = varlen_schedule.varlen_sides(*call)
-    for a, b in ((qs.starts, qt.starts), (qs.lengths, qt.lengths), (ks.starts, kt.starts),
-                 (ks.lengths, kt.lengths), (order, order_t)):
-        assert torch.equal(a, b), (a, b)
+    *_, schedule_t = varlen_schedule.varlen_sides(*call)
+    for side, jagged in (("Q", cu_q is not None), ("K", cu_k is not None)):
+        if not jagged:  # a dense side's gap ends are never read
+            for s in (schedule, schedule_t):
+                s[getattr(varlen_schedule, f"GAP_END_{side}").value] = 0
+    assert torch.equal(schedule, schedule_t), (schedule, schedule_t)
 
 
 @pytest.mark.parametrize("on_kernel", [True, False])
@@ -147,13 +149,54 @@ def test_schedule_clamps_offsets_and_cuts_lengths(offsets, on_kernel, monkeypatc
     rows, longest = 30, 16
     cu = torch.tensor(offsets, dtype=torch.int64)
     x = torch.zeros(rows, 2, 8)
-    qs, ks, order = varlen_schedule.varlen_sides(x, x, cu, cu, None, None, longest, longest, len(offsets) - 1)
+    qs, ks, schedule = varlen_schedule.varlen_sides(x, x, cu, cu, None, None, longest, longest, len(offsets) - 1)
     clamped = [min(max(o, 0), rows) for o in offsets]
     starts = clamped[:-1]
     lengths = [min(max(end - start, 0), longest) for start, end in zip(clamped[:-1], clamped[1:])]
-    ranked = order.tolist()
+    decreasing = any(end < start for start, end in zip(clamped[:-1], clamped[1:]))
+    gap_ends = [-1 if decreasing else end for end in clamped[1:-1] + [rows]]
+    ranked = varlen_schedule.row(schedule, varlen_schedule.ORDER).tolist()
     assert sorted(ranked) == list(range(len(starts)))
     assert [lengths[z] for z in ranked] == sorted(lengths, reverse=True)
     for side in (qs, ks):
         assert side.starts.tolist() == [starts[z] for z in ranked]
         assert side.lengths.tolist() == [lengths[z] for z in ranked]
+    for which in (varlen_schedule.GAP_END_Q, varlen_schedule.GAP_END_K):
+        assert varlen_schedule.row(schedule, which).tolist() == [gap_ends[z] for z in ranked]
+
+
+@pytest.mark.parametrize("offsets,used", [([0, 5, 25, 30], None), ([3, 5, 25, 27], None), ([0, 10, 3, 3], None),
+                                          ([0, 12, 8, 30], None), ([2, 9, 20, 30], [7, 3, 40])],
+                         ids=["full", "gaps", "decreasing_apart", "decreasing_overlap", "used"])
+def test_backward_zeroes_the_rows_no_sample_reads(offsets, used, monkeypatch):
+    """Jagged gradients start as uninitialised memory (NaN here): the rows before the first sample, after a
+    sample cut to the longest or to its rows used, and after the last read as zero, every other row as the float64
+    reference has it; where offsets decrease, every row no sample reads is zero too."""
+    from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference
+
+    real_empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda x, **kw: real_empty_like(x, **kw).fill_(float("nan")))
+    rows, longest = 30, 16
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(rows, 2, 8, generator=gen) for _ in range(3))
+    cu = torch.tensor(offsets, dtype=torch.int32)
+    used_t = torch.tensor(used, dtype=torch.int32) if used is not None else None
+    # the op as a compiled graph calls it: offsets as they come, no checks
+    args = (None, cu, cu, used_t, used_t, longest, longest, "silu", 0.3, 0.5, True, -1, -1, 0.01)
+    clamped = [min(max(o, 0), rows) for o in offsets]
+    ok = all(a <= b for a, b in zip(clamped[:-1], clamped[1:]))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = torch.ops.gdpa.varlen_fwd_v2(*leaves, *args)
+    dout = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, leaves, dout)
+    ref_leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    ref_out = gdpa_varlen_reference(*ref_leaves, *args[:-3], (-1, -1), 0.01)
+    want = torch.autograd.grad(ref_out, ref_leaves, dout.double())
+    read = torch.zeros(rows, dtype=torch.bool)
+    for z in range(len(offsets) - 1):
+        n = max(0, min(clamped[z + 1] - clamped[z], longest, *([max(used[z], 0)] if used else [])))
+        read[clamped[z]:clamped[z] + n] = True
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        assert bool((a[~read] == 0).all()), name
+        if ok:
+            assert rel_err(a, b) <= 1e-5, f"{name}: {rel_err(a, b):.3g}"

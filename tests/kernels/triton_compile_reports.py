@@ -95,6 +95,7 @@ def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:
         tma_support,
         varlen_bwd,
         varlen_fwd,
+        varlen_gaps,
         varlen_schedule,
     )
     from gdpa_inductor.kernels.triton.varlen_schedule import varlen_sides
@@ -128,7 +129,7 @@ def compile_case(case, compiles: _Compiles, capability: int = 90) -> dict:
             module.tile_capability = lambda device: capability // 10
 
     compiles.kernels = {}
-    for module in (*modules, varlen_schedule):
+    for module in (*modules, varlen_gaps, varlen_schedule):
         for kernel in vars(module).values():
             if isinstance(kernel, JITFunction) and kernel.__name__.endswith("_kernel"):
                 def compile_only(*args, grid, warmup, _kernel=kernel, **kwargs):
@@ -227,7 +228,8 @@ def fp64_float_report(compiles: _Compiles, capability: int) -> dict:
     for name, kernel in compiles.kernels.items():
         src = kernel.src
         signature = {k: "fp64" if t == "fp32" else t for k, t in src.signature.items()}
-        assert signature != src.signature, f"{name} takes no float argument"
+        if signature == src.signature:  # a kernel that only moves rows: no float to type
+            continue
         ttir = _ttir(ASTSource(src.fn, signature, src.constants, src.attrs), GPUTarget("cuda", capability, 32),
                      dict(num_warps=kernel.metadata.num_warps, num_stages=kernel.metadata.num_stages))
         report[name] = [line.strip() for line in ttir.splitlines()

@@ -17,6 +17,7 @@ from gdpa_inductor.kernels.cute import fwd_support
 from gdpa_inductor.kernels.cute.varlen_bwd import plan_varlen_bwd_sm100
 from gdpa_inductor.kernels.reference import gdpa_reference
 from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference_backward
+from gdpa_inductor.kernels.triton.varlen_schedule import ORDER, row
 from gdpa_inductor.lowering import self_check, sm100_kernels, varlen_ops
 from gdpa_inductor.lowering.dispatch import select_varlen_backward_impl
 
@@ -97,11 +98,11 @@ class Triton:
     def __init__(self):
         self.calls = 0
 
-    def __call__(self, dout, qs, ks, v, bias, order, activation, scale, post_scale, causal, window, negative_slope,
+    def __call__(self, dout, qs, ks, v, bias, schedule, activation, scale, post_scale, causal, window, negative_slope,
                  bias_requires_grad, traced=False):
         self.calls += 1
-        return _grads_on_sides(dout.tensor, qs, ks, v, order, activation, scale, post_scale, negative_slope, causal,
-                               window, bias, bias_requires_grad)
+        return _grads_on_sides(dout.tensor, qs, ks, v, row(schedule, ORDER), activation, scale, post_scale,
+                               negative_slope, causal, window, bias, bias_requires_grad)
 
 
 @pytest.fixture

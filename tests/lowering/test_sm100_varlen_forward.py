@@ -17,6 +17,7 @@ from gdpa_inductor.kernels.cute import fwd_support, varlen_support
 from gdpa_inductor.kernels.cute.varlen_fwd import plan_varlen_fwd_sm100
 from gdpa_inductor.kernels.reference import gdpa_reference
 from gdpa_inductor.kernels.reference_varlen import gdpa_varlen_reference
+from gdpa_inductor.kernels.triton.varlen_schedule import ORDER, row
 from gdpa_inductor.lowering import (
     direct_launch,
     self_check,
@@ -99,11 +100,11 @@ class Triton:
     def __init__(self):
         self.calls = 0
 
-    def __call__(self, qs, ks, v, bias, out, order, activation, scale, post_scale, causal, window, negative_slope,
+    def __call__(self, qs, ks, v, bias, out, schedule, activation, scale, post_scale, causal, window, negative_slope,
                  config=None, traced=False):
         self.calls += 1
-        _on_sides(qs, ks, v, bias, out, order, activation, scale, post_scale, causal, window, negative_slope,
-                  exact=False)
+        _on_sides(qs, ks, v, bias, out, row(schedule, ORDER), activation, scale, post_scale, causal, window,
+                  negative_slope, exact=False)
 
 
 @pytest.fixture

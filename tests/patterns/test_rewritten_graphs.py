@@ -344,8 +344,8 @@ def forward(self, L_k_ : torch.Tensor, L_lengths_ : torch.Tensor, L_q_ : torch.T
     transpose_1 = l_q_.transpose(1, 2);  l_q_ = None
     transpose_2 = l_k_.transpose(1, 2);  l_k_ = None
     transpose_3 = l_v_.transpose(1, 2);  l_v_ = None
-    varlen_fwd_direct_v3_default = torch.ops.gdpa.varlen_fwd_direct_v3.default(transpose_1, transpose_2, transpose_3, None, None, None, None, l_lengths_, 0, 0, 'gelu', 0.25, 1.0, False, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = l_lengths_ = None
-    getitem_3 = varlen_fwd_direct_v3_default[0];  varlen_fwd_direct_v3_default = None
+    varlen_fwd_direct_v4_default = torch.ops.gdpa.varlen_fwd_direct_v4.default(transpose_1, transpose_2, transpose_3, None, None, None, None, l_lengths_, 0, 0, 'gelu', 0.25, 1.0, False, -1, -1, 0.01);  transpose_1 = transpose_2 = transpose_3 = l_lengths_ = None
+    getitem_3 = varlen_fwd_direct_v4_default[0];  varlen_fwd_direct_v4_default = None
     transpose_4 = getitem_3.transpose(1, 2);  getitem_3 = None
     return (transpose_4,)""")
 
@@ -505,8 +505,8 @@ def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.T
     reshape_5 = values_2.reshape(-1, 2, 16);  values_2 = None
     to = l_offsets_.to(torch.int64)
     reshape_6 = values.reshape(-1, 2, 16);  values = None
-    varlen_fwd_direct_v3_default = torch.ops.gdpa.varlen_fwd_direct_v3.default(reshape_6, reshape_4, reshape_5, None, to, to, None, None, 12, 12, 'silu', 0.5, 0.08333333333333333, True, -1, -1, 0.01);  reshape_6 = reshape_4 = reshape_5 = None
-    getitem_22 = varlen_fwd_direct_v3_default[0];  varlen_fwd_direct_v3_default = None
+    varlen_fwd_direct_v4_default = torch.ops.gdpa.varlen_fwd_direct_v4.default(reshape_6, reshape_4, reshape_5, None, to, to, None, None, 12, 12, 'silu', 0.5, 0.08333333333333333, True, -1, -1, 0.01);  reshape_6 = reshape_4 = reshape_5 = None
+    getitem_22 = varlen_fwd_direct_v4_default[0];  varlen_fwd_direct_v4_default = None
     clamp_3 = to.clamp(0, 26);  to = None
     arange_4 = torch.arange(26, device = device(type='cpu'))
     searchsorted = torch.searchsorted(l_offsets_, arange_4, right = True);  arange_4 = None

@@ -21,9 +21,10 @@ from .layout import FULL_GRAD_BUFFER_BYTES, block_dim, fit_tile, kernel_flags, l
 from .tile_configs import default_varlen_bwd_configs, dkdv_passes, tile_capability
 from .varlen_bounds import band_keep, key_span, query_span
 from .varlen_fwd import bias_view
-from .varlen_schedule import program_work
+from .varlen_gaps import zero_gaps
+from .varlen_schedule import LEN_K, LEN_Q, ORDER, START_K, START_Q, program_work
 
-_RUNTIME_SIZES = ["HKV", "GROUP", "MAX_N", "LEFT", "RIGHT"]
+_RUNTIME_SIZES = ["B", "HKV", "GROUP", "MAX_N", "LEFT", "RIGHT"]
 
 
 @triton.jit
@@ -71,7 +72,7 @@ def _dkdv_tile(
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def gdpa_varlen_bwd_dkdv_kernel(
-    Q, K, V, Bias, DO, DK, DV_, DBias, StartQ, LenQ, StartK, LenK, Order,
+    Q, K, V, Bias, DO, DK, DV_, DBias, Sched, B,
     stride_qb, stride_qm, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
@@ -89,11 +90,11 @@ def gdpa_varlen_bwd_dkdv_kernel(
 ):
     scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     pid_n, hk, rank = program_work(MAX_N, BLOCK_N, HKV)
-    z = tl.load(Order + rank).to(tl.int64)
-    nq = tl.load(LenQ + rank)
-    nk = tl.load(LenK + rank)
-    q_row0 = tl.load(StartQ + rank).to(tl.int64)
-    k_row0 = tl.load(StartK + rank).to(tl.int64)
+    z = tl.load(Sched + ORDER * B + rank).to(tl.int64)
+    nq = tl.load(Sched + LEN_Q * B + rank)
+    nk = tl.load(Sched + LEN_K * B + rank)
+    q_row0 = tl.load(Sched + START_Q * B + rank).to(tl.int64)
+    k_row0 = tl.load(Sched + START_K * B + rank).to(tl.int64)
     n0 = pid_n * BLOCK_N
     if n0 < nk:
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -174,7 +175,7 @@ def _dq_tile(
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def gdpa_varlen_bwd_dq_kernel(
-    Q, K, V, Bias, DO, DQ, StartQ, LenQ, StartK, LenK, Order,
+    Q, K, V, Bias, DO, DQ, Sched, B,
     stride_qb, stride_qm, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
@@ -189,11 +190,11 @@ def gdpa_varlen_bwd_dq_kernel(
 ):
     scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     pid_m, h, rank = program_work(MAX_N, BLOCK_M, HKV * GROUP)
-    z = tl.load(Order + rank).to(tl.int64)
-    nq = tl.load(LenQ + rank)
-    nk = tl.load(LenK + rank)
-    q_row0 = tl.load(StartQ + rank).to(tl.int64)
-    k_row0 = tl.load(StartK + rank).to(tl.int64)
+    z = tl.load(Sched + ORDER * B + rank).to(tl.int64)
+    nq = tl.load(Sched + LEN_Q * B + rank)
+    nk = tl.load(Sched + LEN_K * B + rank)
+    q_row0 = tl.load(Sched + START_Q * B + rank).to(tl.int64)
+    k_row0 = tl.load(Sched + START_K * B + rank).to(tl.int64)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
         hk = h // GROUP
@@ -232,11 +233,14 @@ def gdpa_varlen_bwd_dq_kernel(
 
 def _grad_buffer(side: VarlenSide, like: torch.Tensor) -> tuple[VarlenSide, torch.Tensor]:
     """(where the kernel writes, what to sum it into): a dense side shared by several samples gets one
-    slice per sample. Zero-filled: rows past a padded sample's length are never written."""
+    slice per sample. A dense side's buffer is zero-filled (rows past a padded sample's length are never written);
+    a jagged side's is not: ``varlen_gaps.zero_gaps`` zeroes the rows no sample writes."""
     if not side.jagged and like.shape[0] == 1 and side.batch > 1:
         full = torch.zeros((side.batch, *like.shape[1:]), dtype=torch.float32, device=like.device)
         return with_tensor(side, full), full
-    buf = torch.zeros(like.shape, dtype=like.dtype, device=like.device)  # contiguous, as the op's fake says
+    # contiguous, as the op's fake says; empty_like of each operand, so that a graph does not merge the buffers
+    alloc = torch.empty_like if side.jagged else torch.zeros_like
+    buf = alloc(like, memory_format=torch.contiguous_format)
     return with_tensor(side, buf), buf
 
 
@@ -265,7 +269,7 @@ class _BiasGrad:
 
 
 def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: torch.Tensor,
-                           bias: torch.Tensor | None, order: torch.Tensor, activation: ActivationName, scale: float,
+                           bias: torch.Tensor | None, schedule: torch.Tensor, activation: ActivationName, scale: float,
                            post_scale: float, causal: bool, window: tuple[int, int], negative_slope: float,
                            bias_requires_grad: bool, configs=None, traced: bool = False) -> tuple:
     """(dq, dk, dv, dbias or None). ``traced``: the launches go into a compiled graph (``layout.launcher``)."""
@@ -278,13 +282,15 @@ def gdpa_varlen_bwd_triton(dout: VarlenSide, q: VarlenSide, k: VarlenSide, v: to
     dq_side, dq = _grad_buffer(q, q.tensor)
     dk_side, dk = _grad_buffer(k, k.tensor)
     dv_side, dv = _grad_buffer(k, v)
+    zero_gaps(schedule, q.batch, dq if q.jagged else None, dk if k.jagged else None, dv if k.jagged else None,
+              traced)
     common = dict(
         ACT=get_activation(activation).name, D=d, DV=dv_dim,
         BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv_dim), **kernel_flags(v.dtype, v.device),
     )
     b4, b_strides = bias_view(bias, q, k)
     db = _BiasGrad(bias, b4) if b4 is not None and bias_requires_grad else None
-    rows = (q.starts, q.lengths, k.starts, k.lengths, order)
+    rows = (schedule, q.batch)
     strides = (*q.strides(), *k.strides(), *k.strides_of(v), *b_strides, *dout.strides())
     scalars = (float(scale), float(post_scale), float(negative_slope))
     bias_arg = b4 if b4 is not None else v

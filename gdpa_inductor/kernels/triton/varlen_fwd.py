@@ -3,7 +3,7 @@
 Each side of a call is described per sample by a start row and a length (``VarlenSide``): a jagged
 ``[total, H, D]`` tensor has its offsets there, a dense ``[B or 1, N, H, D]`` tensor a per-sample stride
 (0 when shared: PMA's seed queries), and padded batches can pass their valid lengths. Programs beyond a
-sample's length exit at once; samples are visited longest first (``order``), so the long ones start
+sample's length exit at once; samples are visited longest first (the schedule's order), so the long ones start
 early and the short ones fill the gaps at the end. Key tiles outside the causal mask or the window are
 never loaded (``varlen_bounds``).
 """
@@ -21,9 +21,9 @@ from .activation_math import activate, fp32_factors
 from .layout import block_dim, fit_tile, kernel_flags, launcher
 from .tile_configs import default_varlen_fwd_config, tile_capability
 from .varlen_bounds import band_keep, key_span
-from .varlen_schedule import program_work
+from .varlen_schedule import LEN_K, LEN_Q, ORDER, START_K, START_Q, program_work
 
-_RUNTIME_SIZES = ["H", "GROUP", "MAX_NQ", "LEFT", "RIGHT"]
+_RUNTIME_SIZES = ["B", "H", "GROUP", "MAX_NQ", "LEFT", "RIGHT"]
 
 
 @triton.jit
@@ -54,7 +54,7 @@ def _fwd_tile(
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def gdpa_varlen_fwd_kernel(
-    Q, K, V, Bias, Out, StartQ, LenQ, StartK, LenK, Order,
+    Q, K, V, Bias, Out, Sched, B,
     stride_qb, stride_qm, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
@@ -67,11 +67,11 @@ def gdpa_varlen_fwd_kernel(
 ):
     scale, post_scale, slope = fp32_factors(scale, post_scale, slope)
     pid_m, h, rank = program_work(MAX_NQ, BLOCK_M, H)
-    z = tl.load(Order + rank).to(tl.int64)
-    nq = tl.load(LenQ + rank)
-    nk = tl.load(LenK + rank)
-    q_row0 = tl.load(StartQ + rank).to(tl.int64)
-    k_row0 = tl.load(StartK + rank).to(tl.int64)
+    z = tl.load(Sched + ORDER * B + rank).to(tl.int64)
+    nq = tl.load(Sched + LEN_Q * B + rank)
+    nk = tl.load(Sched + LEN_K * B + rank)
+    q_row0 = tl.load(Sched + START_Q * B + rank).to(tl.int64)
+    k_row0 = tl.load(Sched + START_K * B + rank).to(tl.int64)
     m0 = pid_m * BLOCK_M
     if m0 < nq:
         hk = h // GROUP
@@ -119,11 +119,12 @@ def bias_view(bias: torch.Tensor | None, q: VarlenSide, k: VarlenSide) -> tuple[
 
 
 def gdpa_varlen_fwd_triton(q: VarlenSide, k: VarlenSide, v: torch.Tensor, bias: torch.Tensor | None, out: VarlenSide,
-                           order: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
+                           schedule: torch.Tensor, activation: ActivationName, scale: float, post_scale: float,
                            causal: bool, window: tuple[int, int], negative_slope: float, config=None,
                            traced: bool = False) -> None:
-    """Writes the forward into ``out.tensor`` (rows past a sample's length are left as they are). ``traced``: the
-    launch goes into a compiled graph (``layout.launcher``)."""
+    """Writes the forward into ``out.tensor`` (rows past a sample's length are left as they are); ``schedule``: the
+    sides' (``varlen_schedule.varlen_sides``). ``traced``: the launch goes into a compiled graph
+    (``layout.launcher``)."""
     h, d = q.tensor.shape[-2:]
     hkv, dv = v.shape[-2:]
     left, right = band_limits(causal, window)
@@ -132,8 +133,8 @@ def gdpa_varlen_fwd_triton(q: VarlenSide, k: VarlenSide, v: torch.Tensor, bias: 
     grid = (triton.cdiv(q.max_len, cfg.block_m) * h * q.batch,)
     b4, b_strides = bias_view(bias, q, k)
     launcher(gdpa_varlen_fwd_kernel, traced)[grid](
-        q.tensor, k.tensor, v, b4 if b4 is not None else v, out.tensor, q.starts, q.lengths, k.starts, k.lengths,
-        order, *q.strides(), *k.strides(), *k.strides_of(v), *b_strides, *out.strides(),
+        q.tensor, k.tensor, v, b4 if b4 is not None else v, out.tensor, schedule, q.batch,
+        *q.strides(), *k.strides(), *k.strides_of(v), *b_strides, *out.strides(),
         h, h // hkv, q.max_len, left, right, float(scale), float(post_scale), float(negative_slope),
         ACT=get_activation(activation).name, LEFT_BOUNDED=left != UNBOUNDED, HAS_BIAS=b4 is not None,
         D=d, DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv),
