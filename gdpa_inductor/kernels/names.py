@@ -18,6 +18,7 @@ KERNEL_NAMES: tuple[tuple[str, str], ...] = (
     ("gdpa_varlen_bwd_dkdv_kernel", "GDPA varlen backward dK dV, Triton"),
     ("gdpa_varlen_bwd_dq_kernel", "GDPA varlen backward dQ, Triton"),
     ("varlen_schedule_kernel", "GDPA varlen tile schedule, Triton"),
+    ("varlen_zero_gaps_kernel", "GDPA varlen backward, unread rows zeroed, Triton"),
     ("_dq_of_fragments_kernel", "GDPA backward dQ from the CuTe sums, Triton"),
     ("_scale_round_kernel", "GDPA backward dQ scale and round, Triton"),
 )

@@ -32,6 +32,7 @@ def varlen_zero_gaps_kernel(
     Sched, B, DQ, DK, DV_, ROWS_Q, ROWS_K, WIDTH_Q, WIDTH_K, WIDTH_V,
     Q_JAGGED: tl.constexpr, K_JAGGED: tl.constexpr, BLOCK: tl.constexpr,
 ):
+    # each side's loads written out: a helper taking Sched would read, to Inductor, as writing it (program_work)
     rank = tl.program_id(0)
     first = tl.load(Sched + ORDER * B + rank) == 0
     if Q_JAGGED:
