@@ -165,6 +165,16 @@ def test_schedule_clamps_offsets_and_cuts_lengths(offsets, on_kernel, monkeypatc
         assert varlen_schedule.row(schedule, which).tolist() == [gap_ends[z] for z in ranked]
 
 
+def test_schedule_of_no_samples():
+    """Offsets of one entry: no sample, an empty schedule of every row."""
+    from gdpa_inductor.kernels.triton import varlen_schedule
+
+    x = torch.zeros(0, 2, 8)
+    cu = torch.zeros(1, dtype=torch.int64)
+    *_, schedule = varlen_schedule.varlen_sides(x, x, cu, cu, None, None, 4, 4, 0)
+    assert schedule.shape == (varlen_schedule.SCHEDULE_ROWS, 0)
+
+
 @pytest.mark.parametrize("offsets,used", [([0, 5, 25, 30], None), ([3, 5, 25, 27], None), ([0, 10, 3, 3], None),
                                           ([0, 12, 8, 30], None), ([2, 9, 20, 30], [7, 3, 40])],
                          ids=["full", "gaps", "decreasing_apart", "decreasing_overlap", "used"])

@@ -118,8 +118,8 @@ def _torch_rows(x, cu, used, batch, n):
         lengths = (cu[1:] - cu[:-1]).clamp(0, n)
         if used is not None:
             lengths = torch.minimum(lengths, used.to(torch.int64).clamp_min(0))
-        gap_ends = torch.cat([cu[1:-1], cu.new_full((1,), rows)])
-        gap_ends = torch.where((cu[1:] < cu[:-1]).any(), -1, gap_ends)
+        last = torch.arange(batch, device=cu.device) == batch - 1
+        gap_ends = torch.where((cu[1:] < cu[:-1]).any(), -1, torch.where(last, rows, cu[1:]))
         return cu[:-1].to(torch.int32), lengths.to(torch.int32), gap_ends.to(torch.int32)
     starts = torch.zeros(batch, dtype=torch.int32, device=x.device)
     if used is not None:
