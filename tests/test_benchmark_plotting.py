@@ -14,8 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import plotting  # noqa: E402
 
 RESULTS = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("*/*.json"))
-# results that are tables only: the dQ sums' errors, the host's time per call, the pass's compile time
-TABLES_ONLY = {"dq_sums.json", "dq_sums_head_dims.json", "host_overhead.json", "pass_cost.json"}
+# results that are tables only: the dQ sums' errors, the host's time per call, the pass's compile time, the HSTU
+# step's launches, host and GPU time by package
+TABLES_ONLY = {"dq_sums.json", "dq_sums_head_dims.json", "host_overhead.json", "hstu_launches_ab.json",
+               "pass_cost.json"}
 
 
 def _load(path: Path) -> dict:
