@@ -238,9 +238,11 @@ def _grad_buffer(side: VarlenSide, like: torch.Tensor) -> tuple[VarlenSide, torc
     if not side.jagged and like.shape[0] == 1 and side.batch > 1:
         full = torch.zeros((side.batch, *like.shape[1:]), dtype=torch.float32, device=like.device)
         return with_tensor(side, full), full
-    # contiguous, as the op's fake says; empty_like of each operand, so that a graph does not merge the buffers
-    alloc = torch.empty_like if side.jagged else torch.zeros_like
-    buf = alloc(like, memory_format=torch.contiguous_format)
+    if side.jagged:
+        # contiguous, as the op's fake says; empty_like of each operand, so that a graph does not merge the buffers
+        buf = torch.empty_like(like, memory_format=torch.contiguous_format)
+    else:
+        buf = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
     return with_tensor(side, buf), buf
 
 
