@@ -54,6 +54,9 @@ class ChainRecipe:
     # Users of the chain (or of S) that read no value of it: dead ones, and ``x.expand_as(chain)`` of a shape the
     # scores' operands spell; the rewrite drops or re-points them (``detached_user``).
     detached_users: list[fx.Node] = field(default_factory=list)
+    # Fill values given as tensors of one number (``torch.zeros_like(p)``), read as that number; the rewrite
+    # erases them with the chain.
+    constant_fills: list[fx.Node] = field(default_factory=list)
 
 
 class ChainMismatch(Exception):
@@ -111,7 +114,7 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
     while cur is not s:
         if not isinstance(cur, fx.Node) or cur.op not in ("call_function", "call_method"):
             raise ChainMismatch(f"{getattr(cur, 'name', cur)}: not an operation between the matmuls")
-        readers = _value_readers(cur, detached, s.all_input_nodes, grouped)
+        readers = _value_readers(cur, detached, s.all_input_nodes, grouped, steps)
         if readers != 1:
             raise ChainMismatch(_refusal(cur, refusals, grouped)
                                 or f"{cur.name}: the intermediate is also used elsewhere ({readers} users)")
@@ -128,7 +131,7 @@ def read_chain(p: fx.Node, s: fx.Node) -> ChainRecipe:
             continue
         steps.append(cur)
         cur = _chain_input(cur)
-    readers = _value_readers(s, detached, s.all_input_nodes, grouped)
+    readers = _value_readers(s, detached, s.all_input_nodes, grouped, steps)
     if readers != 1:
         raise ChainMismatch(_refusal(s, refusals, grouped)
                             or f"{s.name}: the scores are also used elsewhere ({readers} users)")
@@ -205,13 +208,17 @@ DEAD_USERS = ("clone", "detach", "contiguous", "float", "half", "bfloat16", "to"
               "permute", "unsqueeze", "squeeze", "expand")
 
 
-def _value_readers(node: fx.Node, detached: list[fx.Node], sources: list[fx.Node], grouped: set[fx.Node]) -> int:
+def _value_readers(node: fx.Node, detached: list[fx.Node], sources: list[fx.Node], grouped: set[fx.Node],
+                   chain: list[fx.Node]) -> int:
     """How many users of ``node`` read its values, the nodes of a written-out activation (``grouped``) counted as
-    one; the others (``detached_user``) are appended to ``detached``."""
+    one, and a tensor of one number shaped like ``node`` that only the ``chain`` reads (a fill value) not at all;
+    the others (``detached_user``) are appended to ``detached``."""
     readers, into_composite = 0, False
     for user in node.users:
         if user in grouped:
             into_composite = True
+        elif fxn.reads_only_shape_of(user, node) and user.users and all(u in chain for u in user.users):
+            continue
         elif detached_user(user, node, sources):
             detached.append(user)
         else:
@@ -412,7 +419,11 @@ def _read_mask(node, prev, recipe: ChainRecipe, after_activation: bool, dtype, s
         else:
             raise ChainMismatch(f"{node.name}: torch.where without the scores")
     if isinstance(fill, fx.Node):
-        raise ChainMismatch(f"{node.name}: mask fill value is a tensor")
+        number = fxn.constant_fill(fill)
+        if number is None:
+            raise ChainMismatch(f"{node.name}: mask fill value is a tensor")
+        recipe.constant_fills.append(fill)
+        fill = number
     if _constant_everywhere(mask, node, keep_form):
         return  # the mask keeps every entry: nothing is filled
     kind = causal_mask_kind(mask, out_ev)

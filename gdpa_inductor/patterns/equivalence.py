@@ -301,6 +301,10 @@ class _Proof:
         if any(size not in (1, self.shape[d + offset]) for d, size in enumerate(shape)):
             raise Unprovable(f"{node.name} does not broadcast to the scores")
         sampled_shape = [1 if size == 1 else len(self.sample[d + offset]) for d, size in enumerate(shape)]
+        number = fxn.constant_fill(node)
+        if number is not None:  # a tensor of one number: whatever its inputs hold
+            self.sampled_values[node] = torch.full(sampled_shape, number, dtype=ev.dtype, device=self.device)
+            return self.sampled_values[node]
         too_large = _numel(shape) * ev.element_size() > MAX_VALUE_BYTES
         if node not in self.values and (self._is_float_data(node) or (
                 too_large and node.op in ("placeholder", "get_attr"))):

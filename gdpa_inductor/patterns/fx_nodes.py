@@ -168,6 +168,44 @@ def scalar_value(x: Any) -> Optional[Any]:
     return None
 
 
+# Tensors of one number whatever their inputs' values: (functions, methods) -> how to read the number from
+# (args, kwargs); the ``*_like`` and ``new_*`` forms read their input's shape, dtype and device only.
+_CONSTANT_FILLS = (
+    ((torch.zeros, torch.zeros_like), ("new_zeros",), lambda args, kwargs: 0),
+    ((torch.ones, torch.ones_like), ("new_ones",), lambda args, kwargs: 1),
+    ((torch.full, torch.full_like), (), lambda args, kwargs: args[1] if len(args) > 1 else kwargs.get("fill_value")),
+    ((), ("new_full",), lambda args, kwargs: args[2] if len(args) > 2 else kwargs.get("fill_value")),
+    ((torch.tensor, torch.scalar_tensor), (), lambda args, kwargs: args[0] if args else None),
+)
+SHAPE_ONLY_FILLS = (torch.zeros_like, torch.ones_like, torch.full_like)
+SHAPE_ONLY_FILL_METHODS = ("new_zeros", "new_ones", "new_full")
+
+
+def constant_fill(node: Any) -> Optional[float]:
+    """The number every element of the tensor ``node`` makes holds (``torch.zeros_like(x)``, ``x.new_zeros(())``,
+    ``torch.full_like(x, c)``, ``torch.tensor(c)``, ...), where it is a plain number; else None."""
+    if not isinstance(node, fx.Node) or not isinstance(example(node), torch.Tensor):
+        return None
+    for functions, methods, read in _CONSTANT_FILLS:
+        if fn_or_method(node, functions, methods):
+            try:
+                value = read(node.args, node.kwargs)
+            except IndexError:
+                return None
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                return None
+            return float(value)
+    return None
+
+
+def reads_only_shape_of(user: fx.Node, node: fx.Node) -> bool:
+    """``user`` makes a tensor of one number and reads nothing of ``node`` but its shape, dtype and device."""
+    if constant_fill(user) is None or not user.args or user.args[0] is not node:
+        return False
+    rest = [a for a in (*user.args[1:], *user.kwargs.values())]
+    return fn_or_method(user, SHAPE_ONLY_FILLS, SHAPE_ONLY_FILL_METHODS) and node not in rest
+
+
 def is_one_element_tensor(x: Any) -> bool:
     ev = example(x)
     return isinstance(x, fx.Node) and isinstance(ev, torch.Tensor) and ev.dim() <= 1 and _numel_is_one(ev)

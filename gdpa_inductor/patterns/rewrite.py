@@ -480,10 +480,16 @@ def _replace(graph: fx.Graph, m: GdpaMatch) -> None:
     except Exception:
         b.rollback()
         raise
+    dead = [m.outer, *m.recipe.nodes, m.scores]  # each node's only user precedes it here
+    for fill in dict.fromkeys(m.recipe.constant_fills):
+        if any(i in dead for i in fill.all_input_nodes):  # shaped like a chain node: erased before it
+            if not all(u in dead for u in fill.users):
+                b.rollback()
+                raise ValueError(f"{fill.name}: a fill value shaped like the block is read outside it")
+            dead.insert(max(dead.index(u) for u in fill.users) + 1, fill)
     for user in dict.fromkeys(m.recipe.detached_users):
         _detach(graph, user, m.scores.all_input_nodes)
     m.outer.replace_all_uses_with(out)
-    dead = [m.outer, *m.recipe.nodes, m.scores]  # each node's only user precedes it here
     inputs = {i for n in dead for i in n.all_input_nodes} - set(dead)
     for node in dead:
         graph.erase_node(node)

@@ -1,11 +1,12 @@
 """Random programs between two matmuls, compiled vs eager in float64: every spelling the matcher reads and near misses
 of it (activations written out in elementwise ops, masks off the diagonal by one, fills that are not zero for the
-activation, a bias after a mask, two masks, scales on either side of the bias and of the activation, boolean masks
-cast to floats and divided by, a factor per query row or per key, einsums with ``...``, a dead clone of the scores,
-operands zero-padded past per-sample lengths and near misses of that, padded by a gather from jagged rows or from
-rows shifted by one, and in-place changes: of a key after the scores read it, of the scores without reassigning them,
-of a padded row; the output read back by an index of its rows). Whatever the matcher decides, the compiled program
-must give eager's values and NaN positions. A fixed seed set runs here; ``GDPA_FUZZ_PROGRAMS=N`` asks for N programs."""
+activation, fills given as tensors, a bias after a mask, two masks, scales on either side of the bias and of the
+activation, boolean masks cast to floats and divided by, a factor per query row or per key, einsums with ``...``, a
+dead clone of the scores, operands zero-padded past per-sample lengths and near misses of that, padded by a gather
+from jagged rows or from rows shifted by one, and in-place changes: of a key after the scores read it, of the scores
+without reassigning them, of a padded row; the output read back by an index of its rows). Whatever the matcher
+decides, the compiled program must give eager's values and NaN positions. A fixed seed set runs here;
+``GDPA_FUZZ_PROGRAMS=N`` asks for N programs."""
 
 from __future__ import annotations
 
@@ -70,6 +71,15 @@ def _causal_keep(n: int, form: str, param: int) -> torch.Tensor:
     return i + param >= j
 
 
+def _filled(x: torch.Tensor, keep: torch.Tensor, value: float, form: str) -> torch.Tensor:
+    """x where ``keep``, else ``value``: a number, a tensor of x's shape holding it, or a 0-dim tensor."""
+    if form == "where_like":
+        return torch.where(keep, x, torch.full_like(x, value))
+    if form == "tensor":
+        return x.masked_fill(~keep, torch.tensor(value))
+    return x.masked_fill(~keep, value)
+
+
 def _padded(q, k, v, lengths, padding: str, gather_shift):
     """Operands of a padded batch past per-sample lengths: zero (all three, or K and V), or near misses (K alone, a
     nonzero fill). With ``gather_shift`` (an int), each padded operand is gathered from jagged rows (its own rows,
@@ -115,6 +125,8 @@ def make_program(seed: int):
     # the output read back by an index of its [B * N] rows, as models unpad: the valid rows, or any rows (padded ones,
     # repeats, negative indices), by indexing or index_select
     read = rng.choice([None, "rows", "any_rows", "index_select"]) if padding is not None else None
+    # how a mask's fill is spelled, drawn apart so that the programs of the other draws stay as they were
+    fill_form = random.Random(seed + 1_000_003).choice(["number", "number", "where_like", "tensor"])
     gen = torch.Generator().manual_seed(seed)
     if read is not None:
         lengths = extra["lengths"].tolist()
@@ -163,11 +175,11 @@ def make_program(seed: int):
         value = -torch.finfo(torch.float32).max if fill == "finfo" else fill  # one value in fp32 and in float64
         if mask_place == "before":
             for m in masks:
-                s = s.masked_fill(~m, value)
+                s = _filled(s, m, value, fill_form)
         p = act(s)
         if mask_place == "after":
             for m in masks:
-                p = p.masked_fill(~m, 0.0)
+                p = _filled(p, m, 0.0, fill_form)
         elif mask_place == "multiply":
             for m in masks:
                 p = p * m
@@ -193,7 +205,7 @@ def make_program(seed: int):
 
     steps = f"{spelling}, {act_name}, pre={pre_scale}, bias={bias_kind} (first={bias_first}), masks={mask_specs} " \
             f"{mask_place} fill={fill}, post={post}, dead clone={dead_clone}, padding={padding}, " \
-            f"gather shift={gather_shift}, in place={in_place}, read={read}"
+            f"gather shift={gather_shift}, in place={in_place}, read={read}, fill form={fill_form}"
     return fn, extra, steps
 
 

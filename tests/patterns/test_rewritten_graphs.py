@@ -535,3 +535,13 @@ def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.T
     where_2 = torch.where(unsqueeze_4, getitem_27, 0.0);  unsqueeze_4 = getitem_27 = None
     view_9 = where_2.view(26, 2, 16);  where_2 = None
     return (view_9,)""")
+
+    def test_where_zeros_like_fill(self):
+        # the zeros shaped like P are read as the number 0 and leave the graph with the block
+        self.assertExpectedInline(rewritten_code("where_zeros_like_after_silu"), """\
+def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_k_ = L_k_
+    l_v_ = L_v_
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, None, 'silu', 0.25, 0.08333333333333333, True, 0.01);  l_q_ = l_k_ = l_v_ = None
+    return (attention_fwd_direct_v1_default,)""")

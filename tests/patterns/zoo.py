@@ -1120,3 +1120,69 @@ NEGATIVE += [
     ZooEntry("neg_quick_gelu", QuickGelu, qkv(2, 2, 12, 16), 0, reason="no activation of the table"),
 ]
 ZOO_BY_NAME = {e.name: e for e in ZOO}
+
+
+# ---- fill values given as tensors of one number ------------------------------------------------------------------
+
+
+class WhereZerosLikeAfterSilu(nn.Module):
+    """``torch.where(causal, p, torch.zeros_like(p))`` after silu: the fill reads only p's shape."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
+        p = F.silu(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5) / n
+        return torch.where(causal, p, torch.zeros_like(p)) @ v
+
+
+class MaskedFillTensorBeforeRelu(nn.Module):
+    """``masked_fill(future, torch.tensor(0.0))`` before relu: a 0-dim tensor as the fill."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=q.device), diagonal=1)
+        s = (q @ k.transpose(-2, -1)).masked_fill(future, torch.tensor(0.0))
+        return F.relu(s) @ v
+
+
+class NewFullBeforeSigmoid(nn.Module):
+    """``where(keep, s, s.new_full((), -inf))`` before sigmoid, keep a key mask of the batch."""
+
+    def forward(self, q, k, v, keep):
+        s = q @ k.transpose(-2, -1) * 0.5
+        s = torch.where(keep[:, None, None, :], s, s.new_full((), float("-inf")))
+        return torch.sigmoid(s) @ v
+
+
+class OnesLikeAfterSilu(nn.Module):
+    """``torch.where(causal, p, torch.ones_like(p))``: masked entries add 1·v, not 0."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
+        p = F.silu(q @ k.transpose(-2, -1))
+        return torch.where(causal, p, torch.ones_like(p)) @ v
+
+
+class ZerosLikeReadElsewhere(nn.Module):
+    """The zeros shaped like P also go to the output: P's shape is then read outside the block."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
+        p = F.silu(q @ k.transpose(-2, -1))
+        zeros = torch.zeros_like(p)
+        return torch.where(causal, p, zeros) @ v, zeros
+
+
+ZOO += [
+    ZooEntry("where_zeros_like_after_silu", WhereZerosLikeAfterSilu, qkv(2, 2, 12, 16), 1),
+    ZooEntry("masked_fill_tensor_before_relu", MaskedFillTensorBeforeRelu, qkv(2, 2, 12, 16), 1),
+    ZooEntry("new_full_before_sigmoid", NewFullBeforeSigmoid, _keep_inputs, 1),
+]
+NEGATIVE += [
+    ZooEntry("neg_ones_like_after_silu", OnesLikeAfterSilu, qkv(2, 2, 12, 16), 0, reason="not 0"),
+    ZooEntry("neg_zeros_like_read_elsewhere", ZerosLikeReadElsewhere, qkv(2, 2, 12, 16), 0,
+             reason="also used elsewhere"),
+]
+ZOO_BY_NAME = {e.name: e for e in ZOO}
