@@ -217,13 +217,25 @@ def _value_readers(node: fx.Node, detached: list[fx.Node], sources: list[fx.Node
     for user in node.users:
         if user in grouped:
             into_composite = True
-        elif fxn.reads_only_shape_of(user, node) and user.users and all(u in chain for u in user.users):
+        elif fxn.reads_only_shape_of(user, node) and user.users and all(_fills(u, user, chain) for u in user.users):
             continue
         elif detached_user(user, node, sources):
             detached.append(user)
         else:
             readers += 1
     return readers + into_composite
+
+
+def _fills(node: fx.Node, value: fx.Node, chain: list[fx.Node]) -> bool:
+    """``node``, a step of the chain, takes ``value`` as the fill of its mask and nothing else."""
+    if node not in chain:
+        return False
+    if node.target in ("masked_fill", torch.masked_fill):
+        args = [*node.args[:2], *(v for k, v in node.kwargs.items() if k != "value")]
+        return value not in args
+    if node.target is torch.where:
+        return len(node.args) == 3 and node.args[0] is not value and (node.args[1] is value) != (node.args[2] is value)
+    return False
 
 
 def _refusal(node: fx.Node, refusals: list[Refusal], grouped: set[fx.Node]) -> Optional[str]:
