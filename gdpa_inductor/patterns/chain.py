@@ -226,6 +226,21 @@ def _value_readers(node: fx.Node, detached: list[fx.Node], sources: list[fx.Node
     return readers + into_composite
 
 
+def _fill_number(fill: fx.Node) -> Optional[float]:
+    """The one number a tensor fill value holds at every entry: a ``shape_only_fill``, or a tensor computed from
+    constants (``torch.tensor(c)``, ``torch.zeros(())``) whose entries are all equal; else None."""
+    number = fxn.shape_only_fill(fill)
+    if number is not None:
+        return number
+    value = constant_value(fill)
+    if value is None or value.numel() == 0 or value.dtype.is_complex:
+        return None
+    first = value.reshape(-1)[0]
+    if not bool(((value == first) | (value.isnan() & first.isnan())).all()):
+        return None
+    return float(first)
+
+
 def _fills(node: fx.Node, value: fx.Node, chain: list[fx.Node]) -> bool:
     """``node``, a step of the chain, takes ``value`` as the fill of its mask and nothing else."""
     if node not in chain:
@@ -431,7 +446,7 @@ def _read_mask(node, prev, recipe: ChainRecipe, after_activation: bool, dtype, s
         else:
             raise ChainMismatch(f"{node.name}: torch.where without the scores")
     if isinstance(fill, fx.Node):
-        number = fxn.constant_fill(fill)
+        number = _fill_number(fill)
         if number is None:
             raise ChainMismatch(f"{node.name}: mask fill value is a tensor")
         recipe.constant_fills.append(fill)

@@ -301,8 +301,8 @@ class _Proof:
         if any(size not in (1, self.shape[d + offset]) for d, size in enumerate(shape)):
             raise Unprovable(f"{node.name} does not broadcast to the scores")
         sampled_shape = [1 if size == 1 else len(self.sample[d + offset]) for d, size in enumerate(shape)]
-        number = fxn.constant_fill(node)
-        if number is not None:  # a tensor of one number: whatever its inputs hold
+        number = fxn.shape_only_fill(node)
+        if number is not None:  # a tensor of one number shaped like its input: whatever that input holds
             self.sampled_values[node] = torch.full(sampled_shape, number, dtype=ev.dtype, device=self.device)
             return self.sampled_values[node]
         too_large = _numel(shape) * ev.element_size() > MAX_VALUE_BYTES

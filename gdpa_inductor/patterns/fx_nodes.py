@@ -168,30 +168,24 @@ def scalar_value(x: Any) -> Optional[Any]:
     return None
 
 
-# Tensors of one number whatever their inputs' values: (functions, methods) -> how to read the number from
-# (args, kwargs); the ``*_like`` and ``new_*`` forms read their input's shape, dtype and device only.
-_CONSTANT_FILLS = (
-    ((torch.zeros, torch.zeros_like), ("new_zeros",), lambda args, kwargs: 0),
-    ((torch.ones, torch.ones_like), ("new_ones",), lambda args, kwargs: 1),
-    ((torch.full, torch.full_like), (), lambda args, kwargs: args[1] if len(args) > 1 else kwargs.get("fill_value")),
+# Tensors of one number shaped like their first argument: (functions, methods, how to read the number from
+# (args, kwargs)). They read that argument's shape, dtype and device, never its values.
+_SHAPE_ONLY_FILLS = (
+    ((torch.zeros_like,), ("new_zeros",), lambda args, kwargs: 0),
+    ((torch.ones_like,), ("new_ones",), lambda args, kwargs: 1),
+    ((torch.full_like,), (), lambda args, kwargs: args[1] if len(args) > 1 else kwargs.get("fill_value")),
     ((), ("new_full",), lambda args, kwargs: args[2] if len(args) > 2 else kwargs.get("fill_value")),
-    ((torch.tensor, torch.scalar_tensor), (), lambda args, kwargs: args[0] if args else None),
 )
-SHAPE_ONLY_FILLS = (torch.zeros_like, torch.ones_like, torch.full_like)
-SHAPE_ONLY_FILL_METHODS = ("new_zeros", "new_ones", "new_full")
 
 
-def constant_fill(node: Any) -> Optional[float]:
-    """The number every element of the tensor ``node`` makes holds (``torch.zeros_like(x)``, ``x.new_zeros(())``,
-    ``torch.full_like(x, c)``, ``torch.tensor(c)``, ...), where it is a plain number; else None."""
-    if not isinstance(node, fx.Node) or not isinstance(example(node), torch.Tensor):
+def shape_only_fill(node: Any) -> Optional[float]:
+    """The number every element of ``node`` holds where it is ``torch.zeros_like(x)``, ``x.new_zeros(...)``,
+    ``torch.full_like(x, c)``, ``x.new_full(..., c)`` (and the ``ones`` forms) with a plain number; else None."""
+    if not isinstance(node, fx.Node) or not isinstance(example(node), torch.Tensor) or not node.args:
         return None
-    for functions, methods, read in _CONSTANT_FILLS:
+    for functions, methods, read in _SHAPE_ONLY_FILLS:
         if fn_or_method(node, functions, methods):
-            try:
-                value = read(node.args, node.kwargs)
-            except IndexError:
-                return None
+            value = read(node.args, node.kwargs)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 return None
             return float(value)
@@ -199,11 +193,9 @@ def constant_fill(node: Any) -> Optional[float]:
 
 
 def reads_only_shape_of(user: fx.Node, node: fx.Node) -> bool:
-    """``user`` makes a tensor of one number and reads nothing of ``node`` but its shape, dtype and device."""
-    if constant_fill(user) is None or not user.args or user.args[0] is not node:
-        return False
-    rest = [a for a in (*user.args[1:], *user.kwargs.values())]
-    return fn_or_method(user, SHAPE_ONLY_FILLS, SHAPE_ONLY_FILL_METHODS) and node not in rest
+    """``user`` is a ``shape_only_fill`` of ``node``: it reads nothing of ``node`` but its shape, dtype and device."""
+    return (shape_only_fill(user) is not None and user.args[0] is node
+            and node not in (*user.args[1:], *user.kwargs.values()))
 
 
 def is_one_element_tensor(x: Any) -> bool:
