@@ -24,13 +24,16 @@ def causal_mask_kind(mask: fx.Node, scores: torch.Tensor) -> Optional[str]:
     nq, nk = scores.shape[-2], scores.shape[-1]
     if not statically_known_true(nq == nk):
         return None
-    kind = _kind(mask, nq) or _evaluated_kind(mask)
+    kind = _kind(mask, nq)
+    # an evaluated value is the same square in every leading index, so it may also be expanded over them
+    evaluated = kind is None
+    kind = kind or _evaluated_kind(mask)
     if kind is None:
         return None
     ev = fxn.example(mask)
     if not isinstance(ev, torch.Tensor) or ev.dim() > scores.dim() or ev.dim() < 2:
         return None
-    if not all(statically_known_true(s == 1) for s in ev.shape[:-2]):
+    if not _leading_dims_broadcast(ev, scores, evaluated):
         return None
     if not (statically_known_true(ev.shape[-2] == nq) and statically_known_true(ev.shape[-1] == nk)):
         return None
@@ -46,15 +49,17 @@ def buffers_read(mask: fx.Node) -> list[fx.Node]:
 
 def _upstream(node: fx.Node, values_only: bool = False):
     """``node`` and every node it reads, directly or not, each once; ``values_only``: not through a size read (a
-    node whose value is not a tensor reads no tensor's values)."""
+    node whose value is not a tensor reads no tensor's values, ``_reads_only_shape``)."""
     seen, stack = set(), [node]
     while stack:
         cur = stack.pop()
         if cur not in seen:
             seen.add(cur)
             yield cur
-            if not values_only or cur is node or isinstance(fxn.example(cur), torch.Tensor):
+            if not values_only:
                 stack.extend(cur.all_input_nodes)
+            elif cur is node or isinstance(fxn.example(cur), torch.Tensor):
+                stack.extend(i for i in cur.all_input_nodes if not _reads_only_shape(cur, i))
 
 
 def _flip(kind: Optional[str]) -> Optional[str]:
@@ -113,9 +118,12 @@ def band_window(mask: fx.Node, scores: torch.Tensor) -> Optional[tuple[str, tupl
     value = constant_value(mask)
     if value is None or value.dim() < 2 or tuple(value.shape[-2:]) != (nq, nk) or value.dim() > scores.dim():
         return None
-    if any(n != 1 for n in value.shape[:-2]):
+    if not _leading_dims_broadcast(value, scores, True):
         return None
-    for kind, keep in (("keep", value.reshape(nq, nk) != 0), ("drop", value.reshape(nq, nk) == 0)):
+    squares = value.reshape(-1, nq, nk)
+    if (squares != squares[0]).any():
+        return None
+    for kind, keep in (("keep", squares[0] != 0), ("drop", squares[0] == 0)):
         offsets = torch.arange(nk, device=keep.device)[None, :] - torch.arange(nq, device=keep.device)[:, None]
         if not keep.any():
             continue
@@ -125,6 +133,13 @@ def band_window(mask: fx.Node, scores: torch.Tensor) -> Optional[tuple[str, tupl
         if torch.equal(keep, (offsets >= -left) & (offsets <= right)):
             return kind, (left, right)
     return None
+
+
+def _leading_dims_broadcast(mask: torch.Tensor, scores: torch.Tensor, expanded: bool) -> bool:
+    """The mask's leading dims are 1 or, with ``expanded``, the scores' own (aligned from the right)."""
+    extra = scores.dim() - mask.dim()
+    return all(statically_known_true(n == 1) or expanded and statically_known_true(n == scores.shape[extra + i])
+               for i, n in enumerate(mask.shape[:-2]))
 
 
 def _evaluated_kind(mask: fx.Node) -> Optional[str]:
@@ -137,11 +152,16 @@ def _evaluated_kind(mask: fx.Node) -> Optional[str]:
 
 def constant_value(node: fx.Node) -> Optional[torch.Tensor]:
     """The value of ``node`` when it is computed from constants alone: no graph input, no random or uninitialized
-    values, static sizes of at most ``MAX_EVALUATED_ELEMENTS`` elements; else None."""
+    values, static sizes of at most ``MAX_EVALUATED_ELEMENTS`` elements; else None. A tensor read only for its
+    shape (``m.expand_as(s)``, ``torch.ones_like(s)``) counts as its shape."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    needed = set()
-    for cur in _upstream(node):
+    needed, shaped = set(), {}
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if cur in needed:
+            continue
         if cur.op not in ("call_function", "call_method"):
             return None
         name = cur.target if isinstance(cur.target, str) else getattr(cur.target, "__name__", str(cur.target))
@@ -149,14 +169,25 @@ def constant_value(node: fx.Node) -> Optional[torch.Tensor]:
             return None
         ev = fxn.example(cur)
         if isinstance(ev, torch.Tensor):
-            if not all(type(n) is int for n in ev.shape) or ev.numel() > MAX_EVALUATED_ELEMENTS:
+            if not _static_and_small(ev):
                 return None
         elif not isinstance(ev, (int, float, bool, tuple)) or isinstance(ev, torch.SymInt):
             return None
         needed.add(cur)
+        for inp in cur.all_input_nodes:
+            if _reads_only_shape(cur, inp):
+                shape_of = fxn.example(inp)
+                if not isinstance(shape_of, torch.Tensor) or not _static_and_small(shape_of):
+                    return None
+                shaped[inp] = shape_of
+            else:
+                stack.append(inp)
     values: dict[fx.Node, object] = {}
     try:
         with unset_fake_temporarily(), torch.no_grad():
+            for inp, like in shaped.items():
+                if inp not in needed:
+                    values[inp] = torch.empty(tuple(like.shape), dtype=like.dtype, device=like.device)
             for cur in (n for n in node.graph.nodes if n in needed):  # graph order: inputs before their users
                 values[cur] = fxn.call_node(cur, fx.node.map_arg(cur.args, values.__getitem__),
                                             fx.node.map_arg(cur.kwargs, values.__getitem__))
@@ -164,6 +195,19 @@ def constant_value(node: fx.Node) -> Optional[torch.Tensor]:
         return None
     value = values[node]
     return value if isinstance(value, torch.Tensor) else None
+
+
+def _static_and_small(value: torch.Tensor) -> bool:
+    return all(type(n) is int for n in value.shape) and value.numel() <= MAX_EVALUATED_ELEMENTS
+
+
+def _reads_only_shape(user: fx.Node, node: fx.Node) -> bool:
+    """``user`` reads nothing of ``node`` but its shape, dtype and device: ``x.expand_as(node)``, a
+    ``shape_only_fill`` of it."""
+    if fxn.reads_only_shape_of(user, node):
+        return True
+    return (fxn.method_name(user) == "expand_as" and len(user.args) == 2 and user.args[1] is node
+            and user.args[0] is not node and not user.kwargs)
 
 
 def _one_minus_operand(node: fx.Node) -> Optional[fx.Node]:
@@ -246,8 +290,11 @@ def _arange_axis(node) -> Optional[str]:
             return None
     if not isinstance(src, fx.Node):
         return None
-    start = src.args[0] if len(src.args) > 1 else 0
-    if start != 0 or len(src.args) > 2 or not isinstance(ev, torch.Tensor):
+    args = dict(zip(("start", "end", "step") if len(src.args) > 1 else ("end",), src.args))
+    if set(args) & set(src.kwargs):
+        return None
+    args.update(src.kwargs)
+    if args.get("start", 0) != 0 or args.get("step", 1) != 1 or not isinstance(ev, torch.Tensor):
         return None
     if ev.dim() == 1:
         return "col"

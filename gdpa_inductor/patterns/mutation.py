@@ -10,6 +10,8 @@ point is not rewritten (``changed_during``).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import operator
 import weakref
 from typing import Iterable, Optional
@@ -40,6 +42,9 @@ _INPLACE_OPERATORS = frozenset((
 _INPLACE_DUNDERS = frozenset(("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
                               "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
                               "__imatmul__"))
+# Methods that return their tensor itself where it already has the dtype and device asked for, else a copy.
+_CONVERSIONS = frozenset(("to", "type", "type_as", "float", "half", "bfloat16", "double", "int", "long", "bool",
+                          "cuda", "cpu"))
 # Methods whose names end in "_" but that change no tensor's values.
 _NOT_WRITES = frozenset(("requires_grad_", "retain_grad", "share_memory_", "squeeze_", "unsqueeze_", "transpose_",
                          "t_", "as_strided_", "detach_"))
@@ -68,7 +73,7 @@ def written(node: fx.Node) -> Optional[fx.Node]:
     target = node.target
     if isinstance(node.kwargs.get("out"), fx.Node):
         return node.kwargs["out"]
-    if node.kwargs.get("inplace") is True:
+    if inplace_flag(node):
         return first
     if target in _INPLACE_OPERATORS:
         return first if first is not None and isinstance(first.meta.get("example_value"), torch.Tensor) else None
@@ -83,6 +88,25 @@ def written(node: fx.Node) -> Optional[fx.Node]:
     if _is_torch(target) and name.endswith("_") and not name.startswith("_") and name not in _NOT_WRITES:
         return first
     return None
+
+
+def inplace_flag(node: fx.Node) -> bool:
+    """Whether a call with an ``inplace`` parameter (``F.relu(x, True)``, ``F.hardtanh(x, -1, 1, inplace=True)``)
+    passes True to it, by keyword or by position."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    index = inplace_index(node.target)
+    return index is not None and index < len(node.args) and node.args[index] is True
+
+
+@functools.lru_cache(maxsize=None)
+def inplace_index(target) -> Optional[int]:
+    """The position of ``target``'s ``inplace`` parameter, else None."""
+    try:
+        names = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("inplace") if "inplace" in names else None
 
 
 def _is_torch(target) -> bool:
@@ -100,7 +124,7 @@ def _aliased(node: fx.Node) -> Optional[fx.Node]:
     if written(node) is first:
         return first
     if node.op == "call_method" and node.target in _VIEW_METHODS:
-        return first
+        return None if node.target in _CONVERSIONS and _converted(node, first) else first
     if node.op == "call_function":
         name = getattr(node.target, "__name__", None)
         if node.target in _VIEW_FUNCTIONS or (isinstance(name, str) and name in _VIEW_METHODS
@@ -110,6 +134,13 @@ def _aliased(node: fx.Node) -> Optional[fx.Node]:
         if schema is not None and any(r.alias_info is not None for r in schema.returns):
             return first
     return None
+
+
+def _converted(node: fx.Node, first: fx.Node) -> bool:
+    """Whether a conversion's result has another dtype or device than its tensor: then it is a copy."""
+    out, src = node.meta.get("example_value"), first.meta.get("example_value")
+    return (isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor)
+            and (out.dtype != src.dtype or out.device != src.device))
 
 
 class _Analysis:
@@ -186,3 +217,19 @@ def changed_during(region: Iterable[fx.Node], last: fx.Node, reads: Iterable[fx.
             continue
         return node
     return None
+
+
+def same_memory_before(node: fx.Node, target: fx.Node) -> bool:
+    """Whether a node up to ``node`` other than ``target`` and ``node`` shares ``target``'s memory (a view of it, or
+    what it is a view of)."""
+    analysis = _analysis(node.graph, node, target)
+    end = analysis.position[node]
+    for _, members in analysis.writes:
+        if target in members:
+            return any(m is not target and m is not node and analysis.position[m] <= end for m in members)
+    return False
+
+
+def forget(graph: fx.Graph) -> None:
+    """Drops the graph's analysis after a change that keeps its node count."""
+    _CACHE.pop(graph, None)

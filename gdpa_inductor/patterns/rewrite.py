@@ -30,6 +30,7 @@ from torch._inductor.pattern_matcher import (
 from ..lowering import buffer_mask_ops, direct_launch, ops, varlen_ops  # noqa: F401  (register torch.ops.gdpa.*)
 from . import fx_nodes as fxn
 from .chain import shape_spelling
+from .in_place import write_out_of_place
 from .output_rows import read_rows_directly
 from .softmax_free_attention import NO_PAIR, GdpaMatch, OperandPlan, SoftmaxFreeAttention
 
@@ -131,6 +132,7 @@ class _GdpaPass:
 
     def __init__(self, gm: fx.GraphModule, dry_run: bool, graph_name: str):
         self.gm, self.dry_run, self.graph_name = gm, dry_run, graph_name
+        self.written_out_of_place = write_out_of_place(gm.graph)
         self.reports: list[tuple[int, CandidateReport]] = []
         self.claimed: set[fx.Node] = set()  # nodes of matched blocks (in a dry run they stay in the graph)
         self.consumed: set[str] = set()
@@ -142,7 +144,7 @@ class _GdpaPass:
             register_graph_pattern(anchor, extra_check=self._check, pass_dict=self.matcher)(self._fuse)
 
     def run(self) -> list[CandidateReport]:
-        if self.matcher.apply(self.gm) and not self.dry_run:
+        if self.matcher.apply(self.gm) and not self.dry_run or self.written_out_of_place:
             self.gm.graph.lint()
             self.gm.recompile()
         # A block's first matmul is a candidate too, and was reported as unpaired: the block's report covers it.

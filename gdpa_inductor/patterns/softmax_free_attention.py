@@ -139,14 +139,11 @@ class SoftmaxFreeAttention:
             return None, reason
         m.kind = _kind(m)
         m.lengths = _length_plan(m)
-        if (m.lengths is None or m.lengths.from_padding) and recipe.masks_inexact_as_bias:
-            return None, recipe.masks_inexact_as_bias
-        if recipe.window is not None and not _varlen_layout(m):
-            return None, "a band mask needs [B, H, N, D] operands (the varlen op's windows)"
-        ok, reason = _plan_buffer_mask(m)
-        if not ok:
-            return None, reason
-        ok, reason = _prove(m)
+        ok, reason = _planned_and_proven(m)
+        if not ok and m.lengths is not None:
+            # skipping padding only makes the op faster: where the block with it is not proven, try it without
+            m.lengths = None
+            ok, reason = _planned_and_proven(m)
         if not ok:
             return None, reason
         return m, "matched"
@@ -187,6 +184,18 @@ class SoftmaxFreeAttention:
             if not (_static_eq(a, b) or _static_eq(a, 1) or _static_eq(b, 1)):
                 return False, "batch dims of q/k/v do not broadcast (provably)"
         return True, "ok"
+
+
+def _planned_and_proven(m: GdpaMatch) -> tuple[bool, str]:
+    """The plans that depend on the block's length plan, then the proof that the fused op equals the block."""
+    if (m.lengths is None or m.lengths.from_padding) and m.recipe.masks_inexact_as_bias:
+        return False, m.recipe.masks_inexact_as_bias
+    if m.recipe.window is not None and not _varlen_layout(m):
+        return False, "a band mask needs [B, H, N, D] operands (the varlen op's windows)"
+    ok, reason = _plan_buffer_mask(m)
+    if not ok:
+        return False, reason
+    return _prove(m)
 
 
 def _static_eq(a, b) -> bool:

@@ -80,6 +80,21 @@ def _filled(x: torch.Tensor, keep: torch.Tensor, value: float, form: str) -> tor
     return x.masked_fill(~keep, value)
 
 
+IN_PLACE_ACTIVATIONS = {
+    "relu": lambda x: F.relu(x, inplace=True), "silu": lambda x: F.silu(x, inplace=True),
+    "sigmoid": lambda x: x.sigmoid_(), "leaky_relu": lambda x: F.leaky_relu(x, 0.01, True),
+}
+
+
+def _filled_in_place(x: torch.Tensor, keep: torch.Tensor, value: float, form: str) -> torch.Tensor:
+    """``_filled`` as in-place code writes it: ``masked_fill_`` or an assignment through a boolean index."""
+    if form == "setitem":
+        x[(~keep).expand_as(x)] = value
+    else:
+        x.masked_fill_(~keep, value)
+    return x
+
+
 def _padded(q, k, v, lengths, padding: str, gather_shift):
     """Operands of a padded batch past per-sample lengths: zero (all three, or K and V), or near misses (K alone, a
     nonzero fill). With ``gather_shift`` (an int), each padded operand is gathered from jagged rows (its own rows,
@@ -127,6 +142,10 @@ def make_program(seed: int):
     read = rng.choice([None, "rows", "any_rows", "index_select"]) if padding is not None else None
     # how a mask's fill is spelled, drawn apart so that the programs of the other draws stay as they were
     fill_form = random.Random(seed + 1_000_003).choice(["number", "number", "where_like", "tensor"])
+    # every step of the chain written in place, and with a view of the scores taken before the changes read after them
+    chain_rng = random.Random(seed + 2_000_003)
+    chain_form = chain_rng.choice([None, None, "in_place", "in_place", "in_place_view"])
+    fill_in_place = chain_rng.choice(["masked_fill_", "setitem"])
     gen = torch.Generator().manual_seed(seed)
     if read is not None:
         lengths = extra["lengths"].tolist()
@@ -158,6 +177,8 @@ def make_program(seed: int):
         elif in_place == "scores_not_reassigned":
             s.mul_(0.5)
         masks = [_causal_keep(n, *spec) for spec in mask_specs]
+        if chain_form is not None:
+            return _in_place_chain(s, v, masks, n, bias, temp, factor, rows)
 
         def add_bias(s):
             if bias_kind == "tensor":
@@ -197,6 +218,55 @@ def make_program(seed: int):
             p = p / factor
         elif post is not None:
             p = p * post
+        return _second_matmul(p, v, rows)
+
+    def _in_place_chain(s, v, masks, n, bias, temp, factor, rows):
+        """The same chain, each step changing the scores (or P) in place."""
+        view = s[...] if chain_form == "in_place_view" else None
+
+        def add_bias():
+            if bias_kind == "tensor":
+                s.add_(bias)
+            elif bias_kind == "float":
+                s.sub_(0.5)
+
+        def scale():
+            if pre_scale == "tensor":
+                s.mul_(temp)
+            elif pre_scale is not None:
+                s.mul_(pre_scale)
+
+        for step in ((scale, add_bias) if bias_first else (add_bias, scale)):
+            step()
+        value = -torch.finfo(torch.float32).max if fill == "finfo" else fill
+        if mask_place == "before":
+            for m in masks:
+                _filled_in_place(s, m, value, fill_in_place)
+        chain = view if view is not None else s
+        p = IN_PLACE_ACTIVATIONS[act_name](chain) if act_name in IN_PLACE_ACTIVATIONS else act(chain)
+        if mask_place == "after":
+            for m in masks:
+                _filled_in_place(p, m, 0.0, fill_in_place)
+        elif mask_place == "multiply":
+            for m in masks:
+                p *= m
+        elif mask_place == "multiply_cast":
+            for m in masks:
+                p.mul_(m.type(p.dtype))
+        elif mask_place == "divide_cast":
+            for m in masks:
+                p /= m.float()
+        if post == "div_n":
+            p /= n
+        elif post in ("row", "column"):
+            p.mul_(factor)
+        elif post == "row_div":
+            p.div_(factor)
+        elif post is not None:
+            p *= post
+        return _second_matmul(p, v, rows)
+
+    def _second_matmul(p, v, rows):
         out = p @ v if spelling == "matmul" else torch.einsum("...ij,...jd->...id", p, v)
         if read is None:
             return out
@@ -205,7 +275,8 @@ def make_program(seed: int):
 
     steps = f"{spelling}, {act_name}, pre={pre_scale}, bias={bias_kind} (first={bias_first}), masks={mask_specs} " \
             f"{mask_place} fill={fill}, post={post}, dead clone={dead_clone}, padding={padding}, " \
-            f"gather shift={gather_shift}, in place={in_place}, read={read}, fill form={fill_form}"
+            f"gather shift={gather_shift}, in place={in_place}, read={read}, fill form={fill_form}, " \
+            f"chain={chain_form} ({fill_in_place})"
     return fn, extra, steps
 
 

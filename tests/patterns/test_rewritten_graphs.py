@@ -536,6 +536,17 @@ def forward(self, L_q_ : torch.Tensor, L_v_ : torch.Tensor, L_offsets_ : torch.T
     view_9 = where_2.view(26, 2, 16);  where_2 = None
     return (view_9,)""")
 
+    def test_chain_written_in_place(self):
+        # s += rab, SiLU(inplace=True), p /= n and p[future] = 0 read as the out-of-place chain: one fused call
+        self.assertExpectedInline(rewritten_code("inplace_hstu_bias"), """\
+def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_self_parameters_rab_ : torch.nn.parameter.Parameter, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_k_ = L_k_
+    l_self_parameters_rab_ = L_self_parameters_rab_
+    l_v_ = L_v_
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, l_self_parameters_rab_, 'silu', 1.0, 0.08333333333333333, True, 0.01);  l_q_ = l_k_ = l_v_ = l_self_parameters_rab_ = None
+    return (attention_fwd_direct_v1_default,)""")
+
     def test_where_zeros_like_fill(self):
         # the zeros shaped like P are read as the number 0 and leave the graph with the block
         self.assertExpectedInline(rewritten_code("where_zeros_like_after_silu"), """\

@@ -1045,17 +1045,6 @@ NEGATIVE.append(ZooEntry("neg_tensor_scale_after_bias", TensorScaleAfterBias,
                          reason="neither a scalar nor a causal mask"))
 
 
-class InPlaceUnusedScale(nn.Module):
-    """``s.mul_(2)`` whose result nothing reads: it still doubles the scores, so it is not a dead user."""
-
-    def forward(self, q, k, v):
-        s = q @ k.transpose(-2, -1)
-        s.mul_(2.0)
-        return F.silu(s) @ v
-
-
-NEGATIVE.append(ZooEntry("neg_inplace_unused_scale", InPlaceUnusedScale, qkv(2, 2, 12, 16), 0,
-                         reason="also used elsewhere"))
 
 
 # ---- jagged rows padded to [B, H, N, D]: HSTU's reference over its padding (hstu_reference.py) ----------------
@@ -1184,5 +1173,85 @@ NEGATIVE += [
     ZooEntry("neg_ones_like_after_silu", OnesLikeAfterSilu, qkv(2, 2, 12, 16), 0, reason="not 0"),
     ZooEntry("neg_zeros_like_read_elsewhere", ZerosLikeReadElsewhere, qkv(2, 2, 12, 16), 0,
              reason="also used elsewhere"),
+]
+ZOO_BY_NAME = {e.name: e for e in ZOO}
+
+
+# ---- chains written in place ----------------------------------------------------------------------------------------
+
+
+class InPlaceUnusedScale(nn.Module):
+    """``s.mul_(2)`` whose result nothing reads: it still doubles the scores (a scale of 2, not a dead user)."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1)
+        s.mul_(2.0)
+        return F.silu(s) @ v
+
+
+class InPlaceSigmoidChain(nn.Module):
+    """Sigmoid attention with every step in place: ``s.mul_``, ``s -= c``, ``s.masked_fill_`` of the future,
+    ``s.sigmoid_()`` (whose output its gradient reads, so nothing after it is in place)."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=q.device), 1)
+        s = q @ k.transpose(-2, -1)
+        s.mul_(q.shape[-1] ** -0.5)
+        s -= math.log(n)
+        s.masked_fill_(future, float("-inf"))
+        p = s.sigmoid_()
+        return p @ v
+
+
+class InPlaceHSTUBias(nn.Module):
+    """HSTU-style: ``s += rab`` (a learned bias), ``nn.SiLU(inplace=True)``, ``p /= n``, ``p[future] = 0`` through a
+    boolean index."""
+
+    def __init__(self, h=2, n=12):
+        super().__init__()
+        self.rab = nn.Parameter(torch.randn(h, n, n) * 0.1)
+        self.act = nn.SiLU(inplace=True)
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=q.device), 1)
+        s = q @ k.transpose(-2, -1)
+        s += self.rab
+        p = self.act(s)
+        p /= n
+        p[future.expand_as(p)] = 0.0
+        return p @ v
+
+
+class ViewBeforeInPlaceScale(nn.Module):
+    """A view of the scores taken before ``s.mul_(2)`` and read after it: it sees the change."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1)
+        t = s[..., :, :]
+        s.mul_(2.0)
+        return F.silu(t) @ v
+
+
+class ReluInPlaceByPosition(nn.Module):
+    """``F.relu(s, True)`` (in place by position) before another activation of s: s is changed for both."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-2, -1)
+        F.relu(s, True)
+        return torch.sigmoid(s) @ v
+
+
+ZOO += [
+    ZooEntry("inplace_unused_scale", InPlaceUnusedScale, qkv(2, 2, 12, 16), 1),
+    ZooEntry("inplace_sigmoid_chain", InPlaceSigmoidChain, qkv(2, 2, 12, 16), 1),
+    ZooEntry("inplace_hstu_bias", InPlaceHSTUBias, qkv(2, 2, 12, 16), 1),
+]
+NEGATIVE += [
+    ZooEntry("neg_view_before_inplace_scale", ViewBeforeInPlaceScale, qkv(2, 2, 12, 16), 0,
+             reason="also used elsewhere"),
+    ZooEntry("neg_relu_inplace_by_position", ReluInPlaceByPosition, qkv(2, 2, 12, 16), 0,
+             reason="a second activation"),
 ]
 ZOO_BY_NAME = {e.name: e for e in ZOO}
