@@ -430,7 +430,7 @@ def chart_hstu_reference(data: dict) -> Chart:
     step = [{"inductor": r["inductor"]["ms"], "gdpa": r["gdpa"]["ms"], "speedup": r.get("speedup")} for r in rows]
     labels = [f"B={r['batch']}, N≤{r['max_len']}" + (f", window {r['max_attn_len']}" if r["max_attn_len"] else "")
               for r in rows]
-    panel = Panel("forward and backward", "ms (lower is better)", labels, step,
+    panel = Panel("forward and backward, steps back to back", "ms a step (lower is better)", labels, step,
                   [("gdpa", "backend_gdpa"), ("inductor", "inductor")],
                   Ratio("speed-up over Inductor", stored="speedup"))
     return Chart(f"HSTU's reference attention, {meta['device']}: H={meta['heads']}, D={meta['head_dim']}, bf16, "
