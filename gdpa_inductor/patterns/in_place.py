@@ -2,7 +2,8 @@
 ``p[m] = 0``, ``torch.sigmoid_(s)``, ``F.relu(s, inplace=True)`` on a tensor that shares its memory with nothing
 read before the change become ``s.mul(c)``, ``s / c``, ``p.masked_fill(m, 0)``, ... and every later reader of the
 tensor reads the new node. Functionalization (AOTAutograd) turns the graph into the same one; written so first,
-the block between two matmuls is in the spellings the patterns read.
+the block between two matmuls is in the spellings the patterns read. A change made where the graph has turned
+gradients off (or may run without them) stays in place: autograd does not record it, and out of place it would.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import fx_nodes as fxn
@@ -42,18 +44,26 @@ _INPLACE_PARAMETER = frozenset((F.relu, F.relu6, F.silu, F.hardswish, F.hardsigm
 def write_out_of_place(graph: fx.Graph) -> int:
     """Rewrites the graph's in-place steps that can be written out of place (module docstring); returns how many."""
     count = 0
+    grad_mode = None  # the caller's until the graph sets it
     for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
+            grad_mode = bool(node.args[0]) if node.args else None
+            continue
         target = written(node)
         if target is None or not _private(node, target):
             continue
+        if grad_mode is False or grad_mode is None and _sets_grad_mode(graph):
+            continue  # a change autograd does not record: out of place, the gradient would see it
         form = _out_of_place(node, target)
         if form is None:
             continue
         kind, fn, args, kwargs = form
         value = _fake_value(kind, fn, args, kwargs)
         ev = fxn.example(target)
-        if not isinstance(value, torch.Tensor) or value.shape != ev.shape or value.device != ev.device:
+        if not isinstance(value, torch.Tensor) or value.device != ev.device or not _same(value.shape, ev.shape):
             continue
+        if not _same(value.stride(), ev.stride()):
+            continue  # a later view of the result may need the tensor's own strides
         if value.dtype != ev.dtype and not (value.dtype.is_floating_point and ev.dtype.is_floating_point):
             continue
         with graph.inserting_before(node):
@@ -75,6 +85,15 @@ def write_out_of_place(graph: fx.Graph) -> int:
         log.debug("gdpa: %s written out of place as %s", node.name, new.name)
         count += 1
     return count
+
+
+def _same(a, b) -> bool:
+    """Sizes or strides provably equal, symbolic ones included (no guard is added)."""
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
+def _sets_grad_mode(graph: fx.Graph) -> bool:
+    return any(n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in graph.nodes)
 
 
 def _private(node: fx.Node, target: fx.Node) -> bool:
@@ -127,7 +146,9 @@ def _out_of_place(node: fx.Node, target: fx.Node) -> Optional[tuple[str, Any, tu
 def _masked_fill(target: fx.Node, index: Any, value: Any) -> Optional[tuple[str, Any, tuple, dict]]:
     """``t[m] = c`` with m a boolean tensor of t's shape and c one number: ``t.masked_fill(m, c)``."""
     mask = fxn.example(index) if isinstance(index, fx.Node) else None
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != fxn.example(target).shape:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return None
+    if not _same(mask.shape, fxn.example(target).shape):
         return None
     number = fxn.example(value) if isinstance(value, fx.Node) else value
     if isinstance(number, torch.Tensor) and number.dim() != 0 or not isinstance(number, (int, float, torch.Tensor)):

@@ -1,6 +1,6 @@
 """Writing in-place steps out of place (``patterns/in_place.py``): each spelling on a tensor nothing else shares
 becomes its out-of-place call and the graph computes what it computed; a tensor shared with a view read before the
-change, a graph input, or a call whose result would change dtype between integer and float stays in place."""
+change, a graph input, a change through slices, or one made with gradients off stays in place."""
 
 from __future__ import annotations
 
@@ -90,13 +90,21 @@ def input_changed(x, m):
     return x @ x.transpose(-1, -2)
 
 
+def changed_without_gradients(x, m):
+    s = x @ x.transpose(-1, -2)
+    with torch.no_grad():
+        s.mul_(2.0)  # not recorded: the gradient of s @ x reads s as made
+    return s @ x
+
+
 def set_with_slices(x, m):
     s = x @ x.transpose(-1, -2)
     s[:, 0, :] = 1.0
     return s @ x
 
 
-@pytest.mark.parametrize("fn", [view_read_after, input_changed, set_with_slices], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [view_read_after, input_changed, set_with_slices, changed_without_gradients],
+                         ids=lambda f: f.__name__)
 def test_left_in_place(fn):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 6, 4, generator=gen)

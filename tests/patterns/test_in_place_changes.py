@@ -53,6 +53,13 @@ def query_scaled_in_place(q, k, v):
     return F.silu(q @ k.transpose(-1, -2)) @ v
 
 
+def scores_scaled_without_gradients(q, k, v):
+    s = q @ k.transpose(-1, -2)
+    with torch.no_grad():
+        s.mul_(2.0)  # autograd does not see it: the gradients go through the scores as made
+    return F.silu(s) @ v
+
+
 def key_changed_after_block(q, k, v):
     k2 = k * 1.0
     out = F.silu(q @ k2.transpose(-1, -2)) @ v
@@ -67,6 +74,7 @@ CASES = [
     (key_changed_inside_block, False, 0, False),
     (scores_changed_without_reassignment, False, 1, True),
     (scale_in_place_reassigned, False, 1, True),
+    (scores_scaled_without_gradients, False, 0, True),
     (query_scaled_in_place, False, 1, True),
     (key_changed_after_block, False, 1, False),
 ]
