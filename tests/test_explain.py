@@ -58,20 +58,20 @@ def test_explain_softmax_only_fuses_nothing(gen):
     assert "2 matmul(s) left to Inductor" in str(report)
 
 
-class ColumnGatedEinsum(nn.Module):
-    """A refused block written with einsums: one factor per key after the activation."""
+class EntryGatedEinsum(nn.Module):
+    """A refused block written with einsums: a float gate per query and key after the activation."""
 
     def forward(self, q, k, v, gate):
-        p = F.silu(torch.einsum("...id,...jd->...ij", q, k)) * gate[:, None, None, :]
+        p = F.silu(torch.einsum("...id,...jd->...ij", q, k)) * gate[:, None]
         return torch.einsum("...ij,...jd->...id", p, v)
 
 
 def test_explain_gives_a_refused_blocks_reason_once_and_first(gen):
     q, k, v = (torch.randn(2, 2, 8, 8, generator=gen) for _ in range(3))
-    report = gdpa_inductor.explain(ColumnGatedEinsum(), q, k, v, torch.rand(2, 8, generator=gen))
+    report = gdpa_inductor.explain(EntryGatedEinsum(), q, k, v, torch.rand(2, 8, 8, generator=gen))
     lines = str(report).splitlines()
     assert len(report.rejected) == 1 and report.rejected[0].scores is not None, str(report)
-    assert "one factor per query row" in lines[1], str(report)
+    assert "neither a scalar, a boolean mask nor one factor per query row or per key" in lines[1], str(report)
     assert len(lines) == 2, str(report)
 
 

@@ -35,6 +35,9 @@ class ChainRecipe:
     # the op (pre-activation) or to the output (post-activation); (value, divide) pairs.
     pre_factors: list[tuple[Any, bool]] = field(default_factory=list)
     post_factors: list[tuple[Any, bool]] = field(default_factory=list)
+    # Floating tensors of one value per key after the activation ([..., 1, Nk]): (P ⊙ c) V = P (cᵀ ⊙ V), so they
+    # scale V's rows; (value, divide) pairs.
+    key_factors: list[tuple[Any, bool]] = field(default_factory=list)
     # Additive terms before the activation: (node or float, coefficient, factors): the coefficient is the sign
     # times the Python-number scales applied after the term; factors, the other scales after it (value, divide).
     bias_terms: list[tuple[Any, float, tuple]] = field(default_factory=list)
@@ -372,6 +375,15 @@ def _is_row_factor(factor: fx.Node, scores: fx.Node) -> bool:
             and _broadcasts_to(factor, scores))
 
 
+def _is_key_factor(factor: fx.Node, scores: fx.Node) -> bool:
+    """A floating tensor of one value per key of the scores: it broadcasts to them and its second-last dim is 1."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    ev = fxn.example(factor)
+    return (ev.dtype.is_floating_point and ev.dim() >= 2 and statically_known_true(ev.shape[-2] == 1)
+            and _broadcasts_to(factor, scores))
+
+
 def _same_shape(a: fx.Node, b: fx.Node) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -411,8 +423,11 @@ def _read_product(node, prev, recipe: ChainRecipe, after_activation: bool, seen_
             # (P ⊙ a) V = a ⊙ (P V) for a factor a constant along the keys: the op's output rows are scaled
             recipe.post_factors.append((other, divide))
             return
+        if _is_key_factor(other, node):
+            recipe.key_factors.append((other, divide))
+            return
         raise ChainMismatch(f"{node.name}: multiplied by a tensor that is neither a scalar, a boolean mask nor "
-                            "one factor per query row")
+                            "one factor per query row or per key")
     value = _scale_value(other)
     if value is None:
         raise ChainMismatch(f"{node.name}: multiplied by a tensor that is neither a scalar nor a causal mask")

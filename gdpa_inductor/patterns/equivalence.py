@@ -167,7 +167,7 @@ class _Proof:
             magnitude = magnitude * (magnitude + 1.0)
         p = p * r.post_scale
         post = torch.full((), abs(r.post_scale), device=self.device)
-        for value, divide in r.post_factors:
+        for value, divide in r.post_factors + r.key_factors:
             factor = self.scalar(value)
             p = _apply(p, factor, divide)
             post = _apply(post, torch.as_tensor(factor, device=self.device).abs().float(), divide)

@@ -59,6 +59,7 @@ class CandidateReport:
                 f"k{d.get('k')} v{d.get('v')} {d.get('dtype')}, scale={d.get('scale'):.4g}"
                 f"{' (+tensor/SymInt factors)' if d.get('scale_factors') else ''}, "
                 f"post_scale={d.get('post_scale'):.4g}{' (+tensor/SymInt factors)' if d.get('post_factors') else ''}"
+                f"{', a factor per key on V' if d.get('key_factors') else ''}"
                 f", bias={'yes' if d.get('bias') else 'no'}, mask={d.get('mask')}")
 
 
@@ -439,11 +440,12 @@ def _fused(b: _Builder, m: GdpaMatch, dtype: torch.dtype) -> fx.Node:
     """The fused op's call for the block, in the op's [B, H, N, Dv] layout."""
     r = m.recipe
     if (m.buffer_mask is None and m.lengths is not None and m.lengths.from_padding
-            and m.lengths.jagged[1] is not None and _static(m)):
+            and m.lengths.jagged[1] is not None and _static(m) and not r.key_factors):
         return _varlen_jagged(b, m, dtype)
     q = _operand(b, m.q, dtype, r.pre_factors)
     k = _operand(b, m.k, dtype)
-    v = _operand(b, m.v, dtype)
+    # a factor per key scales V's rows: (P ⊙ c) V = P (cᵀ ⊙ V)
+    v = _operand(b, m.v, dtype, [(b.emit("method", "transpose", (c, -1, -2)), divide) for c, divide in r.key_factors])
     if m.buffer_mask is not None:
         return _buffer_masked(b, m, q, k, v, dtype)
     if m.lengths is not None or r.window is not None:

@@ -77,7 +77,7 @@ class GdpaMatch:
         return dict(
             kind=self.kind, activation=r.activation, q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
             dtype=str(self.compute_dtype).replace("torch.", ""), scale=r.scale, post_scale=r.post_scale,
-            scale_factors=len(r.pre_factors), post_factors=len(r.post_factors),
+            scale_factors=len(r.pre_factors), post_factors=len(r.post_factors), key_factors=len(r.key_factors),
             bias=len([t for t in r.bias_terms if isinstance(t[0], fx.Node)]) > 0 or any(
                 not isinstance(t[0], fx.Node) for t in r.bias_terms), mask=self._mask_note(),
         )
@@ -173,6 +173,10 @@ class SoftmaxFreeAttention:
             return False, f"head dims above {TRITON_MAX_HEAD_DIM} on CUDA: no fused kernel; Inductor's GEMMs win"
         if not _static_eq(k.shape[-3], v.shape[-3]):
             return False, "key and value head counts differ"
+        for factor, _ in m.recipe.key_factors:
+            c = fxn.example(factor)
+            if not _scales_rows_of(c.transpose(-2, -1), v):
+                return False, f"{factor.name}: a factor per key that does not broadcast to V's rows without growing V"
         h, hkv = q.shape[-3], k.shape[-3]
         heads = fxn.example(m.scores).shape[-3] if fxn.example(m.scores).dim() >= 3 else h
         # The graph's own matmul already requires key heads == query heads or 1 at run time, unless the
@@ -184,6 +188,13 @@ class SoftmaxFreeAttention:
             if not (_static_eq(a, b) or _static_eq(a, 1) or _static_eq(b, 1)):
                 return False, "batch dims of q/k/v do not broadcast (provably)"
         return True, "ok"
+
+
+def _scales_rows_of(factor: torch.Tensor, v: torch.Tensor) -> bool:
+    """``factor`` ([..., Nk, 1]) times ``v`` ([..., Nk, Dv]) has v's shape."""
+    if factor.dim() > v.dim():
+        return False
+    return all(_static_eq(a, 1) or _static_eq(a, b) for a, b in zip(factor.shape[::-1], v.shape[::-1]))
 
 
 def _planned_and_proven(m: GdpaMatch) -> tuple[bool, str]:

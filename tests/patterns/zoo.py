@@ -1025,10 +1025,24 @@ ZOO_BY_NAME = {e.name: e for e in ZOO}
 
 
 class ColumnFactor(nn.Module):
-    """A factor per key after the activation: not a row scale of the output."""
+    """A factor per key after the activation: (P ⊙ c) V = P (cᵀ ⊙ V), V's rows scaled."""
 
     def forward(self, q, k, v, c):
         return (F.silu(q @ k.transpose(-2, -1)) * c[:, None, None, :]) @ v
+
+
+class FloatKeyMaskAfterSigmoid(nn.Module):
+    """A key padding mask given as a float {0, 1} tensor (as data loaders give it), multiplied after sigmoid."""
+
+    def forward(self, q, k, v, c):
+        return (torch.sigmoid(q @ k.transpose(-2, -1) * 0.25) * (c > 0.5).float()[:, None, None, :]) @ v
+
+
+class KeyFactorGrowingV(nn.Module):
+    """A factor per key and per sample over a V shared by the batch: scaling V would give it the batch."""
+
+    def forward(self, q, k, v, c):
+        return (F.silu(q @ k.transpose(-2, -1)) * c[:, None, None, :]) @ v[:1]
 
 
 class TensorScaleAfterBias(nn.Module):
@@ -1038,8 +1052,12 @@ class TensorScaleAfterBias(nn.Module):
         return F.silu((q @ k.transpose(-2, -1) + 1.0) * t[None, :, None, None]) @ v
 
 
-NEGATIVE.append(ZooEntry("neg_column_factor", ColumnFactor, _row_inputs, 0,
-                         reason="neither a scalar, a boolean mask nor one factor per query row"))
+ZOO += [
+    ZooEntry("key_factor", ColumnFactor, _row_inputs, 1),
+    ZooEntry("float_key_mask_after_sigmoid", FloatKeyMaskAfterSigmoid, _row_inputs, 1),
+]
+NEGATIVE.append(ZooEntry("neg_key_factor_growing_v", KeyFactorGrowingV, _row_inputs, 0,
+                         reason="does not broadcast to V's rows without growing V"))
 NEGATIVE.append(ZooEntry("neg_tensor_scale_after_bias", TensorScaleAfterBias,
                          tensors((2, 2, 12, 16), (2, 2, 12, 16), (2, 2, 12, 16), (2,)), 0,
                          reason="neither a scalar nor a causal mask"))
