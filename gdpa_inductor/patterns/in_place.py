@@ -45,6 +45,7 @@ def write_out_of_place(graph: fx.Graph) -> int:
     """Rewrites the graph's in-place steps that can be written out of place (module docstring); returns how many."""
     count = 0
     grad_mode = None  # the caller's until the graph sets it
+    sets_grad_mode = any(n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in graph.nodes)
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
             grad_mode = bool(node.args[0]) if node.args else None
@@ -52,7 +53,7 @@ def write_out_of_place(graph: fx.Graph) -> int:
         target = written(node)
         if target is None or not _private(node, target):
             continue
-        if grad_mode is False or grad_mode is None and _sets_grad_mode(graph):
+        if grad_mode is False or grad_mode is None and sets_grad_mode:
             continue  # a change autograd does not record: out of place, the gradient would see it
         form = _out_of_place(node, target)
         if form is None:
@@ -90,10 +91,6 @@ def write_out_of_place(graph: fx.Graph) -> int:
 def _same(a, b) -> bool:
     """Sizes or strides provably equal, symbolic ones included (no guard is added)."""
     return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
-
-
-def _sets_grad_mode(graph: fx.Graph) -> bool:
-    return any(n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in graph.nodes)
 
 
 def _private(node: fx.Node, target: fx.Node) -> bool:

@@ -143,7 +143,7 @@ class SoftmaxFreeAttention:
         if not ok and m.lengths is not None:
             # skipping padding only makes the op faster: where the block with it is not proven, try it without
             m.lengths = None
-            ok, reason = _planned_and_proven(m)
+            ok = _planned_and_proven(m)[0]
         if not ok:
             return None, reason
         return m, "matched"
