@@ -265,6 +265,8 @@ def _operand(b: _Builder, plan: OperandPlan, dtype: torch.dtype, factors=()) -> 
     n = plan.node
     if plan.permute is not None:
         n = b.emit("method", "permute", (n, *plan.permute))
+    if plan.shared_heads:
+        n = b.emit("method", "unsqueeze", (n, -3))
     if plan.transpose_last:
         n = b.emit("method", "transpose", (n, -2, -1))
     for value, divide in factors:

@@ -40,12 +40,21 @@ class OperandPlan:
     node: fx.Node
     permute: Optional[list[int]] = None
     transpose_last: bool = False
+    # a size-1 heads dim inserted at -3 (after the permutation): K and V without one, shared by the heads (MQA)
+    shared_heads: bool = False
 
     def example(self) -> torch.Tensor:
         t = fxn.example(self.node)
         if self.permute is not None:
             t = t.permute(self.permute)
+        if self.shared_heads:
+            t = t.unsqueeze(-3)
         return t.transpose(-2, -1) if self.transpose_last else t
+
+    @property
+    def as_written(self) -> bool:
+        """The node is the operand as the op reads it, up to a permutation or a transpose."""
+        return not self.shared_heads
 
 
 @dataclass
@@ -255,8 +264,8 @@ def _output_side(outer: fx.Node):
     parsed = _parse_output_einsum(eq)
     if parsed is None:
         return f"einsum {eq!r}: not P·V (one contraction over P's last dim)"
-    v_perm, out_perm, p_letters = parsed
-    return p, OperandPlan(v, permute=v_perm), out_perm, p_letters
+    v_perm, out_perm, p_letters, shared_heads = parsed
+    return p, OperandPlan(v, permute=v_perm, shared_heads=shared_heads), out_perm, p_letters
 
 
 def _parse_output_einsum(eq: str):
@@ -274,14 +283,25 @@ def _parse_output_einsum(eq: str):
     if len(extra) != 1 or m in out or n not in out or m not in v:
         return None
     e = extra[0]
-    if sorted(v) != sorted(batch + m + e) or sorted(out) != sorted(batch + n + e):
+    v_batch = _operand_batch(batch, v)
+    if v_batch is None or sorted(v) != sorted(v_batch + m + e) or sorted(out) != sorted(batch + n + e):
         return None
-    v_perm = [v.index(c) for c in batch + m + e]
+    v_perm = [v.index(c) for c in v_batch + m + e]
     canonical = batch + n + e
     out_perm = [canonical.index(c) for c in out]
     return (None if v_perm == list(range(len(v))) else v_perm), (
         None if out_perm == list(range(len(out))) else out_perm
-    ), p
+    ), p, v_batch != batch
+
+
+def _operand_batch(batch: str, letters: str) -> Optional[str]:
+    """The batch letters a K or V operand carries: all of them, or all but the heads' (the last; MQA: one K and V
+    shared by the heads); else None."""
+    if all(c in letters for c in batch):
+        return batch
+    if len(batch) >= 2 and batch[-1] not in letters and all(c in letters for c in batch[:-1]):
+        return batch[:-1]
+    return None
 
 
 def _scores_side(scores: fx.Node, p_letters: Optional[str]):
@@ -306,21 +326,22 @@ def _scores_side(scores: fx.Node, p_letters: Optional[str]):
     if len(contracted) != 1 or n not in A or n in B or m not in B or m in A:
         return f"einsum {eq!r}: not a single contraction Q·Kᵀ with the scores' last two dims"
     d = contracted.pop()
-    if sorted(A) != sorted(batch + n + d) or sorted(B) != sorted(batch + m + d):
+    k_batch = _operand_batch(batch, B)
+    if sorted(A) != sorted(batch + n + d) or k_batch is None or sorted(B) != sorted(k_batch + m + d):
         return f"einsum {eq!r}: operands do not share the batch/head indices"
     if p_letters is not None and len(p_letters) != len(out):
         return f"einsum {eq!r}: the output einsum reads the scores with another rank"
     q_perm = [A.index(c) for c in batch + n + d]
-    k_perm = [B.index(c) for c in batch + m + d]
-    ident = list(range(len(A)))
-    return OperandPlan(a, None if q_perm == ident else q_perm), OperandPlan(b, None if k_perm == ident else k_perm)
+    k_perm = [B.index(c) for c in k_batch + m + d]
+    return (OperandPlan(a, None if q_perm == list(range(len(A))) else q_perm),
+            OperandPlan(b, None if k_perm == list(range(len(B))) else k_perm, shared_heads=k_batch != batch))
 
 
 def _peel_batch_broadcast(plan: OperandPlan) -> OperandPlan:
     """A query that is ``seed.expand(B, ...)`` or ``seed.repeat(B, 1, ...)`` of a batch-1 seed (PMA): the op
     broadcasts the seed itself, so the repeat's copy disappears and dQ is reduced over the batch in-kernel."""
     node = plan.node
-    if plan.permute is not None or plan.transpose_last:
+    if plan.permute is not None or plan.transpose_last or not plan.as_written:
         return plan
     if not fxn.fn_or_method(node, (), ("expand", "repeat")):
         return plan
@@ -346,7 +367,7 @@ def _peel_batch_broadcast(plan: OperandPlan) -> OperandPlan:
 def _blocked_repeat_source(plan: OperandPlan):
     """(source, group) when the plan is ``x.repeat_interleave(G, dim=heads)`` of an int G."""
     node = plan.node
-    if plan.permute is not None or plan.transpose_last:
+    if plan.permute is not None or plan.transpose_last or not plan.as_written:
         return None
     if not fxn.fn_or_method(node, (torch.repeat_interleave,), ("repeat_interleave",)):
         return None
@@ -455,7 +476,7 @@ def _length_plan(m: GdpaMatch) -> Optional[LengthMask]:
 def _padded_plan(m: GdpaMatch) -> Optional[LengthMask]:
     """Lengths past which K and V (and Q: then rows too) are zero, proven by ``padded_operands``; with causal or a
     band, only when Q is padded as well (per-sample square)."""
-    if not _varlen_layout(m):
+    if not _varlen_layout(m) or not all(x.as_written for x in (m.q, m.k, m.v)):
         return None
     found = padded_lengths(m.q, m.k, m.v, m.outer)
     if found is None or fxn.example(found.source).device != m.q.example().device:

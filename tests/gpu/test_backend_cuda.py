@@ -34,8 +34,9 @@ MODELS = [
     "hstu_attn_scale_per_row", "fbgemm_alpha_times_biased_scores", "cast_bool_key_mask_after_sigmoid",
     "ellipsis_einsums_silu", "sigmoid_expand_as_mask", "hstu_reference_mask_causal",
     "hstu_reference_mask_max_attn_len", "band_fill_before_gelu",
-    # chains written in place, a factor per key on V
+    # chains written in place, a factor per key on V, one K and V shared by the heads (einsums)
     "inplace_sigmoid_chain", "inplace_hstu_bias", "key_factor", "float_key_mask_after_sigmoid",
+    "shared_kv_einsum_sigmoid", "shared_kv_einsum_causal_silu",
 ]
 FLOOR = 2e-3
 

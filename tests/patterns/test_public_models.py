@@ -1,7 +1,7 @@
 """Public model code, unmodified: x-transformers' sigmoid attention (``Attend(sigmoid=True)`` and the
-``attn_sigmoid=True`` encoder and decoder built on it), installed as the package users install. Each model is
-compiled with the GDPA pass (AOT autograd, no Inductor): the rewrite count is pinned, and the outputs and every
-parameter and input gradient must match eager in fp32."""
+``attn_sigmoid=True`` encoder and decoder built on it, also with one K and V head shared by the heads), installed
+as the package users install. Each model is compiled with the GDPA pass (AOT autograd, no Inductor): the rewrite
+count is pinned, and the outputs and every parameter and input gradient must match eager in fp32."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def _tokens(gen: torch.Generator) -> tuple:
     return (torch.randint(0, 50, (B, N), generator=gen),)
 
 
-def _wrapper(layers) -> nn.Module:
+def _wrapper(layers, **options) -> nn.Module:
     return x_transformers.TransformerWrapper(num_tokens=50, max_seq_len=N, attn_layers=layers(
-        dim=32, depth=2, heads=2, attn_sigmoid=True))
+        dim=32, depth=2, heads=2, attn_sigmoid=True, **options))
 
 
 CASES = {
@@ -51,6 +51,8 @@ CASES = {
     "attend_key_mask": (lambda: AttendOutput(), lambda g: (*_qkv(g), _key_mask(g)), 1),
     "encoder": (lambda: _wrapper(x_transformers.Encoder), _tokens, 2),
     "decoder": (lambda: _wrapper(x_transformers.Decoder), _tokens, 2),
+    # one K and V shared by the heads: einsums without a heads index
+    "decoder_one_kv_head": (lambda: _wrapper(x_transformers.Decoder, attn_one_kv_head=True), _tokens, 2),
 }
 
 

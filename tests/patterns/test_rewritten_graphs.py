@@ -547,6 +547,22 @@ def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_self_parameters_ra
     attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, l_k_, l_v_, l_self_parameters_rab_, 'silu', 1.0, 0.08333333333333333, True, 0.01);  l_q_ = l_k_ = l_v_ = l_self_parameters_rab_ = None
     return (attention_fwd_direct_v1_default,)""")
 
+    def test_shared_kv_einsums(self):
+        # K and V without a heads index get a size-1 heads dim: every query head reads that one K/V head
+        self.assertExpectedInline(rewritten_code("shared_kv_einsum_causal_silu"), """\
+def forward(self, L_q_ : torch.Tensor, L_k_ : torch.Tensor, L_v_ : torch.Tensor):
+    l_q_ = L_q_
+    l_k_ = L_k_
+    l_v_ = L_v_
+    transpose = l_k_.transpose(1, 2);  l_k_ = None
+    transpose_1 = l_v_.transpose(0, 1);  l_v_ = None
+    permute = transpose.permute(0, 2, 1);  transpose = None
+    unsqueeze = permute.unsqueeze(-3);  permute = None
+    permute_1 = transpose_1.permute(1, 0, 2);  transpose_1 = None
+    unsqueeze_1 = permute_1.unsqueeze(-3);  permute_1 = None
+    attention_fwd_direct_v1_default = torch.ops.gdpa.attention_fwd_direct_v1.default(l_q_, unsqueeze, unsqueeze_1, None, 'silu', 1.0, 0.08333333333333333, True, 0.01);  l_q_ = unsqueeze = unsqueeze_1 = None
+    return (attention_fwd_direct_v1_default,)""")
+
     def test_where_zeros_like_fill(self):
         # the zeros shaped like P are read as the number 0 and leave the graph with the block
         self.assertExpectedInline(rewritten_code("where_zeros_like_after_silu"), """\

@@ -1273,3 +1273,46 @@ NEGATIVE += [
              reason="a second activation"),
 ]
 ZOO_BY_NAME = {e.name: e for e in ZOO}
+
+
+# ---- one K and V shared by the heads, written as einsums without a heads index (x-transformers' one_kv_head) ------
+
+
+def _mqa_inputs(gen):
+    return (randn(gen, 2, 4, 12, 16), randn(gen, 2, 12, 16), randn(gen, 2, 12, 16))
+
+
+class SharedKVEinsumSigmoid(nn.Module):
+    """``einsum('bhid,bjd->bhij')`` and ``einsum('bhij,bjd->bhid')``: K and V [B, N, D] shared by the heads."""
+
+    def forward(self, q, k, v):
+        s = torch.einsum("bhid,bjd->bhij", q, k) * q.shape[-1] ** -0.5
+        return torch.einsum("bhij,bjd->bhid", torch.sigmoid(s), v)
+
+
+class SharedKVEinsumCausalSilu(nn.Module):
+    """The same with K and V's letters in another order (``bdj``, ``jbd``), causal silu and ``/ N``."""
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        s = torch.einsum("bhid,bdj->bhij", q, k.transpose(1, 2))
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), 0.0)
+        return torch.einsum("bhij,jbd->bhid", F.silu(s) / n, v.transpose(0, 1))
+
+
+class SharedKeyOnly(nn.Module):
+    """K shared by the heads, V with one per head: the op needs them alike."""
+
+    def forward(self, q, k, v):
+        s = torch.einsum("bhid,bjd->bhij", q, k)
+        return torch.einsum("bhij,bhjd->bhid", F.silu(s), v[:, None].expand(-1, 4, -1, -1))
+
+
+ZOO += [
+    ZooEntry("shared_kv_einsum_sigmoid", SharedKVEinsumSigmoid, _mqa_inputs, 1),
+    ZooEntry("shared_kv_einsum_causal_silu", SharedKVEinsumCausalSilu, _mqa_inputs, 1),
+]
+NEGATIVE += [
+    ZooEntry("neg_shared_key_only", SharedKeyOnly, _mqa_inputs, 0, reason="key and value head counts differ"),
+]
+ZOO_BY_NAME = {e.name: e for e in ZOO}
