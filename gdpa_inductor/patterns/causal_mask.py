@@ -49,7 +49,7 @@ def buffers_read(mask: fx.Node) -> list[fx.Node]:
 
 def _upstream(node: fx.Node, values_only: bool = False):
     """``node`` and every node it reads, directly or not, each once; ``values_only``: not through a size read (a
-    node whose value is not a tensor reads no tensor's values, ``_reads_only_shape``)."""
+    node whose value is not a tensor reads no tensor's values, ``fxn.reads_only_shape_of``)."""
     seen, stack = set(), [node]
     while stack:
         cur = stack.pop()
@@ -59,7 +59,7 @@ def _upstream(node: fx.Node, values_only: bool = False):
             if not values_only:
                 stack.extend(cur.all_input_nodes)
             elif cur is node or isinstance(fxn.example(cur), torch.Tensor):
-                stack.extend(i for i in cur.all_input_nodes if not _reads_only_shape(cur, i))
+                stack.extend(i for i in cur.all_input_nodes if not fxn.reads_only_shape_of(cur, i))
 
 
 def _flip(kind: Optional[str]) -> Optional[str]:
@@ -137,9 +137,9 @@ def band_window(mask: fx.Node, scores: torch.Tensor) -> Optional[tuple[str, tupl
 
 def _leading_dims_broadcast(mask: torch.Tensor, scores: torch.Tensor, expanded: bool) -> bool:
     """The mask's leading dims are 1 or, with ``expanded``, the scores' own (aligned from the right)."""
-    extra = scores.dim() - mask.dim()
-    return all(statically_known_true(n == 1) or expanded and statically_known_true(n == scores.shape[extra + i])
-               for i, n in enumerate(mask.shape[:-2]))
+    if expanded:
+        return fxn.broadcasts_into(mask.shape[:-2], scores.shape[:-2])
+    return all(statically_known_true(n == 1) for n in mask.shape[:-2])
 
 
 def _evaluated_kind(mask: fx.Node) -> Optional[str]:
@@ -175,7 +175,7 @@ def constant_value(node: fx.Node) -> Optional[torch.Tensor]:
             return None
         needed.add(cur)
         for inp in cur.all_input_nodes:
-            if _reads_only_shape(cur, inp):
+            if fxn.reads_only_shape_of(cur, inp):
                 shape_of = fxn.example(inp)
                 if not isinstance(shape_of, torch.Tensor) or not _static_and_small(shape_of):
                     return None
@@ -199,15 +199,6 @@ def constant_value(node: fx.Node) -> Optional[torch.Tensor]:
 
 def _static_and_small(value: torch.Tensor) -> bool:
     return all(type(n) is int for n in value.shape) and value.numel() <= MAX_EVALUATED_ELEMENTS
-
-
-def _reads_only_shape(user: fx.Node, node: fx.Node) -> bool:
-    """``user`` reads nothing of ``node`` but its shape, dtype and device: ``x.expand_as(node)``, a
-    ``shape_only_fill`` of it."""
-    if fxn.reads_only_shape_of(user, node):
-        return True
-    return (fxn.method_name(user) == "expand_as" and len(user.args) == 2 and user.args[1] is node
-            and user.args[0] is not node and not user.kwargs)
 
 
 def _one_minus_operand(node: fx.Node) -> Optional[fx.Node]:

@@ -345,13 +345,7 @@ def _is_bool(node: Any) -> bool:
 
 def _broadcasts_to(mask: fx.Node, scores: fx.Node) -> bool:
     """The mask broadcasts to the scores without growing them."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    m, s = fxn.example(mask), fxn.example(scores)
-    if m.dim() > s.dim():
-        return False
-    return all(statically_known_true(a == 1) or statically_known_true(a == b)
-               for a, b in zip(m.shape[::-1], s.shape[::-1]))
+    return fxn.broadcasts_into(fxn.example(mask).shape, fxn.example(scores).shape)
 
 
 def _constant_everywhere(mask: fx.Node, scores: fx.Node, value: bool) -> bool:

@@ -193,9 +193,20 @@ def shape_only_fill(node: Any) -> Optional[float]:
 
 
 def reads_only_shape_of(user: fx.Node, node: fx.Node) -> bool:
-    """``user`` is a ``shape_only_fill`` of ``node``: it reads nothing of ``node`` but its shape, dtype and device."""
+    """``user`` reads nothing of ``node`` but its shape, dtype and device: a ``shape_only_fill`` of it, or
+    ``x.expand_as(node)``."""
+    if method_name(user) == "expand_as":
+        return len(user.args) == 2 and user.args[1] is node and user.args[0] is not node and not user.kwargs
     return (shape_only_fill(user) is not None and user.args[0] is node
             and node not in (*user.args[1:], *user.kwargs.values()))
+
+
+def broadcasts_into(small, large) -> bool:
+    """Sizes ``small`` broadcast to ``large`` without growing it (aligned from the right; statically)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return len(small) <= len(large) and all(statically_known_true(a == 1) or statically_known_true(a == b)
+                                            for a, b in zip(reversed(small), reversed(large)))
 
 
 def is_one_element_tensor(x: Any) -> bool:

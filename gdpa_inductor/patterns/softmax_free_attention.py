@@ -184,7 +184,7 @@ class SoftmaxFreeAttention:
             return False, "key and value head counts differ"
         for factor, _ in m.recipe.key_factors:
             c = fxn.example(factor)
-            if not _scales_rows_of(c.transpose(-2, -1), v):
+            if not fxn.broadcasts_into(c.transpose(-2, -1).shape, v.shape):
                 return False, f"{factor.name}: a factor per key that does not broadcast to V's rows without growing V"
         h, hkv = q.shape[-3], k.shape[-3]
         heads = fxn.example(m.scores).shape[-3] if fxn.example(m.scores).dim() >= 3 else h
@@ -197,13 +197,6 @@ class SoftmaxFreeAttention:
             if not (_static_eq(a, b) or _static_eq(a, 1) or _static_eq(b, 1)):
                 return False, "batch dims of q/k/v do not broadcast (provably)"
         return True, "ok"
-
-
-def _scales_rows_of(factor: torch.Tensor, v: torch.Tensor) -> bool:
-    """``factor`` ([..., Nk, 1]) times ``v`` ([..., Nk, Dv]) has v's shape."""
-    if factor.dim() > v.dim():
-        return False
-    return all(_static_eq(a, 1) or _static_eq(a, b) for a, b in zip(factor.shape[::-1], v.shape[::-1]))
 
 
 def _planned_and_proven(m: GdpaMatch) -> tuple[bool, str]:
